@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what dgmm needs to build, test and run, from the distribution's
+# packages (Debian 12 or Ubuntu 24.04), skipping what is already there.
+# Used by ./run.sh, ./test.sh and docker/Dockerfile alike.
+#
+#   scripts/install-deps.sh [build|runtime]   (default: build)
+set -euo pipefail
+mode=${1:-build}
+
+runtime_pkgs=(libgrpc++1.51 libprotobuf32 libcivetweb1)
+build_pkgs=(
+  build-essential cmake pkg-config git ca-certificates
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  grpc-proto libcivetweb-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-grpcio python3-numpy python3-protobuf python3-yaml
+  iperf3 nginx-light openssl curl
+)
+case "$mode" in
+  build) want=("${build_pkgs[@]}") ;;
+  runtime) want=("${runtime_pkgs[@]}") ;;
+  *) echo "usage: $0 [build|runtime]" >&2; exit 2 ;;
+esac
+
+# Ubuntu 24.04 names some runtime packages differently (t64 suffixes); map them.
+if [[ $mode == runtime ]] && grep -q 'ID=ubuntu' /etc/os-release 2>/dev/null; then
+  want=(libgrpc++1.51t64 libprotobuf32t64 libcivetweb1)
+fi
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#want[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[[ $(id -u) == 0 ]] || sudo=sudo
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

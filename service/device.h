@@ -1,0 +1,89 @@
+// A place jobs run: the CPU or one GPU. The engine owns one Device per GPU
+// (service/backends/cuda) and one for the CPU (service/backends/cpu); the
+// handlers and the admission layer see only this interface.
+#ifndef DGMM_SERVICE_DEVICE_H_
+#define DGMM_SERVICE_DEVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "service/problem.h"
+
+namespace dgmm {
+
+// How a job hands its matrix to a device: all at once (Multiply) or as a
+// sequence of blocks of at most `max_block_bytes` (MultiplyStream).
+enum class JobMode { kWhole, kStreamed };
+
+// Time spent per stage, summed over a job's tiles. Stages of different tiles
+// overlap, so the sum may exceed the job's wall time.
+struct StageTimes {
+  absl::Duration h2d;
+  absl::Duration compute;
+  absl::Duration d2h;
+};
+
+// Polled between tiles; true ends the job early with CANCELLED.
+using CancelFn = std::function<bool()>;
+
+// One job's state on one device (device copy of the diagonal, its slice of
+// the memory pool). Created by Device::Begin after admission; destroyed when
+// the job ends, whatever the outcome. Not thread-safe: one Process at a time.
+class JobContext {
+ public:
+  virtual ~JobContext() = default;
+
+  // Computes `tile` of the job's problem: out = scaled(in). Blocks until the
+  // result is in tile.out. Tiles may come in any order and any size up to the
+  // size the job was begun with (the whole matrix for kWhole, max_block_bytes
+  // for kStreamed). Returns INTERNAL with the CUDA/cuBLAS error text on device
+  // failure, CANCELLED when `cancelled` turned true.
+  virtual absl::Status Process(const Tile& tile, const CancelFn& cancelled,
+                               StageTimes* times) = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // -1 for the CPU, else the CUDA device ordinal.
+  virtual int index() const = 0;
+  // "cpu" or the GPU's product name.
+  virtual std::string name() const = 0;
+  // Bytes of memory this device has (host RAM for the CPU).
+  virtual int64_t total_memory_bytes() const = 0;
+  // Bytes free when the device was opened (MemAvailable for the CPU): the
+  // base of a percentage budget.
+  virtual int64_t free_memory_at_start_bytes() const = 0;
+  // CUDA streams, or worker threads for the CPU.
+  virtual int streams() const = 0;
+  // Backends this device runs; the first one is what BACKEND_AUTO picks.
+  virtual std::vector<BackendKind> backends() const = 0;
+  // False once a sticky error has taken the device out of service.
+  virtual bool in_service() const = 0;
+
+  // Bytes of this device's budget a job holds while admitted. Computed from
+  // the shape alone. kWhole: what the whole-matrix job holds (input and output
+  // matrices plus diagonal). kStreamed: a fixed tile working set that does not
+  // grow with the number of lines.
+  virtual int64_t Footprint(const Problem& p, JobMode mode,
+                            int64_t max_block_bytes) const = 0;
+
+  // Prepares a job: copies the diagonal (diag_bytes() bytes at `diag`) and
+  // takes the job's working memory. The admission layer has already reserved
+  // Footprint() bytes of budget for it.
+  virtual absl::StatusOr<std::unique_ptr<JobContext>> Begin(
+      const Problem& p, BackendKind backend, const std::byte* diag,
+      JobMode mode, int64_t max_block_bytes) = 0;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_DEVICE_H_

@@ -1,0 +1,64 @@
+// The shape of one multiply job and the vocabulary shared by every layer.
+#ifndef DGMM_SERVICE_PROBLEM_H_
+#define DGMM_SERVICE_PROBLEM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace dgmm {
+
+enum class DType { kFloat32, kFloat64 };
+enum class Layout { kRowMajor, kColMajor };
+// kRight: C = A·diag(d) (columns scaled). kLeft: C = diag(d)·A (rows scaled).
+enum class Side { kRight, kLeft };
+// Concrete implementations; "auto" is resolved before a job reaches a device.
+enum class BackendKind { kCpu, kCudaKernel, kCublas };
+
+std::string_view DTypeName(DType t);
+std::string_view LayoutName(Layout l);
+std::string_view SideName(Side s);
+std::string_view BackendName(BackendKind b);
+
+inline constexpr std::size_t ElementSize(DType t) {
+  return t == DType::kFloat32 ? 4 : 8;
+}
+
+// A validated job shape. The matrix is stored as `lines()` contiguous lines of
+// `line_len()` elements: rows for row-major, columns for column-major. The
+// diagonal either scales whole lines (scale_per_line(): row-major LEFT and
+// column-major RIGHT) or the positions within each line (row-major RIGHT and
+// column-major LEFT). Every backend works on this normalized form, so layout
+// and side reduce to one boolean.
+struct Problem {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  DType dtype = DType::kFloat32;
+  Layout layout = Layout::kRowMajor;
+  Side side = Side::kRight;
+
+  std::size_t elem_size() const { return ElementSize(dtype); }
+  int64_t lines() const { return layout == Layout::kRowMajor ? rows : cols; }
+  int64_t line_len() const { return layout == Layout::kRowMajor ? cols : rows; }
+  bool scale_per_line() const {
+    return (layout == Layout::kRowMajor) == (side == Side::kLeft);
+  }
+  int64_t diag_len() const { return side == Side::kRight ? cols : rows; }
+  int64_t diag_bytes() const { return diag_len() * static_cast<int64_t>(elem_size()); }
+  int64_t line_bytes() const { return line_len() * static_cast<int64_t>(elem_size()); }
+  int64_t matrix_bytes() const { return lines() * line_bytes(); }
+};
+
+// Lines [first_line, first_line + lines) of a problem's matrix. `in` and `out`
+// point at the tile's first element (not the matrix's) and may be equal (in
+// place). Both are host memory.
+struct Tile {
+  const std::byte* in = nullptr;
+  std::byte* out = nullptr;
+  int64_t first_line = 0;
+  int64_t lines = 0;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_PROBLEM_H_

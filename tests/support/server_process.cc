@@ -1,0 +1,133 @@
+#include "tests/support/server_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace dgmm::testing {
+namespace {
+
+std::string FromEnvOr(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string ServerBinary() { return FromEnvOr("DGMM_SERVER_BIN", DGMM_SERVER_BIN); }
+std::string CliBinary() { return FromEnvOr("DGMM_CLI_BIN", DGMM_CLI_BIN); }
+
+ServerProcess::ServerProcess(std::vector<std::string> extra_flags) {
+  char tmpl[] = "/tmp/dgmm-test-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::perror("mkdtemp");
+    std::abort();
+  }
+  dir_ = tmpl;
+  const std::string port_file = dir_ + "/port";
+  const std::string log_file = dir_ + "/server.log";
+  std::vector<std::string> args = {ServerBinary(), "--listen=127.0.0.1:0",
+                                   "--port_file=" + port_file};
+  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+
+  pid_ = fork();
+  if (pid_ == 0) {
+    int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::perror("execv dgmm-server");
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::string port = ReadFile(port_file);
+    if (!port.empty() && port.back() == '\n') {
+      port.pop_back();
+      address_ = "127.0.0.1:" + port;
+      return;
+    }
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      std::fprintf(stderr, "dgmm-server exited early:\n%s\n", Log().c_str());
+      std::abort();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::fprintf(stderr, "dgmm-server did not start within 30 s:\n%s\n", Log().c_str());
+  std::abort();
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 200; ++i) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  std::string cmd = "rm -rf '" + dir_ + "'";
+  [[maybe_unused]] int rc = std::system(cmd.c_str());
+}
+
+int ServerProcess::Signal(int sig, bool wait) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, sig);
+  if (!wait) return 0;
+  int status = -1;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return status;
+}
+
+std::string ServerProcess::Log() const { return ReadFile(dir_ + "/server.log"); }
+
+long ServerProcess::PeakRssBytes() const {
+  std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+int RunCommand(const std::string& command, std::string* output) {
+  std::string full = command + " 2>&1";
+  FILE* p = popen(full.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  std::size_t n;
+  output->clear();
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) output->append(buf, n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace dgmm::testing
