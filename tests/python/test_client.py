@@ -1,0 +1,284 @@
+"""The Python client (client/python, package `dgmm`) against the real server.
+
+Run by ctest (test `python_client`), or by hand:
+  DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=client/python \
+    /usr/bin/python3 tests/python/test_client.py -v
+Exits 77 (ctest's skip code here) when this interpreter lacks grpcio/numpy.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+EXAMPLE = os.path.join(REPO, "client", "python", "examples", "quickstart.py")
+PROTOCOL_DOC = os.path.join(REPO, "docs", "protocol.md")
+
+if __name__ == "__main__":
+    try:
+        import grpc  # noqa: F401
+        import google.protobuf  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError as missing:
+        print("SKIP: %s lacks a client dependency (%s); on Debian: apt-get install "
+              "python3-grpcio python3-protobuf python3-numpy" % (sys.executable, missing))
+        sys.exit(77)
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+import dgmm  # noqa: E402
+
+
+class Server:
+    """A dgmm-server process on an ephemeral loopback port."""
+
+    def __init__(self, *flags):
+        binary = os.environ.get("DGMM_SERVER_BIN")
+        if not binary or not os.access(binary, os.X_OK):
+            raise RuntimeError("set DGMM_SERVER_BIN to the built dgmm-server (got %r)" % binary)
+        self.dir = tempfile.TemporaryDirectory(prefix="dgmm-py-test-")
+        port_file = os.path.join(self.dir.name, "port")
+        self.log_path = os.path.join(self.dir.name, "server.log")
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [binary, "--listen=127.0.0.1:0", "--port_file=" + port_file, "--backend=cpu",
+                 *flags], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("dgmm-server exited with %s:\n%s"
+                                   % (self.process.returncode, self.log()))
+            try:
+                with open(port_file) as f:
+                    text = f.read()
+                if text.endswith("\n"):
+                    self.address = "127.0.0.1:" + text.strip()
+                    return
+            except FileNotFoundError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("dgmm-server did not write its port within 30 s:\n" + self.log())
+
+    def log(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.dir.cleanup()
+
+
+SERVER = None
+
+
+def setUpModule():
+    global SERVER
+    SERVER = Server()
+
+
+def tearDownModule():
+    if SERVER:
+        SERVER.stop()
+
+
+def reference(a, d, side):
+    """C computed independently, in float64 with NumPy."""
+    a64, d64 = a.astype(np.float64), d.astype(np.float64)
+    return a64 * d64 if side == "right" else d64[:, None] * a64
+
+
+def tolerance(dtype):
+    return 1e-6 if dtype == np.float32 else 1e-15
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.client = dgmm.Client(SERVER.address)
+        self.rng = np.random.default_rng(1234)
+
+    def tearDown(self):
+        self.client.close()
+
+    def random(self, shape, dtype, order="C"):
+        return np.asarray(self.rng.uniform(-4, 4, shape), dtype=dtype, order=order)
+
+    def check(self, a, side, **kwargs):
+        d = self.random(a.shape[1] if side == "right" else a.shape[0], a.dtype)
+        c = self.client.multiply(a, d, side=side, **kwargs)
+        self.assertEqual(c.dtype, a.dtype)
+        self.assertEqual(c.shape, a.shape)
+        np.testing.assert_allclose(c, reference(a, d, side), rtol=tolerance(a.dtype), atol=0)
+        return c
+
+    def test_matches_numpy_for_both_sides_dtypes_and_layouts(self):
+        for dtype in (np.float32, np.float64):
+            for order in "CF":
+                for side in ("right", "left"):
+                    for stream in (False, True):
+                        with self.subTest(dtype=dtype.__name__, order=order, side=side,
+                                          stream=stream):
+                            c = self.check(self.random((67, 41), dtype, order), side,
+                                           stream=stream)
+                            self.assertTrue(c.flags[order + "_CONTIGUOUS"])
+
+    def test_fortran_result_keeps_fortran_layout(self):
+        c = self.check(self.random((50, 30), np.float64, "F"), "right")
+        self.assertTrue(c.flags.f_contiguous)
+        self.assertFalse(c.flags.c_contiguous)
+
+    def test_non_contiguous_input_is_sent_as_a_c_order_copy(self):
+        a = self.random((80, 60), np.float32)[::2, 1::3]
+        c = self.check(a, "left")
+        self.assertTrue(c.flags.c_contiguous)
+
+    def test_big_endian_input_gives_a_native_result(self):
+        a = self.random((20, 10), np.dtype(">f8"))
+        d = self.random(10, np.dtype(">f8"))
+        c = self.client.multiply(a, d)
+        np.testing.assert_array_equal(c, reference(a, d, "right"))
+
+    def test_result_is_writable(self):
+        c = self.check(self.random((4, 5), np.float64), "right")
+        c[0, 0] = 1.0
+
+    def test_stats_describe_the_job(self):
+        a = self.random((100, 70), np.float64)
+        _, stats = self.client.multiply(a, np.ones(70), return_stats=True)
+        self.assertEqual(stats.bytes_in, a.nbytes)
+        self.assertEqual(stats.bytes_out, a.nbytes)
+        self.assertEqual(stats.backend, dgmm.pb.BACKEND_CPU)
+        self.assertEqual(stats.device_index, -1)
+        self.assertGreater(stats.total_ns, 0)
+
+    def test_large_job_is_streamed_and_correct(self):
+        a = self.random((3000, 3000), np.float64)  # 72 MB
+        d = self.random(3000, np.float64)
+        c, stats = self.client.multiply(a, d, side="left", stream=True, return_stats=True)
+        np.testing.assert_array_equal(c, reference(a, d, "left"))
+        self.assertEqual(stats.bytes_in, a.nbytes)
+
+    def test_matrix_over_the_unary_limit_goes_through_multiply_stream(self):
+        client = dgmm.Client(SERVER.address, unary_limit_bytes=1 << 20, block_bytes=1 << 18)
+        calls = []
+        unary = client._stub.Multiply
+        client._stub.Multiply = lambda *args, **kw: calls.append("unary") or unary(*args, **kw)
+        try:
+            a = self.random((700, 500), np.float32, "F")  # 1.4 MB in blocks of 93 columns
+            d = self.random(500, np.float32)
+            c = client.multiply(a, d)
+            np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-6, atol=0)
+            self.assertTrue(c.flags.f_contiguous)
+            self.assertEqual(calls, [])
+            client.multiply(a[:10, :10], d[:10])
+            self.assertEqual(calls, ["unary"])
+        finally:
+            client.close()
+
+    def test_wrong_diagonal_length_is_invalid_argument_with_the_servers_message(self):
+        a = self.random((30, 20), np.float64)
+        for stream in (False, True):
+            with self.subTest(stream=stream):
+                with self.assertRaises(dgmm.DgmmError) as raised:
+                    self.client.multiply(a, np.ones(19), stream=stream)
+                error = raised.exception
+                self.assertEqual(error.code, grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn("diagonal", error.details.lower())
+                self.assertIn(error.details, str(error))
+
+    def test_unsupported_arrays_are_rejected_before_sending(self):
+        bad = [(np.ones((3, 3), dtype=np.int64), np.ones(3), "float32 or float64"),
+               (np.ones((3, 3), dtype=np.float16), np.ones(3), "float32 or float64"),
+               (np.ones((3, 3), dtype=np.complex128), np.ones(3), "float32 or float64"),
+               (np.ones(3), np.ones(3), "2-D"),
+               (np.ones((3, 3)), np.ones((3, 1)), "1-D")]
+        for a, d, words in bad:
+            with self.subTest(a=a.dtype, shape=a.shape):
+                with self.assertRaisesRegex(ValueError, words):
+                    self.client.multiply(a, d)
+        with self.assertRaisesRegex(ValueError, "side"):
+            self.client.multiply(np.ones((2, 2)), np.ones(2), side="top")
+
+    def test_expired_deadline_is_deadline_exceeded(self):
+        a = self.random((2000, 2000), np.float64)
+        with self.assertRaises(dgmm.DgmmError) as raised:
+            self.client.multiply(a, np.ones(2000), stream=True, timeout=0.001)
+        self.assertEqual(raised.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    def test_server_info_lists_the_cpu_and_limits(self):
+        info = self.client.server_info()
+        self.assertTrue(info.version)
+        self.assertIn(-1, [device.index for device in info.devices])
+        self.assertGreater(info.limits.max_unary_message_bytes, 0)
+        self.assertGreater(info.limits.max_block_bytes, 0)
+        self.assertIn(dgmm.pb.DTYPE_FLOAT32, info.dtypes)
+        self.assertIn(dgmm.pb.DTYPE_FLOAT64, info.dtypes)
+
+    def test_health_is_serving(self):
+        self.assertEqual(self.client.health(), "SERVING")
+
+    def test_unreachable_server_is_unavailable(self):
+        with socket_free_port() as port:
+            client = dgmm.Client("127.0.0.1:%d" % port)
+            with self.assertRaises(dgmm.DgmmError) as raised:
+                client.health(timeout=5)
+            client.close()
+        self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
+
+
+class socket_free_port:
+    """A loopback port that nothing listens on, while the context is open."""
+
+    def __enter__(self):
+        import socket
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))  # Bound, not listening: connections are refused.
+        return self.sock.getsockname()[1]
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+class ExampleAndDocTest(unittest.TestCase):
+    def test_quickstart_example_runs(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python"))
+        run = subprocess.run([sys.executable, EXAMPLE, SERVER.address], env=env,
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("health: SERVING", run.stdout)
+        self.assertIn("rejected: INVALID_ARGUMENT", run.stdout)
+
+    def test_protocol_doc_quotes_the_example_verbatim(self):
+        with open(EXAMPLE) as f:
+            example = f.read().strip()
+        with open(PROTOCOL_DOC) as f:
+            self.assertIn(example, f.read(), "docs/protocol.md must quote " + EXAMPLE)
+
+
+class StubGenerationTest(unittest.TestCase):
+    def test_import_generates_missing_stubs(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "stubs")
+            env = dict(os.environ, DGMM_PY_PROTO_DIR=out,
+                       PYTHONPATH=os.path.join(REPO, "client", "python"))
+            run = subprocess.run([sys.executable, "-c", "import dgmm; print(dgmm.pb.JobHeader)"],
+                                 env=env, capture_output=True, text=True, timeout=60)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertTrue(os.path.exists(os.path.join(out, "dgmm", "v1", "dgmm_pb2.py")))
+            self.assertTrue(os.path.exists(os.path.join(out, "dgmm", "v1", "dgmm_pb2_grpc.py")))
+
+
+if __name__ == "__main__":
+    unittest.main()
