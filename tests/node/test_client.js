@@ -1,0 +1,195 @@
+'use strict';
+// The Node.js client (client/node) against the real dgmm-server over loopback.
+// Run by ctest (test `node_client`), or by hand:
+//   DGMM_SERVER_BIN=build/service/dgmm-server node tests/node/test_client.js
+// Installs client/node's locked dependencies when node_modules is missing, and
+// exits 77 (ctest's skip code here) when npm cannot reach a registry.
+
+const assert = require('node:assert/strict');
+const childProcess = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+
+const REPO = path.resolve(__dirname, '..', '..');
+const CLIENT_DIR = path.join(REPO, 'client', 'node');
+const EXAMPLE = path.join(CLIENT_DIR, 'examples', 'quickstart.js');
+const SKIP = 77;
+
+function skip(reason) {
+  console.log(`SKIP: ${reason}`);
+  process.exit(SKIP);
+}
+
+// Network failures skip the test; any other npm failure fails it.
+const OFFLINE = /ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH|EHOSTUNREACH|ERR_SOCKET_TIMEOUT|network|offline|request to .* failed/i;
+
+function installDependencies() {
+  try {
+    require.resolve('@grpc/grpc-js', { paths: [CLIENT_DIR] });
+    require.resolve('@grpc/proto-loader', { paths: [CLIENT_DIR] });
+    return;
+  } catch {
+    // Not installed yet.
+  }
+  const npm = process.env.DGMM_NPM || 'npm';
+  console.log(`# ${npm} ci in ${CLIENT_DIR}`);
+  const run = childProcess.spawnSync(npm,
+    ['ci', '--no-audit', '--no-fund', '--fetch-retries=1', '--fetch-timeout=30000'],
+    { cwd: CLIENT_DIR, encoding: 'utf8', timeout: 240000 });
+  const output = `${run.stdout || ''}${run.stderr || ''}`;
+  if (run.error && run.error.code === 'ENOENT') skip(`npm not found (${npm}); install Node.js with npm`);
+  if (run.status === 0) return;
+  if (run.error || OFFLINE.test(output)) {
+    skip(`npm could not install @grpc/grpc-js and @grpc/proto-loader (offline?):\n${output.slice(-2000)}${run.error || ''}`);
+  }
+  console.error(output);
+  throw new Error(`npm ci failed with status ${run.status}`);
+}
+
+installDependencies();
+
+const { test, before, after } = require('node:test');
+const dgmm = require(CLIENT_DIR);
+
+// Starts dgmm-server on an ephemeral loopback port; resolves once it has
+// written the port.
+async function startServer() {
+  const binary = process.env.DGMM_SERVER_BIN;
+  if (!binary || !fs.existsSync(binary)) throw new Error(`set DGMM_SERVER_BIN to the built dgmm-server (got ${binary})`);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dgmm-node-test-'));
+  const portFile = path.join(dir, 'port');
+  const log = fs.openSync(path.join(dir, 'server.log'), 'w');
+  const proc = childProcess.spawn(binary, ['--listen=127.0.0.1:0', `--port_file=${portFile}`, '--backend=cpu'],
+    { stdio: ['ignore', log, log] });
+  const readLog = () => fs.readFileSync(path.join(dir, 'server.log'), 'utf8');
+  const deadline = Date.now() + 30000;
+  while (Date.now() < deadline) {
+    if (proc.exitCode !== null) throw new Error(`dgmm-server exited with ${proc.exitCode}:\n${readLog()}`);
+    if (fs.existsSync(portFile)) {
+      const text = fs.readFileSync(portFile, 'utf8');
+      if (text.endsWith('\n')) return { proc, dir, address: `127.0.0.1:${text.trim()}` };
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  proc.kill('SIGKILL');
+  throw new Error(`dgmm-server did not write its port within 30 s:\n${readLog()}`);
+}
+
+async function stopServer(server) {
+  if (server.proc.exitCode === null) {
+    const exited = new Promise((r) => server.proc.once('exit', r));
+    server.proc.kill('SIGTERM');
+    const timer = setTimeout(() => server.proc.kill('SIGKILL'), 15000);
+    await exited;
+    clearTimeout(timer);
+  }
+  fs.rmSync(server.dir, { recursive: true, force: true });
+}
+
+// A seeded generator of uniform values in [-4, 4), so failures reproduce.
+function random(seed) {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(s ^ (s >>> 15), 1 | s);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return (((t ^ (t >>> 14)) >>> 0) / 4294967296) * 8 - 4;
+  };
+}
+
+// C in float64, independently of the server, for either layout.
+function reference(a, rows, cols, d, side, layout) {
+  const c = new Float64Array(rows * cols);
+  for (let i = 0; i < rows; i++) {
+    for (let j = 0; j < cols; j++) {
+      const k = layout === 'col' ? j * rows + i : i * cols + j;
+      c[k] = a[k] * (side === 'right' ? d[j] : d[i]);
+    }
+  }
+  return c;
+}
+
+function assertClose(actual, expected, rtol) {
+  assert.equal(actual.length, expected.length);
+  for (let k = 0; k < expected.length; k++) {
+    if (Math.abs(actual[k] - expected[k]) > rtol * Math.abs(expected[k])) {
+      assert.fail(`element ${k}: ${actual[k]} != ${expected[k]} (rtol ${rtol})`);
+    }
+  }
+}
+
+let server;
+let client;
+before(async () => {
+  server = await startServer();
+  client = dgmm.createClient(server.address);
+});
+after(async () => {
+  if (client) client.close();
+  if (server) await stopServer(server);
+});
+
+async function checkMultiply(Ctor, rows, cols, side, options = {}) {
+  const next = random(rows * 31 + cols);
+  const a = Ctor.from({ length: rows * cols }, next);
+  const d = Ctor.from({ length: side === 'right' ? cols : rows }, next);
+  const c = await dgmm.multiply(client, a, rows, cols, d, side, options);
+  assert.ok(c instanceof Ctor, `result is a ${Ctor.name}`);
+  assertClose(c, reference(a, rows, cols, d, side, options.layout || 'row'), Ctor === Float32Array ? 1e-6 : 1e-15);
+}
+
+for (const Ctor of [Float32Array, Float64Array]) {
+  for (const side of ['right', 'left']) {
+    for (const layout of ['row', 'col']) {
+      test(`${Ctor.name} ${side} ${layout}-major matches a float64 reference`, () =>
+        checkMultiply(Ctor, 67, 41, side, { layout }));
+    }
+  }
+  test(`${Ctor.name} streamed in small blocks matches a float64 reference`, () =>
+    checkMultiply(Ctor, 300, 200, 'left', { stream: true, blockBytes: 4096 }));
+}
+
+test('a 2000x1500 Float64Array (24 MB) goes through MultiplyStream', async () => {
+  const rows = 2000;
+  const cols = 1500;
+  const next = random(7);
+  const a = Float64Array.from({ length: rows * cols }, next);
+  const d = Float64Array.from({ length: cols }, next);
+  const { result, stats } = await dgmm.multiply(client, a, rows, cols, d, 'right', { returnStats: true });
+  assertClose(result, reference(a, rows, cols, d, 'right', 'row'), 1e-15);
+  assert.equal(stats.bytesIn, a.byteLength);
+});
+
+test('a wrong diagonal length is INVALID_ARGUMENT with the server\'s message', async () => {
+  for (const stream of [false, true]) {
+    await assert.rejects(
+      dgmm.multiply(client, new Float64Array(30 * 20), 30, 20, new Float64Array(19), 'right', { stream }),
+      (err) => err instanceof dgmm.DgmmError && err.code === dgmm.grpc.status.INVALID_ARGUMENT &&
+        err.codeName === 'INVALID_ARGUMENT' && /diagonal/i.test(err.details));
+  }
+});
+
+test('server info reports limits and both dtypes', async () => {
+  const info = await dgmm.serverInfo(client);
+  assert.ok(info.version);
+  assert.ok(info.limits.maxBlockBytes > 0);
+  assert.deepEqual([...info.dtypes].sort(), ['DTYPE_FLOAT32', 'DTYPE_FLOAT64']);
+});
+
+test('health is SERVING', async () => {
+  assert.equal(await dgmm.health(client), 'SERVING');
+});
+
+test('the quickstart example runs', () => {
+  const run = childProcess.spawnSync(process.execPath, [EXAMPLE, server.address], { encoding: 'utf8', timeout: 60000 });
+  assert.equal(run.status, 0, run.stdout + run.stderr);
+  assert.match(run.stdout, /health: SERVING/);
+  assert.match(run.stdout, /rejected: INVALID_ARGUMENT/);
+});
+
+test('docs/protocol.md quotes the quickstart example verbatim', () => {
+  const example = fs.readFileSync(EXAMPLE, 'utf8').trim();
+  assert.ok(fs.readFileSync(path.join(REPO, 'docs', 'protocol.md'), 'utf8').includes(example),
+    `docs/protocol.md must quote ${EXAMPLE}`);
+});
