@@ -18,6 +18,10 @@
 
 namespace dgmm {
 
+// Blocks of a streamed job a server holds at once (read, computing, or being
+// written back). A streamed job's working set is this many blocks each way.
+inline constexpr int kStreamWindowBlocks = 4;
+
 // How a job hands its matrix to a device: all at once (Multiply) or as a
 // sequence of blocks of at most `max_block_bytes` (MultiplyStream).
 enum class JobMode { kWhole, kStreamed };

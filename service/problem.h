@@ -4,7 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 namespace dgmm {
 
@@ -15,10 +15,10 @@ enum class Side { kRight, kLeft };
 // Concrete implementations; "auto" is resolved before a job reaches a device.
 enum class BackendKind { kCpu, kCudaKernel, kCublas };
 
-std::string_view DTypeName(DType t);
-std::string_view LayoutName(Layout l);
-std::string_view SideName(Side s);
-std::string_view BackendName(BackendKind b);
+absl::string_view DTypeName(DType t);
+absl::string_view LayoutName(Layout l);
+absl::string_view SideName(Side s);
+absl::string_view BackendName(BackendKind b);
 
 inline constexpr std::size_t ElementSize(DType t) {
   return t == DType::kFloat32 ? 4 : 8;

@@ -14,16 +14,25 @@
 namespace dgmm {
 
 struct CudaOptions {
-  // CUDA streams per device; tiles of a job round-robin over them.
+  // CUDA streams per device (1..64); a job's pieces round-robin over them,
+  // and at most this many pieces of one job are in flight at once.
   int streams = 3;
-  // Bytes of one pipeline tile (host staging buffer and device buffer).
+  // Bytes of one pipeline piece, i.e. of one pinned host staging buffer and
+  // of one device slot (at least 16). A streamed job holds
+  // 2 × streams × tile_bytes of device memory plus its diagonal.
   int64_t tile_bytes = int64_t{8} << 20;
+  // Pinned host staging buffers per device, shared by its jobs; 0 means
+  // 2 × streams. Only jobs whose host memory is pageable use them.
+  int staging_buffers = 0;
+  // Order backends() by a short timing of both kernels on a few MB at start
+  // (about 50 ms per device). When false, the custom kernel comes first.
+  bool measure_backend_order = true;
 };
 
 // One Device per visible, usable GPU. An empty vector (not an error) when the
 // host has no GPU or no driver; an error only for a GPU that is present but
-// cannot be initialized. `why_none` receives a human-readable reason when the
-// vector is empty.
+// cannot be initialized, or for options out of range (INVALID_ARGUMENT).
+// `why_none` receives a human-readable reason when the vector is empty.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
     const CudaOptions& options, std::string* why_none);
 

@@ -1,0 +1,166 @@
+// Admission under memory budgets: reserves a job's footprint before any of
+// its payload is read, queues what fits the capacity but not the free budget,
+// and rejects at once what could never fit.
+//
+// Budgets ("pools"): pool 0 is host memory (--host-memory-budget); pools
+// 1..n are GPUs (--gpu-memory-budget each). A job needs bytes from the host
+// pool and, when it runs on a GPU, from that GPU's pool too; it is admitted
+// when both fit, atomically.
+//
+// Queue policy (docs/admission.md): FIFO. A job behind the queue's head may be
+// admitted first when it fits the free budget now ("backfill"), so that small
+// jobs do not wait behind a huge one, but only while the head has waited less
+// than `max_head_wait`; after that nothing passes the head until it is
+// admitted, so that a huge job does not wait forever behind a stream of small
+// ones. Thread-safe.
+#ifndef DGMM_SERVICE_ADMISSION_H_
+#define DGMM_SERVICE_ADMISSION_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace dgmm {
+
+class Admission;
+
+// Bytes held by one admitted job. Move-only; returns its bytes (and admits
+// queued jobs that now fit) when destroyed.
+class Reservation {
+ public:
+  Reservation() = default;
+  Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+  Reservation& operator=(Reservation&& other) noexcept;
+  ~Reservation() { Release(); }
+
+  void Release();
+  int device_pool() const { return device_pool_; }
+
+ private:
+  friend class Admission;
+  Admission* owner_ = nullptr;
+  int64_t host_bytes_ = 0;
+  int device_pool_ = 0;  // 0: host only
+  int64_t device_bytes_ = 0;
+};
+
+// What a job needs: host bytes, and device bytes from pool `device_pool`
+// (0 when it runs on the CPU, whose memory is the host pool).
+struct Need {
+  int64_t host_bytes = 0;
+  int device_pool = 0;
+  int64_t device_bytes = 0;
+};
+
+// Why a job ended otherwise than OK; the keys of the rejected_jobs counters.
+enum class Outcome { kCompleted, kTooLarge, kQueueFull, kDeadline, kCancelled, kInternal, kInvalid, kUnavailable };
+const char* OutcomeName(Outcome o);
+
+struct PoolStats {
+  std::string name;
+  int64_t capacity = 0;
+  int64_t reserved = 0;
+  int64_t queued = 0;
+  int64_t running = 0;
+  int64_t completed = 0;
+  std::map<std::string, int64_t> rejected;
+};
+
+class Admission {
+ public:
+  struct Pool {
+    std::string name;
+    int64_t capacity = 0;
+  };
+  // Called exactly once per queued job: with a reservation when admitted, or
+  // DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE. Runs on the thread that made
+  // room (a Release, Cancel, the deadline timer, or Submit itself), never
+  // with Admission's lock held.
+  using Callback = std::function<void(absl::StatusOr<Reservation>)>;
+  using Ticket = uint64_t;
+
+  Admission(std::vector<Pool> pools, int max_queue, absl::Duration max_head_wait);
+  ~Admission();
+
+  // RESOURCE_EXHAUSTED at once when the need exceeds a pool's capacity (the
+  // caller words that message, it knows the job) or the queue is full (with a
+  // retry pushback). Otherwise returns a ticket; `cb` runs when the job is
+  // admitted, its deadline passes while queued, or it is cancelled.
+  absl::StatusOr<Ticket> Submit(const Need& need, absl::Time deadline, Callback cb);
+
+  // Ends a queued job with CANCELLED; no effect if it was already admitted or
+  // ended.
+  void Cancel(Ticket t);
+
+  // Refuses new jobs with UNAVAILABLE; queued ones stay queued (drain).
+  void StopAccepting();
+  // Fails every queued job with UNAVAILABLE and refuses new ones.
+  void Close();
+  int64_t queued() const;
+
+  // Counts a finished job against `pool` (the device it ran or would run on).
+  void RecordOutcome(int pool, Outcome o);
+  // Feeds the retry-pushback estimate with how long a job held its bytes.
+  void RecordHoldTime(absl::Duration d);
+  std::vector<PoolStats> Stats() const;
+  int64_t free_bytes(int pool) const;
+  int64_t capacity(int pool) const;
+  int pool_count() const { return static_cast<int>(pools_.size()); }
+  // Total bytes reserved over every pool; 0 once every job has ended.
+  int64_t total_reserved() const;
+  // Jobs admitted and not yet released.
+  int64_t running() const;
+
+ private:
+  struct Waiter {
+    Ticket ticket;
+    Need need;
+    absl::Time deadline;
+    absl::Time enqueued;
+    Callback cb;
+  };
+  struct PoolState {
+    Pool config;
+    int64_t reserved = 0;
+    int64_t running = 0;
+    int64_t completed = 0;
+    std::map<std::string, int64_t> rejected;
+  };
+  using Fired = std::vector<std::pair<Callback, absl::StatusOr<Reservation>>>;
+
+  friend class Reservation;
+  void Return(int64_t host_bytes, int device_pool, int64_t device_bytes);
+  bool FitsLocked(const Need& n) const;
+  Reservation TakeLocked(const Need& n);
+  // Admits what the policy allows; moves the callbacks to run into *fired.
+  void PumpLocked(Fired* fired);
+  void TimerLoop();
+  static void Run(Fired& fired);
+
+  mutable std::mutex mu_;
+  std::condition_variable timer_cv_;
+  std::vector<PoolState> pools_;
+  std::list<Waiter> queue_;
+  const int max_queue_;
+  const absl::Duration max_head_wait_;
+  Ticket next_ticket_ = 1;
+  double ewma_hold_ms_ = 50;
+  bool closed_ = false;
+  bool stopping_ = false;
+  std::thread timer_;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_ADMISSION_H_

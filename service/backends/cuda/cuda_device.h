@@ -1,0 +1,141 @@
+// One GPU as a Device: an executor with K CUDA streams (a cuBLAS handle
+// bound to each), a ring of pinned host staging buffers shared by its jobs,
+// and a stream-ordered memory pool that backs every job's device memory, so
+// no job calls cudaMalloc or cudaFree.
+//
+// A job (CudaJobContext) moves its host tile through the device in pieces
+// of at most tile_bytes: host → pinned staging (skipped when the host memory
+// is already pinned) → device → kernel → host. Up to K pieces are in flight
+// on K streams, so the upload of one piece overlaps the kernel of the one
+// before and the download of the one before that.
+#ifndef DGMM_SERVICE_BACKENDS_CUDA_CUDA_DEVICE_H_
+#define DGMM_SERVICE_BACKENDS_CUDA_CUDA_DEVICE_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "service/backends/cuda/cuda_devices.h"
+#include "service/device.h"
+
+namespace dgmm::cuda {
+
+// Pinned host buffers of one size, lent out to jobs. Thread-safe.
+class StagingRing {
+ public:
+  // Allocates `count` buffers of `bytes` each with cudaHostAlloc on the
+  // current device.
+  static absl::StatusOr<std::unique_ptr<StagingRing>> Create(int count,
+                                                             int64_t bytes);
+  ~StagingRing();
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+  // Takes between 1 and `want` buffers (want ≥ 1), waiting only while none
+  // is free. A caller never waits while holding buffers, so no deadlock.
+  std::vector<std::byte*> Acquire(int want);
+  // Returns buffers taken by Acquire.
+  void Release(const std::vector<std::byte*>& buffers);
+
+  int64_t buffer_bytes() const { return bytes_; }
+  int count() const { return static_cast<int>(all_.size()); }
+
+ private:
+  StagingRing(std::vector<std::byte*> buffers, int64_t bytes);
+
+  const std::vector<std::byte*> all_;
+  const int64_t bytes_;
+  absl::Mutex mu_;
+  std::vector<std::byte*> free_ ABSL_GUARDED_BY(mu_);
+};
+
+class CudaDevice final : public Device {
+ public:
+  // Opens CUDA device `ordinal`: creates its streams, cuBLAS handles, pool
+  // and staging ring, and (if asked) times both backends to order them.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Open(
+      int ordinal, const CudaOptions& options);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  int index() const override { return ordinal_; }
+  std::string name() const override { return name_; }
+  int64_t total_memory_bytes() const override { return total_bytes_; }
+  int64_t free_memory_at_start_bytes() const override { return free_at_start_; }
+  int streams() const override { return static_cast<int>(streams_.size()); }
+  std::vector<BackendKind> backends() const override { return backends_; }
+  bool in_service() const override { return in_service_.load(); }
+
+  // The single footprint function. Device bytes a job holds:
+  //   kWhole:    2 × matrix_bytes + diag_bytes (input and output on the
+  //              device, every piece in its own place);
+  //   kStreamed: 2 × streams × slot_bytes + diag_bytes, where slot_bytes =
+  //              min(tile_bytes, max_block_bytes) rounded up to 256 bytes:
+  //              one input and one output slot per stream, whatever the
+  //              number of lines.
+  int64_t Footprint(const Problem& p, JobMode mode,
+                    int64_t max_block_bytes) const override;
+
+  // Begins a job. INVALID_ARGUMENT for a backend other than kCudaKernel or
+  // kCublas; UNAVAILABLE once the device is out of service; INTERNAL for a
+  // CUDA error (device memory exhausted included). The context must be
+  // destroyed before the device.
+  absl::StatusOr<std::unique_ptr<JobContext>> Begin(
+      const Problem& p, BackendKind backend, const std::byte* diag, JobMode mode,
+      int64_t max_block_bytes) override;
+
+  // Beyond Device, for tests and the benchmark.
+  int64_t tile_bytes() const { return tile_bytes_; }
+  int staging_buffers() const { return ring_->count(); }
+  int multiprocessors() const { return multiprocessors_; }
+  // Most device-pool bytes in use at once since open or the last reset.
+  absl::StatusOr<int64_t> PoolHighWaterBytes() const;
+  absl::Status ResetPoolHighWater();
+
+ private:
+  friend class CudaJobContext;
+
+  CudaDevice() = default;
+  absl::Status Init(int ordinal, const CudaOptions& options);
+  absl::Status OrderBackendsByTiming();
+  int64_t SlotBytes(JobMode mode, const Problem& p, int64_t max_block_bytes) const;
+
+  // Records `err` (and takes the device out of service if it is sticky);
+  // returns CudaStatus(err, what).
+  absl::Status Check(cudaError_t err, std::string_view what);
+  absl::Status Check(cublasStatus_t st, std::string_view what);
+  // Makes this device current on the calling thread.
+  absl::Status Enter();
+
+  int ordinal_ = -1;
+  std::string name_;
+  int64_t total_bytes_ = 0;
+  int64_t free_at_start_ = 0;
+  int multiprocessors_ = 0;
+  int64_t tile_bytes_ = 0;
+  std::vector<cudaStream_t> streams_;
+  std::vector<cublasHandle_t> cublas_;  // cublas_[i] is bound to streams_[i]
+  cudaStream_t setup_stream_ = nullptr;  // allocations and diagonal uploads
+  cudaMemPool_t pool_ = nullptr;
+  std::unique_ptr<StagingRing> ring_;
+  std::vector<BackendKind> backends_ = {BackendKind::kCudaKernel,
+                                        BackendKind::kCublas};
+  std::atomic<bool> in_service_{true};
+  std::atomic<uint32_t> next_stream_{0};
+};
+
+}  // namespace dgmm::cuda
+
+#endif  // DGMM_SERVICE_BACKENDS_CUDA_CUDA_DEVICE_H_

@@ -1,0 +1,57 @@
+#include "service/backends/cuda/tile_split.h"
+
+#include <algorithm>
+
+namespace dgmm::cuda {
+
+TileSplitter::TileSplitter(const Problem& p, int64_t first_line, int64_t lines,
+                           int64_t max_piece_bytes)
+    : first_line_(first_line),
+      lines_(p.line_len() > 0 ? std::max<int64_t>(lines, 0) : 0),
+      line_len_(p.line_len()),
+      elem_(static_cast<int64_t>(p.elem_size())),
+      lines_per_piece_(p.line_bytes() > 0 ? max_piece_bytes / p.line_bytes() : 0) {
+  part_len_ = std::max<int64_t>(1, max_piece_bytes / elem_);
+  const int64_t vector_elems = 16 / elem_;
+  if (part_len_ >= vector_elems) part_len_ -= part_len_ % vector_elems;
+}
+
+bool TileSplitter::Next(Piece* piece) {
+  if (line_ >= lines_) return false;
+  const int64_t line_bytes = line_len_ * elem_;
+  if (lines_per_piece_ > 0) {
+    const int64_t n = std::min(lines_per_piece_, lines_ - line_);
+    *piece = Piece{.byte_offset = line_ * line_bytes,
+                   .bytes = n * line_bytes,
+                   .first_line = first_line_ + line_,
+                   .lines = n,
+                   .line_len = line_len_,
+                   .pos = 0};
+    line_ += n;
+    return true;
+  }
+  const int64_t n = std::min(part_len_, line_len_ - pos_);
+  *piece = Piece{.byte_offset = line_ * line_bytes + pos_ * elem_,
+                 .bytes = n * elem_,
+                 .first_line = first_line_ + line_,
+                 .lines = 1,
+                 .line_len = n,
+                 .pos = pos_};
+  pos_ += n;
+  if (pos_ == line_len_) {
+    pos_ = 0;
+    ++line_;
+  }
+  return true;
+}
+
+std::vector<Piece> SplitTile(const Problem& p, int64_t first_line, int64_t lines,
+                             int64_t max_piece_bytes) {
+  std::vector<Piece> pieces;
+  TileSplitter splitter(p, first_line, lines, max_piece_bytes);
+  Piece piece;
+  while (splitter.Next(&piece)) pieces.push_back(piece);
+  return pieces;
+}
+
+}  // namespace dgmm::cuda

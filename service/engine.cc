@@ -1,0 +1,347 @@
+#include "service/engine.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "service/util/flag_names.h"
+
+namespace dgmm {
+namespace {
+
+v1::Backend ToWire(BackendKind b) {
+  switch (b) {
+    case BackendKind::kCpu:
+      return v1::BACKEND_CPU;
+    case BackendKind::kCudaKernel:
+      return v1::BACKEND_CUDA_KERNEL;
+    case BackendKind::kCublas:
+      return v1::BACKEND_CUBLAS;
+  }
+  return v1::BACKEND_AUTO;
+}
+
+Outcome OutcomeOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return Outcome::kCompleted;
+    case absl::StatusCode::kDeadlineExceeded:
+      return Outcome::kDeadline;
+    case absl::StatusCode::kCancelled:
+      return Outcome::kCancelled;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return Outcome::kInvalid;
+    case absl::StatusCode::kUnavailable:
+      return Outcome::kUnavailable;
+    case absl::StatusCode::kResourceExhausted:
+      return Outcome::kQueueFull;
+    default:
+      return Outcome::kInternal;
+  }
+}
+
+absl::string_view ModeName(JobMode m) { return m == JobMode::kWhole ? "unary" : "streamed"; }
+
+}  // namespace
+
+ActiveJob::~ActiveJob() {
+  if (!ended_) End(absl::CancelledError("job abandoned"));
+}
+
+absl::Status ActiveJob::Process(const Tile& tile, const CancelFn& cancelled) {
+  return context_->Process(tile, cancelled, &times_);
+}
+
+void ActiveJob::End(const absl::Status& status) {
+  if (ended_) return;
+  ended_ = true;
+  const absl::Time now = absl::Now();
+  stats_.set_queue_wait_ns(absl::ToInt64Nanoseconds(admitted_ - arrived_));
+  stats_.set_h2d_ns(absl::ToInt64Nanoseconds(times_.h2d));
+  stats_.set_compute_ns(absl::ToInt64Nanoseconds(times_.compute));
+  stats_.set_d2h_ns(absl::ToInt64Nanoseconds(times_.d2h));
+  stats_.set_total_ns(absl::ToInt64Nanoseconds(now - arrived_));
+  engine_->admission_->RecordHoldTime(now - admitted_);
+  engine_->JobEnded(this, status);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    const EngineOptions& options, std::unique_ptr<Device> cpu,
+    std::vector<std::unique_ptr<Device>> gpus) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
+  const std::string& b = options.backend;
+  if (b != "auto" && b != "cpu" && b != "cuda" && b != "cuda-kernel" && b != "cublas") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=", b, " is not one of auto, cpu, cuda, cuda-kernel, cublas"));
+  }
+  if (b != "auto" && b != "cpu" && gpus.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--backend=", b, " needs a GPU but none is usable on this host; use "
+        "--backend=auto or --backend=cpu"));
+  }
+  e->gpu_default_ = b != "cpu" && !gpus.empty();
+  if (b == "cuda-kernel") e->pinned_gpu_backend_ = BackendKind::kCudaKernel;
+  if (b == "cublas") e->pinned_gpu_backend_ = BackendKind::kCublas;
+
+  std::vector<Admission::Pool> pools;
+  auto host = ParseBudget(options.host_memory_budget, cpu->free_memory_at_start_bytes());
+  if (!host.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_memory_budget: ", host.status().message()));
+  }
+  pools.push_back({"cpu", *host});
+  int streams = cpu->streams();
+  for (const auto& g : gpus) {
+    auto cap = ParseBudget(options.gpu_memory_budget, g->free_memory_at_start_bytes());
+    if (!cap.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpu_memory_budget: ", cap.status().message()));
+    }
+    pools.push_back({absl::StrCat("cuda:", g->index()), *cap});
+    streams += g->streams();
+  }
+  e->cpu_ = std::move(cpu);
+  e->gpus_ = std::move(gpus);
+  e->admission_ =
+      std::make_unique<Admission>(std::move(pools), options.max_queue, options.max_head_wait);
+  const int threads = options.job_threads > 0 ? options.job_threads : std::max(8, 2 * streams);
+  e->workers_ = std::make_unique<ThreadPool>(threads);
+  return e;
+}
+
+Engine::~Engine() {
+  admission_->Close();
+  workers_.reset();  // finish posted work while devices and budgets still exist
+}
+
+absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mode) const {
+  const Problem& p = job.problem;
+  Route r;
+  const bool wants_gpu = job.backend.has_value() ? *job.backend != BackendKind::kCpu
+                                                 : gpu_default_;
+  if (!wants_gpu) {
+    r.device = cpu_.get();
+    r.backend = BackendKind::kCpu;
+  } else {
+    if (gpus_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backend ", BackendName(*job.backend),
+          " needs a GPU but this server has none; available: BACKEND_AUTO, BACKEND_CPU"));
+    }
+    int best = -1;
+    for (int i = 0; i < gpu_count(); ++i) {
+      if (!gpus_[i]->in_service()) continue;
+      if (best < 0 || admission_->free_bytes(i + 1) > admission_->free_bytes(best + 1)) best = i;
+    }
+    if (best < 0) {
+      return absl::UnavailableError(
+          "no GPU of this server is in service (a device error took them out); retry on "
+          "another replica");
+    }
+    r.device = gpus_[best].get();
+    r.pool = best + 1;
+    r.backend = job.backend.has_value()        ? *job.backend
+                : pinned_gpu_backend_.has_value() ? *pinned_gpu_backend_
+                                                  : r.device->backends().front();
+    r.need.device_pool = r.pool;
+    r.need.device_bytes = r.device->Footprint(p, mode, options_.limits.max_block_bytes);
+  }
+  r.need.host_bytes = cpu_->Footprint(p, mode, options_.limits.max_block_bytes);
+  if (r.need.host_bytes > admission_->capacity(0) ||
+      (r.pool != 0 && r.need.device_bytes > admission_->capacity(r.pool))) {
+    return TooLarge(p, mode, r);
+  }
+  return r;
+}
+
+absl::Status Engine::TooLarge(const Problem& p, JobMode mode, const Route& r) const {
+  const bool host_short = r.need.host_bytes > admission_->capacity(0);
+  const Device& dev = host_short ? *cpu_ : *r.device;
+  const int pool = host_short ? 0 : r.pool;
+  const int64_t need = host_short ? r.need.host_bytes : r.need.device_bytes;
+  const int64_t capacity = admission_->capacity(pool);
+  const int64_t max_block = options_.limits.max_block_bytes;
+
+  auto largest_n = [&](JobMode m) {
+    int64_t hi = options_.limits.max_dim;
+    if (m == JobMode::kStreamed) hi = std::min<int64_t>(hi, max_block / p.elem_size());
+    int64_t lo = 0;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      Problem sq = p;
+      sq.rows = sq.cols = mid;
+      if (dev.Footprint(sq, m, max_block) <= capacity) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  };
+  std::string msg = absl::StrFormat(
+      "job needs %d bytes of %s memory (%s %s %dx%d: %s) but the %s budget's capacity is %d "
+      "bytes (%s); the largest square %s matrix that fits %s is N=%d.",
+      need, host_short ? "host" : "GPU", ModeName(mode), DTypeName(p.dtype), p.rows, p.cols,
+      mode == JobMode::kWhole ? "input and output matrices plus diagonal"
+                              : "streaming window plus diagonal",
+      host_short ? "host" : absl::StrCat("GPU ", dev.index()), capacity,
+      host_short ? "--host_memory_budget" : "--gpu_memory_budget", DTypeName(p.dtype),
+      ModeName(mode), largest_n(mode));
+  if (mode == JobMode::kWhole) {
+    const int64_t streamed = dev.Footprint(p, JobMode::kStreamed, max_block);
+    if (streamed <= capacity && p.line_bytes() <= max_block) {
+      absl::StrAppendFormat(&msg,
+                            " Streamed, this job needs only %d bytes and fits: use "
+                            "MultiplyStream (dgmm-cli and the dgmm clients stream large "
+                            "matrices on their own).",
+                            streamed);
+    }
+  }
+  return absl::ResourceExhaustedError(msg);
+}
+
+absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode mode,
+                                                absl::Time arrived, absl::Time deadline,
+                                                StartCallback done) {
+  if (draining_) {
+    admission_->RecordOutcome(0, Outcome::kUnavailable);
+    return absl::UnavailableError("server is draining; retry on another replica");
+  }
+  auto route = RouteJob(job, mode);
+  if (!route.ok()) {
+    const absl::Status& s = route.status();
+    admission_->RecordOutcome(0, s.code() == absl::StatusCode::kResourceExhausted
+                                     ? Outcome::kTooLarge
+                                     : OutcomeOf(s));
+    return s;
+  }
+  const Problem problem = job.problem;
+  auto on_admit = [this, r = *route, problem, mode, arrived, diag = std::string(job.diagonal),
+                   done = std::move(done)](absl::StatusOr<Reservation> res) mutable {
+    // Never run the job on the thread that freed the room (or inside Start).
+    auto held = std::make_shared<absl::StatusOr<Reservation>>(std::move(res));
+    Post([this, r, problem, mode, arrived, diag = std::move(diag), done = std::move(done),
+          held]() mutable {
+      absl::StatusOr<Reservation>& res = *held;
+      if (!res.ok()) {
+        admission_->RecordOutcome(r.pool, OutcomeOf(res.status()));
+        done(res.status());
+        return;
+      }
+      std::unique_ptr<ActiveJob> active(new ActiveJob());
+      active->engine_ = this;
+      active->pool_ = r.pool;
+      active->mode_ = mode;
+      active->arrived_ = arrived;
+      active->admitted_ = absl::Now();
+      active->reservation_ = std::move(*res);
+      active->stats_.set_job_id(next_job_id_++);
+      active->stats_.set_backend(ToWire(r.backend));
+      active->stats_.set_device(r.device->index() < 0
+                                    ? r.device->name()
+                                    : absl::StrCat("cuda:", r.device->index(), " ",
+                                                   r.device->name()));
+      active->stats_.set_device_index(r.device->index());
+      auto context = r.device->Begin(problem, r.backend,
+                                     reinterpret_cast<const std::byte*>(diag.data()), mode,
+                                     options_.limits.max_block_bytes);
+      if (!context.ok()) {
+        active->End(context.status());
+        done(context.status());
+        return;
+      }
+      active->context_ = std::move(*context);
+      done(std::move(active));
+    });
+  };
+  auto ticket = admission_->Submit(route->need, deadline, std::move(on_admit));
+  if (!ticket.ok()) admission_->RecordOutcome(route->pool, OutcomeOf(ticket.status()));
+  return ticket;
+}
+
+void Engine::RecordRejected(const absl::Status& s) { admission_->RecordOutcome(0, OutcomeOf(s)); }
+
+void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {
+  admission_->RecordOutcome(job->pool_, OutcomeOf(status));
+  if (status.ok()) {
+    const double seconds = static_cast<double>(job->stats_.total_ns()) * 1e-9;
+    std::lock_guard lock(latency_mu_);
+    LatencyHistogram& h = latency_[job->mode_ == JobMode::kWhole ? 0 : 1];
+    std::size_t b = 0;
+    while (b < std::size(kLatencyBuckets) && seconds > kLatencyBuckets[b]) ++b;
+    h.counts[b]++;
+    h.sum_seconds += seconds;
+    h.count++;
+  }
+  if (status.code() == absl::StatusCode::kInternal) NotifyServing();
+}
+
+LatencyHistogram Engine::Latency(JobMode mode) const {
+  std::lock_guard lock(latency_mu_);
+  return latency_[mode == JobMode::kWhole ? 0 : 1];
+}
+
+bool Engine::serving() const {
+  if (draining_) return false;
+  if (!gpu_default_) return true;
+  for (const auto& g : gpus_) {
+    if (g->in_service()) return true;
+  }
+  return false;
+}
+
+void Engine::NotifyServing() {
+  if (serving_listener_) serving_listener_(serving());
+}
+
+bool Engine::Drain(absl::Duration timeout) {
+  draining_ = true;
+  admission_->StopAccepting();
+  NotifyServing();
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (admission_->queued() == 0 && admission_->running() == 0) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  admission_->Close();
+  return false;
+}
+
+v1::GetServerInfoResponse Engine::Info() const {
+  v1::GetServerInfoResponse info;
+  info.set_version(DGMM_VERSION);
+  const std::vector<PoolStats> stats = admission_->Stats();
+  for (int pool = 0; pool < admission_->pool_count(); ++pool) {
+    const Device& dev = pool == 0 ? *cpu_ : *gpus_[pool - 1];
+    const PoolStats& s = stats[pool];
+    v1::DeviceInfo* d = info.add_devices();
+    d->set_index(dev.index());
+    d->set_name(dev.name());
+    d->set_total_memory_bytes(dev.total_memory_bytes());
+    d->set_budget_bytes(s.capacity);
+    d->set_reserved_bytes(s.reserved);
+    d->set_streams(dev.streams());
+    d->set_queued_jobs(s.queued);
+    d->set_running_jobs(s.running);
+    d->set_completed_jobs(s.completed);
+    for (const auto& [reason, n] : s.rejected) (*d->mutable_rejected_jobs())[reason] = n;
+    d->set_in_service(dev.in_service());
+    for (BackendKind b : dev.backends()) d->add_backends(ToWire(b));
+  }
+  v1::Limits* l = info.mutable_limits();
+  l->set_max_unary_message_bytes(options_.max_unary_message_bytes);
+  l->set_max_block_bytes(options_.limits.max_block_bytes);
+  l->set_max_dim(options_.limits.max_dim);
+  l->set_max_queue(options_.max_queue);
+  info.add_dtypes(v1::DTYPE_FLOAT32);
+  info.add_dtypes(v1::DTYPE_FLOAT64);
+  info.set_default_backend(
+      !gpu_default_ ? v1::BACKEND_CPU
+                    : ToWire(pinned_gpu_backend_.value_or(gpus_.front()->backends().front())));
+  return info;
+}
+
+}  // namespace dgmm

@@ -1,0 +1,157 @@
+// The engine: owns the devices (the CPU and one executor per GPU), the
+// admission budgets and the job workers. Handlers ask it to start a job from
+// a validated header and get back, asynchronously, an ActiveJob to feed tiles
+// to; they never see devices or budgets directly.
+#ifndef DGMM_SERVICE_ENGINE_H_
+#define DGMM_SERVICE_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dgmm/v1/dgmm.pb.h"
+#include "service/admission.h"
+#include "service/backends/cpu/thread_pool.h"
+#include "service/device.h"
+#include "service/validator.h"
+
+namespace dgmm {
+
+struct EngineOptions {
+  // "auto" (GPU if any, else CPU), "cpu", "cuda" (GPU, fastest kernel),
+  // "cuda-kernel" or "cublas".
+  std::string backend = "auto";
+  // Budgets: bytes or a percentage of the free memory at start.
+  std::string host_memory_budget = "50%";
+  std::string gpu_memory_budget = "80%";
+  int max_queue = 64;
+  absl::Duration max_head_wait = absl::Seconds(2);
+  int job_threads = 0;  // 0: enough for every device's streams
+  RequestLimits limits;
+  int64_t max_unary_message_bytes = int64_t{64} << 20;
+};
+
+// Job latency histogram buckets, in seconds (Prometheus convention).
+inline constexpr double kLatencyBuckets[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5,
+                                             1, 5, 10, 60, 300};
+
+struct LatencyHistogram {
+  std::vector<int64_t> counts = std::vector<int64_t>(std::size(kLatencyBuckets) + 1);
+  double sum_seconds = 0;
+  int64_t count = 0;
+};
+
+class Engine;
+
+// An admitted job: its reservation, its device state, its stats. Destroying
+// it returns the reservation. Not thread-safe: one Process at a time.
+class ActiveJob {
+ public:
+  ~ActiveJob();
+  // Computes one tile on the job's device; adds stage times to stats().
+  absl::Status Process(const Tile& tile, const CancelFn& cancelled);
+  // Records the job's outcome for the counters and fills stats() totals.
+  void End(const absl::Status& status);
+  v1::JobStats& stats() { return stats_; }
+
+ private:
+  friend class Engine;
+  ActiveJob() = default;
+  Engine* engine_ = nullptr;
+  int pool_ = 0;
+  JobMode mode_ = JobMode::kWhole;
+  absl::Time arrived_;
+  absl::Time admitted_;
+  Reservation reservation_;
+  std::unique_ptr<JobContext> context_;
+  StageTimes times_;
+  v1::JobStats stats_;
+  bool ended_ = false;
+};
+
+class Engine {
+ public:
+  // `gpus` may be empty. Fails when --backend needs a GPU and there is none,
+  // or a budget flag does not parse.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const EngineOptions& options, std::unique_ptr<Device> cpu,
+      std::vector<std::unique_ptr<Device>> gpus);
+  ~Engine();
+
+  using StartCallback = std::function<void(absl::StatusOr<std::unique_ptr<ActiveJob>>)>;
+
+  // Routes the job to a device, checks its footprint against the budgets and
+  // queues it. Errors at once (nothing allocated): RESOURCE_EXHAUSTED when it
+  // can never fit (the message names bytes needed, capacity, the largest N and
+  // whether streaming fits) or the queue is full; INVALID_ARGUMENT for a
+  // backend this server lacks; UNAVAILABLE when draining. Otherwise `done`
+  // runs once on a job worker: with the job, or DEADLINE_EXCEEDED, CANCELLED,
+  // UNAVAILABLE, INTERNAL. Use the returned ticket to Cancel while queued.
+  absl::StatusOr<Admission::Ticket> Start(const JobRequest& job, JobMode mode,
+                                          absl::Time arrived, absl::Time deadline,
+                                          StartCallback done);
+  void Cancel(Admission::Ticket ticket) { admission_->Cancel(ticket); }
+
+  // Runs fn on a job worker thread (for work that blocks: compute, copies).
+  void Post(std::function<void()> fn) { workers_->Post(std::move(fn)); }
+
+  // Counts a job that failed before it was routed (validation).
+  void RecordInvalid() { admission_->RecordOutcome(0, Outcome::kInvalid); }
+  void RecordRejected(const absl::Status& s);
+
+  // Server info: devices, budgets, counters, limits.
+  v1::GetServerInfoResponse Info() const;
+  // Latency histogram of completed jobs, per mode ("unary", "stream").
+  LatencyHistogram Latency(JobMode mode) const;
+
+  // True while the engine accepts jobs and has a device in service.
+  bool serving() const;
+  // Called whenever serving() may have changed (a device fell out, drain).
+  void set_serving_listener(std::function<void(bool)> fn) { serving_listener_ = std::move(fn); }
+
+  // Refuses new jobs, lets queued and running ones finish until `timeout`,
+  // then fails what is still queued. Returns true if everything finished.
+  bool Drain(absl::Duration timeout);
+
+  int64_t total_reserved() const { return admission_->total_reserved(); }
+  const EngineOptions& options() const { return options_; }
+  const Device& cpu() const { return *cpu_; }
+  int gpu_count() const { return static_cast<int>(gpus_.size()); }
+
+ private:
+  friend class ActiveJob;
+  struct Route {
+    Device* device = nullptr;
+    int pool = 0;
+    BackendKind backend = BackendKind::kCpu;
+    Need need;
+  };
+  Engine() = default;
+  absl::StatusOr<Route> RouteJob(const JobRequest& job, JobMode mode) const;
+  absl::Status TooLarge(const Problem& p, JobMode mode, const Route& r) const;
+  void JobEnded(ActiveJob* job, const absl::Status& status);
+  void NotifyServing();
+
+  EngineOptions options_;
+  std::unique_ptr<Device> cpu_;
+  std::vector<std::unique_ptr<Device>> gpus_;
+  bool gpu_default_ = false;  // AUTO jobs go to a GPU
+  std::optional<BackendKind> pinned_gpu_backend_;
+  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<ThreadPool> workers_;
+  std::atomic<uint64_t> next_job_id_{1};
+  std::atomic<bool> draining_{false};
+  std::function<void(bool)> serving_listener_;
+  mutable std::mutex latency_mu_;
+  LatencyHistogram latency_[2];
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_ENGINE_H_

@@ -1,0 +1,465 @@
+#include "service/handlers.h"
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "service/status_map.h"
+#include "service/validator.h"
+
+namespace dgmm {
+namespace {
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
+  const auto d = context->deadline();
+  if (d >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(d);
+}
+
+// A cancelled call ends with DEADLINE_EXCEEDED when its deadline is what
+// ended it, else with CANCELLED.
+absl::Status CancelledStatus(absl::Time deadline) {
+  if (absl::Now() >= deadline) {
+    return absl::DeadlineExceededError("the client's deadline expired while the job ran");
+  }
+  return absl::CancelledError("the client cancelled the call");
+}
+
+// ---------------------------------------------------------------- Multiply
+
+// State shared by the reactor and the job's worker; outlives both.
+struct UnaryCall {
+  Engine* engine;
+  grpc::CallbackServerContext* context;
+  const v1::MultiplyRequest* request;
+  v1::MultiplyResponse* response;
+  absl::Time deadline;
+  std::atomic<bool> cancelled{false};
+  std::mutex mu;
+  grpc::ServerUnaryReactor* reactor;  // null once finished
+  std::optional<Admission::Ticket> ticket;
+  std::unique_ptr<ActiveJob> job;  // released in OnDone, after the reply is sent
+  int64_t lines = 0;
+
+  void Finish(const absl::Status& s) {
+    std::lock_guard lock(mu);
+    if (reactor == nullptr) return;
+    grpc::ServerUnaryReactor* r = reactor;
+    reactor = nullptr;
+    r->Finish(ToGrpcStatus(s, context));
+  }
+
+  // Runs on a job worker once admitted.
+  void Run(absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
+    if (!admitted.ok()) {
+      Finish(admitted.status());
+      return;
+    }
+    std::unique_ptr<ActiveJob> active = std::move(*admitted);
+    const std::string& matrix = request->matrix();
+    std::string* result = response->mutable_result();
+    result->resize(matrix.size());
+    const Tile tile{reinterpret_cast<const std::byte*>(matrix.data()),
+                    reinterpret_cast<std::byte*>(result->data()), 0, lines};
+    absl::Status s = active->Process(tile, [this] { return cancelled.load(); });
+    if (s.code() == absl::StatusCode::kCancelled) s = CancelledStatus(deadline);
+    active->stats().set_bytes_in(static_cast<int64_t>(matrix.size()));
+    active->stats().set_bytes_out(s.ok() ? static_cast<int64_t>(matrix.size()) : 0);
+    active->End(s);
+    if (s.ok()) {
+      *response->mutable_stats() = active->stats();
+    } else {
+      response->clear_result();
+    }
+    {
+      std::lock_guard lock(mu);
+      job = std::move(active);
+    }
+    Finish(s);
+  }
+};
+
+class UnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryReactor(Engine* engine, grpc::CallbackServerContext* context,
+               const v1::MultiplyRequest* request, v1::MultiplyResponse* response)
+      : call_(std::make_shared<UnaryCall>()) {
+    const absl::Time arrived = absl::Now();
+    call_->engine = engine;
+    call_->context = context;
+    call_->request = request;
+    call_->response = response;
+    call_->deadline = DeadlineOf(context);
+    call_->reactor = this;
+    auto job = ValidateHeader(request->header(), engine->options().limits, /*streamed=*/false);
+    absl::Status valid = job.ok() ? ValidateMatrixPayload(job->problem, request->matrix().size())
+                                  : job.status();
+    if (!valid.ok()) {
+      engine->RecordRejected(valid);
+      call_->Finish(valid);
+      return;
+    }
+    call_->lines = job->problem.lines();
+    std::lock_guard lock(call_->mu);  // OnCancel must see the ticket
+    auto ticket = engine->Start(
+        *job, JobMode::kWhole, arrived, call_->deadline,
+        [call = call_](absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
+          call->Run(std::move(admitted));
+        });
+    if (!ticket.ok()) {
+      grpc::ServerUnaryReactor* r = call_->reactor;
+      call_->reactor = nullptr;
+      r->Finish(ToGrpcStatus(ticket.status(), context));
+      return;
+    }
+    call_->ticket = *ticket;
+  }
+
+  void OnCancel() override {
+    call_->cancelled = true;
+    std::optional<Admission::Ticket> ticket;
+    {
+      std::lock_guard lock(call_->mu);
+      ticket = call_->ticket;
+    }
+    if (ticket) call_->engine->Cancel(*ticket);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(call_->mu);
+      call_->job.reset();
+    }
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<UnaryCall> call_;
+};
+
+// ---------------------------------------------------------- MultiplyStream
+
+using StreamReactorBase =
+    grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>;
+
+// One block of lines on its way through the job: read, computed in place,
+// written back.
+struct PendingBlock {
+  int64_t first_line = 0;
+  int64_t lines = 0;
+  std::string data;
+};
+
+// The state of one streamed job, shared by the reactor and the workers that
+// compute its blocks. Every field is guarded by mu. At most
+// kStreamWindowBlocks blocks are between read and written at any time, one
+// read and one write are in flight, and blocks are computed one at a time in
+// order: receive of block k+1, compute of block k and send of block k-1
+// overlap.
+class StreamCall : public std::enable_shared_from_this<StreamCall> {
+ public:
+  StreamCall(Engine* engine, grpc::CallbackServerContext* context, StreamReactorBase* reactor)
+      : engine_(engine),
+        context_(context),
+        reactor_(reactor),
+        arrived_(absl::Now()),
+        deadline_(DeadlineOf(context)) {}
+
+  void Begin() {
+    std::lock_guard lock(mu_);
+    reading_ = true;
+    reactor_->StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) {
+    std::lock_guard lock(mu_);
+    reading_ = false;
+    if (finished_) return;
+    switch (phase_) {
+      case Phase::kHeader:
+        OnHeaderLocked(ok);
+        break;
+      case Phase::kBlocks:
+        OnBlockLocked(ok);
+        break;
+      case Phase::kAdmission:
+        break;  // no read is started while waiting for admission
+    }
+  }
+
+  void OnWriteDone(bool ok) {
+    std::lock_guard lock(mu_);
+    writing_ = false;
+    if (writing_block_) window_--;
+    in_flight_write_.reset();
+    if (!ok) {
+      FailLocked(CancelledStatus(deadline_));
+      return;
+    }
+    if (pending_error_.has_value()) {
+      FinishLocked(*pending_error_);
+      return;
+    }
+    if (stats_sent_ && write_queue_.empty()) {
+      FinishLocked(absl::OkStatus());
+      return;
+    }
+    PumpLocked();
+  }
+
+  void OnCancel() {
+    std::lock_guard lock(mu_);
+    FailLocked(CancelledStatus(deadline_));
+  }
+
+  void OnDone() {
+    std::lock_guard lock(mu_);
+    reactor_ = nullptr;
+    finished_ = true;
+  }
+
+ private:
+  enum class Phase { kHeader, kAdmission, kBlocks };
+
+  void OnHeaderLocked(bool ok) {
+    if (!ok) {
+      FailLocked(absl::InvalidArgumentError(
+          "stream closed before its header; send a JobHeader first"));
+      return;
+    }
+    if (!request_.has_header()) {
+      FailLocked(absl::InvalidArgumentError(
+          "the first message of MultiplyStream must be a header, got a block"));
+      return;
+    }
+    auto job = ValidateHeader(request_.header(), engine_->options().limits, /*streamed=*/true);
+    if (!job.ok()) {
+      engine_->RecordRejected(job.status());
+      FailLocked(job.status());
+      return;
+    }
+    problem_ = job->problem;
+    assembler_.emplace(problem_, engine_->options().limits.max_block_bytes);
+    phase_ = Phase::kAdmission;
+    auto ticket = engine_->Start(
+        *job, JobMode::kStreamed, arrived_, deadline_,
+        [self = shared_from_this()](absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
+          self->OnAdmitted(std::move(admitted));
+        });
+    if (!ticket.ok()) {
+      FailLocked(ticket.status());
+      return;
+    }
+    ticket_ = *ticket;
+  }
+
+  void OnAdmitted(absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
+    std::lock_guard lock(mu_);
+    if (!admitted.ok()) {
+      FailLocked(admitted.status());
+      return;
+    }
+    job_ = std::move(*admitted);
+    if (finished_) return;  // destroying job_ later returns its reservation
+    phase_ = Phase::kBlocks;
+    auto accepted = std::make_unique<v1::MultiplyStreamResponse>();
+    accepted->mutable_accepted()->set_job_id(job_->stats().job_id());
+    accepted->mutable_accepted()->set_max_block_bytes(engine_->options().limits.max_block_bytes);
+    accepted->mutable_accepted()->set_queue_wait_ns(
+        absl::ToInt64Nanoseconds(absl::Now() - arrived_));
+    write_queue_.push_back({std::move(accepted), false});
+    PumpLocked();
+  }
+
+  void OnBlockLocked(bool ok) {
+    if (!ok) {  // half-close
+      input_done_ = true;
+      absl::Status s = assembler_->Finish();
+      if (!s.ok()) {
+        FailLocked(s);
+        return;
+      }
+      PumpLocked();
+      return;
+    }
+    if (request_.has_header()) {
+      FailLocked(absl::InvalidArgumentError(
+          "a second header arrived; MultiplyStream takes exactly one header, then blocks"));
+      return;
+    }
+    if (!request_.has_block()) {
+      FailLocked(absl::InvalidArgumentError("message holds neither a header nor a block"));
+      return;
+    }
+    v1::Block* block = request_.mutable_block();
+    auto lines = assembler_->Accept(block->first_line(), block->data().size());
+    if (!lines.ok()) {
+      FailLocked(lines.status());
+      return;
+    }
+    bytes_in_ += static_cast<int64_t>(block->data().size());
+    compute_queue_.push_back(
+        PendingBlock{block->first_line(), *lines, std::move(*block->mutable_data())});
+    request_.Clear();
+    window_++;
+    PumpLocked();
+  }
+
+  // Starts whatever can start: the next read, the next compute, the next
+  // write, or the final stats.
+  void PumpLocked() {
+    if (finished_ || phase_ != Phase::kBlocks) return;
+    if (!reading_ && !input_done_ && window_ < kStreamWindowBlocks) {
+      reading_ = true;
+      reactor_->StartRead(&request_);
+    }
+    if (!computing_ && !compute_queue_.empty()) StartComputeLocked();
+    if (!writing_ && !write_queue_.empty()) StartWriteLocked();
+    if (input_done_ && !computing_ && compute_queue_.empty() && !writing_ &&
+        write_queue_.empty() && !stats_sent_) {
+      job_->stats().set_bytes_in(bytes_in_);
+      job_->stats().set_bytes_out(bytes_out_);
+      job_->End(absl::OkStatus());
+      auto stats = std::make_unique<v1::MultiplyStreamResponse>();
+      *stats->mutable_stats() = job_->stats();
+      stats_sent_ = true;
+      write_queue_.push_back({std::move(stats), false});
+      StartWriteLocked();
+    }
+  }
+
+  void StartComputeLocked() {
+    computing_ = true;
+    auto block = std::make_shared<PendingBlock>(std::move(compute_queue_.front()));
+    compute_queue_.pop_front();
+    ActiveJob* job = job_.get();  // lives as long as this StreamCall
+    engine_->Post([self = shared_from_this(), job, block] {
+      std::byte* data = reinterpret_cast<std::byte*>(block->data.data());
+      absl::Status s = job->Process(Tile{data, data, block->first_line, block->lines},
+                                    [self] { return self->cancelled_.load(); });
+      std::lock_guard lock(self->mu_);
+      self->computing_ = false;
+      if (!s.ok()) {
+        self->FailLocked(s.code() == absl::StatusCode::kCancelled
+                             ? CancelledStatus(self->deadline_)
+                             : s);
+        return;
+      }
+      auto out = std::make_unique<v1::MultiplyStreamResponse>();
+      out->mutable_block()->set_first_line(block->first_line);
+      self->bytes_out_ += static_cast<int64_t>(block->data.size());
+      out->mutable_block()->set_data(std::move(block->data));
+      self->write_queue_.push_back({std::move(out), true});
+      self->PumpLocked();
+    });
+  }
+
+  void StartWriteLocked() {
+    writing_ = true;
+    in_flight_write_ = std::move(write_queue_.front().first);
+    writing_block_ = write_queue_.front().second;
+    write_queue_.pop_front();
+    reactor_->StartWrite(in_flight_write_.get());
+  }
+
+  // Ends the call with `s` (once): counts the outcome, wakes a queued
+  // admission, and finishes now or after the write in flight.
+  void FailLocked(const absl::Status& s) {
+    if (finished_ || pending_error_.has_value()) return;
+    cancelled_ = true;
+    if (phase_ == Phase::kAdmission && ticket_.has_value()) engine_->Cancel(*ticket_);
+    if (job_ != nullptr) job_->End(s);
+    compute_queue_.clear();
+    write_queue_.clear();
+    if (writing_) {
+      pending_error_ = s;
+    } else {
+      FinishLocked(s);
+    }
+  }
+
+  void FinishLocked(const absl::Status& s) {
+    if (finished_) return;
+    finished_ = true;
+    cancelled_ = true;
+    if (reactor_ != nullptr) reactor_->Finish(ToGrpcStatus(s, context_));
+  }
+
+  Engine* const engine_;
+  grpc::CallbackServerContext* const context_;
+  std::mutex mu_;
+  StreamReactorBase* reactor_;
+  const absl::Time arrived_;
+  const absl::Time deadline_;
+  std::atomic<bool> cancelled_{false};
+
+  Phase phase_ = Phase::kHeader;
+  v1::MultiplyStreamRequest request_;
+  Problem problem_;
+  std::optional<StreamAssembler> assembler_;
+  std::optional<Admission::Ticket> ticket_;
+  std::unique_ptr<ActiveJob> job_;
+
+  std::deque<PendingBlock> compute_queue_;
+  std::deque<std::pair<std::unique_ptr<v1::MultiplyStreamResponse>, bool>> write_queue_;
+  std::unique_ptr<v1::MultiplyStreamResponse> in_flight_write_;
+  bool writing_block_ = false;
+  bool reading_ = false;
+  bool computing_ = false;
+  bool writing_ = false;
+  bool input_done_ = false;
+  bool stats_sent_ = false;
+  bool finished_ = false;
+  std::optional<absl::Status> pending_error_;
+  int window_ = 0;  // blocks read and not yet written back
+  int64_t bytes_in_ = 0;
+  int64_t bytes_out_ = 0;
+};
+
+class StreamReactor final : public StreamReactorBase {
+ public:
+  StreamReactor(Engine* engine, grpc::CallbackServerContext* context)
+      : call_(std::make_shared<StreamCall>(engine, context, this)) {
+    call_->Begin();
+  }
+  void OnReadDone(bool ok) override { call_->OnReadDone(ok); }
+  void OnWriteDone(bool ok) override { call_->OnWriteDone(ok); }
+  void OnCancel() override { call_->OnCancel(); }
+  void OnDone() override {
+    call_->OnDone();
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<StreamCall> call_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* DgmmService::Multiply(grpc::CallbackServerContext* context,
+                                                const v1::MultiplyRequest* request,
+                                                v1::MultiplyResponse* response) {
+  return new UnaryReactor(engine_, context, request, response);
+}
+
+grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
+DgmmService::MultiplyStream(grpc::CallbackServerContext* context) {
+  return new StreamReactor(engine_, context);
+}
+
+grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext* context,
+                                                     const v1::GetServerInfoRequest* request,
+                                                     v1::GetServerInfoResponse* response) {
+  *response = engine_->Info();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace dgmm

@@ -1,0 +1,32 @@
+// The gRPC face of dgmm: one reactor per RPC shape (callback API). Handlers
+// validate, hand the job to the Engine and move bytes; no handler thread ever
+// blocks on compute or on the admission queue.
+#ifndef DGMM_SERVICE_HANDLERS_H_
+#define DGMM_SERVICE_HANDLERS_H_
+
+#include "dgmm/v1/dgmm.grpc.pb.h"
+#include "service/engine.h"
+
+namespace dgmm {
+
+class DgmmService final : public v1::Dgmm::CallbackService {
+ public:
+  // `engine` must outlive the service.
+  explicit DgmmService(Engine* engine) : engine_(engine) {}
+
+  grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
+                                     const v1::MultiplyRequest* request,
+                                     v1::MultiplyResponse* response) override;
+  grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
+  MultiplyStream(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::GetServerInfoResponse* response) override;
+
+ private:
+  Engine* engine_;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_HANDLERS_H_

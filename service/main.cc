@@ -1,0 +1,197 @@
+// dgmm-server: serves C = A·diag(d) and C = diag(d)·A over gRPC.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "service/backends/cpu/cpu_device.h"
+#include "service/server.h"
+#include "service/util/flag_names.h"
+#include "service/util/log.h"
+#ifdef DGMM_HAVE_CUDA
+#include "service/backends/cuda/cuda_devices.h"
+#endif
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC listen address HOST:PORT. Use 0.0.0.0:50051 to accept remote clients; port 0 "
+          "picks a free port (see --port_file).");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write the port actually bound to this file (a number and a newline) once "
+          "serving. For tests and supervisors that use --listen=...:0.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Where BACKEND_AUTO jobs run: auto (GPU if one is usable, else CPU, said at start), "
+          "cpu, cuda (GPU, fastest kernel), cuda-kernel (dgmm's kernel) or cublas "
+          "(cublas<t>dgmm). Clients may still ask for a specific backend per job.");
+ABSL_FLAG(std::string, max_unary_message_bytes, "64MiB",
+          "Largest Multiply request accepted (bytes, or with a unit: 64MiB). Larger matrices "
+          "must use MultiplyStream, which the dgmm clients do on their own.");
+ABSL_FLAG(std::string, max_block_bytes, "4MiB",
+          "Largest MultiplyStream block payload. A streamed job holds a few blocks each way.");
+ABSL_FLAG(int64_t, max_dim, int64_t{1} << 20,
+          "Largest rows or cols of a job; larger shapes get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 = one per hardware thread.");
+ABSL_FLAG(std::string, host_memory_budget, "50%",
+          "Host memory that CPU jobs and all host-side buffers of jobs (request and result "
+          "payloads, stream windows) may reserve at once: bytes (8GiB) or a percentage of "
+          "MemAvailable at start (50%).");
+ABSL_FLAG(std::string, gpu_memory_budget, "80%",
+          "Device memory jobs may reserve per GPU: bytes (1GiB) or a percentage of the "
+          "device's free memory at start (80%).");
+ABSL_FLAG(int, max_queue, 64,
+          "Most jobs waiting for budget at once; beyond it jobs get RESOURCE_EXHAUSTED with a "
+          "grpc-retry-pushback-ms hint.");
+ABSL_FLAG(int, max_head_wait_ms, 2000,
+          "Queue fairness: jobs that fit may pass a larger job at the queue's head only until "
+          "it has waited this long; then nothing passes it.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "If set (HOST:PORT), serve Prometheus metrics at http://HOST:PORT/metrics.");
+ABSL_FLAG(int, drain_timeout_s, 30,
+          "On SIGTERM/SIGINT: seconds queued and running jobs get to finish before exit.");
+ABSL_FLAG(int, max_concurrent_streams, 64, "Most concurrent RPCs per client connection.");
+ABSL_FLAG(int, cuda_streams, 3, "CUDA streams per GPU.");
+ABSL_FLAG(std::string, cuda_tile_bytes, "8MiB", "Pipeline tile size on the GPU.");
+
+namespace dgmm {
+namespace {
+
+absl::StatusOr<int64_t> BytesFlag(const char* name, const std::string& value) {
+  auto b = ParseBytes(value);
+  if (!b.ok()) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", b.status().message()));
+  return b;
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "computes C = A·diag(d) (side right) or diag(d)·A (side left) for "
+      "clients over gRPC,\non GPUs when the host has them and on the CPU otherwise.\n\n"
+      "Usage: dgmm-server [--listen=127.0.0.1:50051] [--backend=auto] [flags]\n"
+      "Every flag may also be set as an environment variable DGMM_<FLAG> (e.g. "
+      "DGMM_LISTEN=0.0.0.0:50051);\nthe command line wins. Dashes and underscores in flag "
+      "names are interchangeable.");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "service/main.cc");
+  };
+  usage.version_string = [] { return std::string("dgmm-server " DGMM_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(usage);
+
+  std::vector<std::string> args = NormalizeFlagNames(argc, argv);
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(cargs.size()), cargs.data());
+  auto from_env = ApplyFlagsFromEnv("DGMM_", args);
+  if (!from_env.ok()) {
+    std::fprintf(stderr, "dgmm-server: %s\n", std::string(from_env.status().message()).c_str());
+    return 2;
+  }
+  if (!from_env->empty()) LogInfo("flags from environment: ", absl::StrJoin(*from_env, ", "));
+
+  // Signals are taken by a dedicated sigwait below; block them before any
+  // thread starts so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  EngineOptions eo;
+  eo.backend = absl::GetFlag(FLAGS_backend);
+  eo.host_memory_budget = absl::GetFlag(FLAGS_host_memory_budget);
+  eo.gpu_memory_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
+  eo.max_queue = absl::GetFlag(FLAGS_max_queue);
+  eo.max_head_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_head_wait_ms));
+  eo.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
+  auto unary = BytesFlag("max_unary_message_bytes", absl::GetFlag(FLAGS_max_unary_message_bytes));
+  auto block = BytesFlag("max_block_bytes", absl::GetFlag(FLAGS_max_block_bytes));
+  auto tile = BytesFlag("cuda_tile_bytes", absl::GetFlag(FLAGS_cuda_tile_bytes));
+  for (const auto* s : {&unary, &block, &tile}) {
+    if (!s->ok()) {
+      std::fprintf(stderr, "dgmm-server: %s\n", std::string(s->status().message()).c_str());
+      return 2;
+    }
+  }
+  eo.max_unary_message_bytes = *unary;
+  eo.limits.max_block_bytes = *block;
+
+  std::vector<std::unique_ptr<Device>> gpus;
+  if (eo.backend != "cpu") {
+#ifdef DGMM_HAVE_CUDA
+    CudaOptions co;
+    co.streams = absl::GetFlag(FLAGS_cuda_streams);
+    co.tile_bytes = *tile;
+    std::string why_none;
+    auto found = CreateCudaDevices(co, &why_none);
+    if (!found.ok()) {
+      LogInfo("GPU initialisation failed: ", found.status().message());
+    } else {
+      gpus = std::move(*found);
+      if (gpus.empty()) LogInfo("no usable GPU: ", why_none);
+    }
+#else
+    LogInfo("this dgmm-server was built without CUDA");
+#endif
+  }
+  auto engine = Engine::Create(eo, std::make_unique<CpuDevice>(absl::GetFlag(FLAGS_threads)),
+                               std::move(gpus));
+  if (!engine.ok()) {
+    std::fprintf(stderr, "dgmm-server: %s\n", std::string(engine.status().message()).c_str());
+    return 2;
+  }
+  Engine* e = engine->get();
+
+  ServerOptions so;
+  so.listen = absl::GetFlag(FLAGS_listen);
+  so.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  so.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  auto server = Server::Start(so, std::move(*engine));
+  if (!server.ok()) {
+    std::fprintf(stderr, "dgmm-server: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  const v1::GetServerInfoResponse info = e->Info();
+  for (const v1::DeviceInfo& d : info.devices()) {
+    LogInfo("device ", d.index() < 0 ? std::string("cpu") : absl::StrCat("cuda:", d.index()),
+            ": ", d.name(), ", budget ", d.budget_bytes(), " bytes of ", d.total_memory_bytes());
+  }
+  LogInfo(e->gpu_count() > 0 && eo.backend != "cpu"
+              ? "jobs run on the GPU by default"
+              : "jobs run on the CPU backend (no GPU in use)");
+  LogInfo("dgmm-server ", DGMM_VERSION, " listening on ", so.listen, " (port ",
+          (*server)->port(), ")");
+  if ((*server)->metrics_port() != 0) {
+    LogInfo("metrics at http://", so.metrics_listen, "/metrics (port ", (*server)->metrics_port(),
+            ")");
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << (*server)->port() << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  LogInfo("signal ", sig, ": draining (health NOT_SERVING, new jobs UNAVAILABLE, up to ",
+          absl::FormatDuration(drain), " for jobs in flight)");
+  const bool clean = (*server)->Drain(drain);
+  LogInfo(clean ? "drained; every job finished" : "drain timeout; unfinished jobs were ended");
+  server->reset();
+  LogInfo("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace dgmm
+
+int main(int argc, char** argv) { return dgmm::Main(argc, argv); }

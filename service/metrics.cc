@@ -1,0 +1,122 @@
+#include "service/metrics.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+#ifdef DGMM_HAVE_CIVETWEB
+#include <civetweb.h>
+#endif
+
+namespace dgmm {
+namespace {
+
+std::string Labels(const v1::DeviceInfo& d) {
+  return absl::StrFormat("device=\"%s\",index=\"%d\"",
+                         d.index() < 0 ? "cpu" : absl::StrCat("cuda:", d.index()), d.index());
+}
+
+void Family(std::string* out, absl::string_view name, absl::string_view type,
+            absl::string_view help) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+}
+
+}  // namespace
+
+std::string RenderMetrics(const Engine& engine) {
+  const v1::GetServerInfoResponse info = engine.Info();
+  std::string out;
+  auto gauge = [&](absl::string_view name, absl::string_view type, absl::string_view help,
+                   auto value_of) {
+    Family(&out, name, type, help);
+    for (const v1::DeviceInfo& d : info.devices()) {
+      absl::StrAppend(&out, name, "{", Labels(d), "} ", value_of(d), "\n");
+    }
+  };
+  gauge("dgmm_budget_capacity_bytes", "gauge", "Memory budget capacity of the device.",
+        [](const v1::DeviceInfo& d) { return d.budget_bytes(); });
+  gauge("dgmm_budget_reserved_bytes", "gauge", "Bytes reserved by admitted jobs.",
+        [](const v1::DeviceInfo& d) { return d.reserved_bytes(); });
+  gauge("dgmm_device_memory_bytes", "gauge", "Total memory of the device.",
+        [](const v1::DeviceInfo& d) { return d.total_memory_bytes(); });
+  gauge("dgmm_jobs_queued", "gauge", "Jobs waiting for admission.",
+        [](const v1::DeviceInfo& d) { return d.queued_jobs(); });
+  gauge("dgmm_jobs_running", "gauge", "Jobs admitted and running.",
+        [](const v1::DeviceInfo& d) { return d.running_jobs(); });
+  gauge("dgmm_device_in_service", "gauge", "1 while the device takes jobs.",
+        [](const v1::DeviceInfo& d) { return d.in_service() ? 1 : 0; });
+  gauge("dgmm_jobs_completed_total", "counter", "Jobs finished with OK.",
+        [](const v1::DeviceInfo& d) { return d.completed_jobs(); });
+  Family(&out, "dgmm_jobs_rejected_total", "counter",
+         "Jobs that ended otherwise than OK, by reason.");
+  for (const v1::DeviceInfo& d : info.devices()) {
+    for (const auto& [reason, n] : d.rejected_jobs()) {
+      absl::StrAppend(&out, "dgmm_jobs_rejected_total{", Labels(d), ",reason=\"", reason,
+                      "\"} ", n, "\n");
+    }
+  }
+  Family(&out, "dgmm_job_duration_seconds", "histogram",
+         "Wall time of completed jobs from arrival to result, by mode.");
+  for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed}) {
+    const std::string m = mode == JobMode::kWhole ? "unary" : "stream";
+    const LatencyHistogram h = engine.Latency(mode);
+    int64_t cumulative = 0;
+    for (std::size_t b = 0; b < std::size(kLatencyBuckets); ++b) {
+      cumulative += h.counts[b];
+      absl::StrAppend(&out, "dgmm_job_duration_seconds_bucket{mode=\"", m, "\",le=\"",
+                      kLatencyBuckets[b], "\"} ", cumulative, "\n");
+    }
+    absl::StrAppend(&out, "dgmm_job_duration_seconds_bucket{mode=\"", m, "\",le=\"+Inf\"} ",
+                    h.count, "\n");
+    absl::StrAppend(&out, "dgmm_job_duration_seconds_sum{mode=\"", m, "\"} ", h.sum_seconds,
+                    "\n");
+    absl::StrAppend(&out, "dgmm_job_duration_seconds_count{mode=\"", m, "\"} ", h.count, "\n");
+  }
+  return out;
+}
+
+#ifdef DGMM_HAVE_CIVETWEB
+namespace {
+int HandleMetrics(struct mg_connection* conn, void* engine) {
+  const std::string body = RenderMetrics(*static_cast<const Engine*>(engine));
+  mg_printf(conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+            body.size());
+  mg_write(conn, body.data(), body.size());
+  return 200;
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                    const Engine* engine) {
+  mg_init_library(0);
+  const char* options[] = {"listening_ports", address.c_str(), "num_threads", "2", nullptr};
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->engine_ = engine;
+  mg_context* ctx = mg_start(nullptr, nullptr, options);
+  if (ctx == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_listen=", address, ": cannot listen there (in use, or not HOST:PORT)"));
+  }
+  server->context_ = ctx;
+  mg_set_request_handler(ctx, "/metrics", HandleMetrics, const_cast<Engine*>(engine));
+  mg_server_port ports[4];
+  const int n = mg_get_server_ports(ctx, 4, ports);
+  if (n > 0) server->port_ = ports[0].port;
+  return server;
+}
+
+MetricsServer::~MetricsServer() {
+  if (context_ != nullptr) mg_stop(static_cast<mg_context*>(context_));
+}
+#else
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                    const Engine* engine) {
+  return absl::UnimplementedError(
+      "this dgmm-server was built without civetweb (libcivetweb-dev); --metrics_listen is "
+      "unavailable");
+}
+MetricsServer::~MetricsServer() = default;
+#endif
+
+}  // namespace dgmm

@@ -1,0 +1,58 @@
+// Assembles the running server: the gRPC server with dgmm's service, the
+// standard health service and reflection, and the optional metrics endpoint.
+#ifndef DGMM_SERVICE_SERVER_H_
+#define DGMM_SERVICE_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "service/engine.h"
+#include "service/handlers.h"
+#include "service/metrics.h"
+
+namespace dgmm {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";
+  // Empty: no metrics endpoint.
+  std::string metrics_listen;
+  // Most concurrent RPCs (HTTP/2 streams) per client connection.
+  int max_concurrent_streams = 64;
+  // Connections idle this long are closed (keepalive pings keep them alive).
+  absl::Duration max_connection_idle = absl::Minutes(10);
+  absl::Duration keepalive_time = absl::Minutes(1);
+};
+
+class Server {
+ public:
+  // Starts listening. The engine must be fully constructed.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                       std::unique_ptr<Engine> engine);
+  ~Server();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  Engine& engine() { return *engine_; }
+
+  // Graceful drain: health turns NOT_SERVING at once, new jobs get
+  // UNAVAILABLE, queued and running jobs get up to `timeout` to finish, then
+  // the gRPC server shuts down. Returns true if no job was cut short.
+  bool Drain(absl::Duration timeout);
+
+ private:
+  Server() = default;
+  void SetServing(bool serving);
+
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<DgmmService> service_;
+  std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<MetricsServer> metrics_;
+  int port_ = 0;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_SERVER_H_

@@ -1,0 +1,183 @@
+#include "service/validator.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dgmm {
+namespace {
+
+absl::Status Invalid(absl::string_view what) {
+  return absl::InvalidArgumentError(what);
+}
+
+absl::StatusOr<DType> ToDType(int v) {
+  switch (v) {
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_FLOAT64:
+      return DType::kFloat64;
+    case v1::DTYPE_UNSPECIFIED:
+      return Invalid("dtype is not set; expected DTYPE_FLOAT32 or DTYPE_FLOAT64");
+    default:
+      return Invalid(absl::StrCat("unknown dtype ", v,
+                                  "; expected DTYPE_FLOAT32 (1) or DTYPE_FLOAT64 (2)"));
+  }
+}
+
+absl::StatusOr<Layout> ToLayout(int v) {
+  switch (v) {
+    case v1::LAYOUT_UNSPECIFIED:
+    case v1::LAYOUT_ROW_MAJOR:
+      return Layout::kRowMajor;
+    case v1::LAYOUT_COL_MAJOR:
+      return Layout::kColMajor;
+    default:
+      return Invalid(absl::StrCat(
+          "unknown layout ", v, "; expected LAYOUT_ROW_MAJOR (1) or LAYOUT_COL_MAJOR (2)"));
+  }
+}
+
+absl::StatusOr<Side> ToSide(int v) {
+  switch (v) {
+    case v1::SIDE_UNSPECIFIED:
+    case v1::SIDE_RIGHT:
+      return Side::kRight;
+    case v1::SIDE_LEFT:
+      return Side::kLeft;
+    default:
+      return Invalid(
+          absl::StrCat("unknown side ", v, "; expected SIDE_RIGHT (1) or SIDE_LEFT (2)"));
+  }
+}
+
+absl::StatusOr<std::optional<BackendKind>> ToBackend(int v) {
+  switch (v) {
+    case v1::BACKEND_AUTO:
+      return std::optional<BackendKind>();
+    case v1::BACKEND_CPU:
+      return std::optional<BackendKind>(BackendKind::kCpu);
+    case v1::BACKEND_CUDA_KERNEL:
+      return std::optional<BackendKind>(BackendKind::kCudaKernel);
+    case v1::BACKEND_CUBLAS:
+      return std::optional<BackendKind>(BackendKind::kCublas);
+    default:
+      return Invalid(absl::StrCat("unknown backend ", v,
+                                  "; expected BACKEND_AUTO (0), BACKEND_CPU (1), "
+                                  "BACKEND_CUDA_KERNEL (2) or BACKEND_CUBLAS (3)"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
+                                          const RequestLimits& limits,
+                                          bool streamed) {
+  JobRequest job;
+  Problem& p = job.problem;
+  if (header.rows() <= 0 || header.cols() <= 0) {
+    return Invalid(absl::StrCat("matrix shape ", header.rows(), "x", header.cols(),
+                                " is invalid; rows and cols must both be >= 1"));
+  }
+  auto dtype = ToDType(header.dtype());
+  if (!dtype.ok()) return dtype.status();
+  auto layout = ToLayout(header.layout());
+  if (!layout.ok()) return layout.status();
+  auto side = ToSide(header.side());
+  if (!side.ok()) return side.status();
+  auto backend = ToBackend(header.backend());
+  if (!backend.ok()) return backend.status();
+  p.rows = header.rows();
+  p.cols = header.cols();
+  p.dtype = *dtype;
+  p.layout = *layout;
+  p.side = *side;
+  job.backend = *backend;
+
+  int64_t elements = 0;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(p.rows, p.cols, &elements) ||
+      __builtin_mul_overflow(elements, static_cast<int64_t>(p.elem_size()), &bytes)) {
+    return Invalid(absl::StrCat("matrix shape ", p.rows, "x", p.cols, " of ",
+                                DTypeName(p.dtype),
+                                " overflows a 64-bit byte count; rows*cols*element size "
+                                "must be < 2^63"));
+  }
+  if (p.rows > limits.max_dim || p.cols > limits.max_dim) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "matrix shape ", p.rows, "x", p.cols, " exceeds this server's limit of ",
+        limits.max_dim, " rows or columns (--max_dim)"));
+  }
+  const int64_t want = p.diag_len();
+  const int64_t have_bytes = static_cast<int64_t>(header.diagonal().size());
+  if (have_bytes != p.diag_bytes()) {
+    return Invalid(absl::StrFormat(
+        "diagonal has %d bytes but side %s of a %dx%d %s matrix needs %d elements "
+        "(%s) = %d bytes",
+        have_bytes, SideName(p.side), p.rows, p.cols, DTypeName(p.dtype), want,
+        p.side == Side::kRight ? "one per column" : "one per row", p.diag_bytes()));
+  }
+  if (streamed && p.line_bytes() > limits.max_block_bytes) {
+    return Invalid(absl::StrFormat(
+        "one %s line of this matrix is %d bytes, over the server's max block of %d "
+        "bytes, so it cannot be streamed in whole lines; use the other layout or "
+        "Multiply",
+        p.layout == Layout::kRowMajor ? "row" : "column", p.line_bytes(),
+        limits.max_block_bytes));
+  }
+  job.diagonal = header.diagonal();
+  return job;
+}
+
+absl::Status ValidateMatrixPayload(const Problem& p, std::size_t payload_bytes) {
+  if (static_cast<int64_t>(payload_bytes) != p.matrix_bytes()) {
+    return Invalid(absl::StrFormat(
+        "matrix payload has %d bytes but a %dx%d %s matrix needs rows*cols*%d = %d bytes",
+        payload_bytes, p.rows, p.cols, DTypeName(p.dtype), p.elem_size(),
+        p.matrix_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> StreamAssembler::Accept(int64_t first_line,
+                                                std::size_t data_bytes) {
+  const absl::string_view unit = problem_.layout == Layout::kRowMajor ? "row" : "column";
+  if (first_line != next_line_) {
+    return Invalid(absl::StrFormat(
+        "block starts at %s %d but %d %ss have been received; blocks must be sent in "
+        "order without gaps or overlaps",
+        unit, first_line, next_line_, unit));
+  }
+  const int64_t bytes = static_cast<int64_t>(data_bytes);
+  if (bytes == 0) return Invalid("block is empty; every block must hold at least one line");
+  if (bytes > max_block_bytes_) {
+    return Invalid(absl::StrFormat("block of %d bytes exceeds max_block_bytes %d",
+                                   bytes, max_block_bytes_));
+  }
+  if (bytes % problem_.line_bytes() != 0) {
+    return Invalid(absl::StrFormat(
+        "block of %d bytes is not a whole number of %ss of %d bytes", bytes, unit,
+        problem_.line_bytes()));
+  }
+  const int64_t lines = bytes / problem_.line_bytes();
+  if (lines > problem_.lines() - next_line_) {
+    return Invalid(absl::StrFormat(
+        "block holds %ss %d..%d but the matrix has only %d %ss", unit, first_line,
+        first_line + lines - 1, problem_.lines(), unit));
+  }
+  next_line_ += lines;
+  return lines;
+}
+
+absl::Status StreamAssembler::Finish() const {
+  if (!complete()) {
+    return Invalid(absl::StrFormat(
+        "stream half-closed after %d of %d %ss; send every line before closing",
+        next_line_, problem_.lines(),
+        problem_.layout == Layout::kRowMajor ? "row" : "column"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dgmm

@@ -1,0 +1,69 @@
+// The one request validator, shared by Multiply and MultiplyStream: turns a
+// wire JobHeader into a Problem, or says exactly what is wrong with it.
+#ifndef DGMM_SERVICE_VALIDATOR_H_
+#define DGMM_SERVICE_VALIDATOR_H_
+
+#include <cstdint>
+#include <optional>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dgmm/v1/dgmm.pb.h"
+#include "service/problem.h"
+
+namespace dgmm {
+
+// Request limits a client cannot get around.
+struct RequestLimits {
+  // Largest rows or cols (RESOURCE_EXHAUSTED above it).
+  int64_t max_dim = int64_t{1} << 20;
+  // Largest payload of one MultiplyStream block.
+  int64_t max_block_bytes = int64_t{4} << 20;
+};
+
+// A validated header: the problem, the diagonal (a view into the request,
+// which must outlive it) and the backend hint (nullopt for BACKEND_AUTO).
+struct JobRequest {
+  Problem problem;
+  absl::string_view diagonal;
+  std::optional<BackendKind> backend;
+};
+
+// Checks dims (positive, within max_dim), enums (known values), that
+// rows*cols*element size fits in int64, and the diagonal's length for the
+// side. INVALID_ARGUMENT for malformed headers, RESOURCE_EXHAUSTED for a shape
+// over the limits. For streamed jobs it also checks that one line fits in a
+// block.
+absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
+                                          const RequestLimits& limits,
+                                          bool streamed);
+
+// Checks that a whole-matrix payload has exactly matrix_bytes() bytes.
+absl::Status ValidateMatrixPayload(const Problem& p, std::size_t payload_bytes);
+
+// Follows the blocks of one MultiplyStream and enforces the protocol: blocks
+// start where the previous one ended, hold whole lines, are not empty, not
+// over max_block_bytes, and do not run past the last line.
+class StreamAssembler {
+ public:
+  StreamAssembler(const Problem& p, int64_t max_block_bytes)
+      : problem_(p), max_block_bytes_(max_block_bytes) {}
+
+  // Accepts the next block; returns the number of whole lines it holds.
+  absl::StatusOr<int64_t> Accept(int64_t first_line, std::size_t data_bytes);
+  // Called on the client's half-close: INVALID_ARGUMENT unless every line came.
+  absl::Status Finish() const;
+
+  int64_t lines_received() const { return next_line_; }
+  bool complete() const { return next_line_ == problem_.lines(); }
+
+ private:
+  Problem problem_;
+  int64_t max_block_bytes_;
+  int64_t next_line_ = 0;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_VALIDATOR_H_
