@@ -1,0 +1,152 @@
+// Parts of the GPU engine that run on the host alone: how tiles are cut into
+// pieces, how CUDA errors become statuses, which launch shape is chosen, and
+// how the factory behaves without a GPU. These run (and pass) on machines
+// without a GPU as well.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "service/backends/cuda/cuda_devices.h"
+#include "service/backends/cuda/cuda_status.h"
+#include "service/backends/cuda/dgmm_kernel.h"
+#include "service/backends/cuda/tile_split.h"
+
+namespace dgmm::cuda {
+namespace {
+
+Problem RowMajor(int64_t rows, int64_t cols, DType t = DType::kFloat32) {
+  return Problem{.rows = rows, .cols = cols, .dtype = t,
+                 .layout = Layout::kRowMajor, .side = Side::kRight};
+}
+
+// The pieces cover the tile exactly once, in order, within the limit.
+void ExpectCovers(const Problem& p, int64_t first, int64_t lines, int64_t limit) {
+  const auto pieces = SplitTile(p, first, lines, limit);
+  int64_t offset = 0;
+  const int64_t elem = static_cast<int64_t>(p.elem_size());
+  for (const Piece& piece : pieces) {
+    EXPECT_EQ(piece.byte_offset, offset);
+    EXPECT_EQ(piece.bytes, piece.lines * piece.line_len * elem);
+    EXPECT_TRUE(piece.bytes <= limit || piece.bytes == elem);
+    EXPECT_EQ(piece.byte_offset,
+              (piece.first_line - first) * p.line_bytes() + piece.pos * elem);
+    if (piece.lines > 1) {
+      EXPECT_EQ(piece.line_len, p.line_len());
+    }
+    offset += piece.bytes;
+  }
+  EXPECT_EQ(offset, lines * p.line_bytes());
+}
+
+TEST(TileSplit, GroupsWholeLinesAndLeavesARemainder) {
+  const Problem p = RowMajor(1001, 257);
+  const auto pieces = SplitTile(p, 0, 1001, 3 * p.line_bytes() + 4);
+  ASSERT_EQ(pieces.size(), 334u);
+  EXPECT_EQ(pieces.front().lines, 3);
+  EXPECT_EQ(pieces.back().lines, 2);
+  EXPECT_EQ(pieces.back().first_line, 999);
+  ExpectCovers(p, 0, 1001, 3 * p.line_bytes() + 4);
+}
+
+TEST(TileSplit, CutsLongLinesIntoVectorAlignedParts) {
+  const Problem p = RowMajor(2, 1000);
+  const auto pieces = SplitTile(p, 5, 2, 100);  // 25 floats -> parts of 24
+  ASSERT_FALSE(pieces.empty());
+  EXPECT_EQ(pieces[0].line_len, 24);
+  EXPECT_EQ(pieces[0].first_line, 5);
+  EXPECT_EQ(pieces[1].pos, 24);
+  ExpectCovers(p, 5, 2, 100);
+}
+
+TEST(TileSplit, CoversEveryShapeAndLimit) {
+  for (DType t : {DType::kFloat32, DType::kFloat64}) {
+    for (int64_t cols : {1, 3, 4, 17, 1000}) {
+      for (int64_t limit : {4, 8, 16, 40, 4096, 1 << 20}) {
+        ExpectCovers(RowMajor(37, cols, t), 3, 30, limit);
+      }
+    }
+  }
+}
+
+TEST(TileSplit, EmptyTileHasNoPieces) {
+  EXPECT_TRUE(SplitTile(RowMajor(10, 10), 0, 0, 64).empty());
+}
+
+TEST(CudaStatus, ErrorsBecomeInternalWithTheCudaText) {
+  EXPECT_TRUE(CudaStatus(cudaSuccess, "x").ok());
+  const absl::Status st = CudaStatus(cudaErrorMemoryAllocation, "cudaMallocAsync");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(st.message().find("cudaMallocAsync"), std::string::npos) << st;
+  EXPECT_NE(st.message().find(cudaGetErrorString(cudaErrorMemoryAllocation)),
+            std::string::npos)
+      << st;
+  const absl::Status cb = CublasStatus(CUBLAS_STATUS_INVALID_VALUE, "dgmm");
+  EXPECT_EQ(cb.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(cb.message().find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos) << cb;
+}
+
+TEST(CudaStatus, OnlyContextCorruptingErrorsAreSticky) {
+  EXPECT_TRUE(IsStickyError(cudaErrorIllegalAddress));
+  EXPECT_TRUE(IsStickyError(cudaErrorLaunchFailure));
+  EXPECT_TRUE(IsStickyError(cudaErrorECCUncorrectable));
+  EXPECT_FALSE(IsStickyError(cudaSuccess));
+  EXPECT_FALSE(IsStickyError(cudaErrorMemoryAllocation));
+  EXPECT_FALSE(IsStickyError(cudaErrorInvalidValue));
+}
+
+TEST(LaunchPolicy, VectorizesOnlyAlignedWholeVectors) {
+  const float* base = reinterpret_cast<const float*>(uintptr_t{1} << 20);
+  DeviceTile<float> tile{.in = base, .out = const_cast<float*>(base), .diag = base,
+                         .lines = 10, .line_len = 1024, .per_line = false};
+  EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 4);
+  tile.line_len = 1022;
+  EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 1);
+  tile.line_len = 1024;
+  tile.diag = base + 1;  // a per-position diagonal must be aligned too
+  EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 1);
+  tile.per_line = true;  // a per-line diagonal is read one scalar at a time
+  EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 4);
+  tile.in = base + 2;
+  EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 1);
+  const DeviceTile<double> d{.in = reinterpret_cast<const double*>(base),
+                             .out = reinterpret_cast<double*>(uintptr_t{1} << 21),
+                             .diag = nullptr, .lines = 3, .line_len = 8,
+                             .per_line = true};
+  const LaunchPolicy policy = ChooseLaunchPolicy(d, 132);
+  EXPECT_EQ(policy.vector_width, 2);
+  EXPECT_GE(policy.grid_blocks, 1);
+  EXPECT_LE(policy.grid_blocks, 132 * 32);
+}
+
+TEST(CreateCudaDevices, RejectsOptionsOutOfRange) {
+  std::string why;
+  CudaOptions o;
+  o.streams = 0;
+  EXPECT_EQ(CreateCudaDevices(o, &why).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o = CudaOptions{};
+  o.tile_bytes = 8;
+  EXPECT_EQ(CreateCudaDevices(o, &why).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CreateCudaDevices, SaysWhyWhenThereIsNoDevice) {
+  std::string why;
+  CudaOptions o;
+  o.measure_backend_order = false;
+  auto devices = CreateCudaDevices(o, &why);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  if (devices->empty()) {
+    EXPECT_FALSE(why.empty());
+    std::printf("no GPU here: %s\n", why.c_str());
+  } else {
+    std::printf("%zu GPU(s); the first is %s\n", devices->size(),
+                (*devices)[0]->name().c_str());
+  }
+}
+
+}  // namespace
+}  // namespace dgmm::cuda
