@@ -1,0 +1,49 @@
+// dgmm-cli's subcommands and what they share: exit codes, error printing and
+// a Client built from the common flags (--server, --deadline, --chunk_bytes,
+// --max_unary_message_bytes, --load_balancing_policy).
+#ifndef DGMM_CLIENT_CPP_CLI_COMMANDS_H_
+#define DGMM_CLIENT_CPP_CLI_COMMANDS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dgmm/client.h"
+
+ABSL_DECLARE_FLAG(bool, quiet);
+ABSL_DECLARE_FLAG(std::string, server);
+
+namespace dgmm::cli {
+
+// Process exit codes.
+enum ExitCode : int {
+  kExitOk = 0,
+  // An RPC failed (or the server is not SERVING, or the output could not be written).
+  kExitRpcError = 1,
+  // Bad flags or arguments, or an input file that cannot be used.
+  kExitUsage = 2,
+  // --check found an error above the tolerance.
+  kExitCheckFailed = 3,
+};
+
+// Prints "error: <CODE>: <message>" to stderr and returns `exit_code`.
+int ReportError(const absl::Status& status, int exit_code);
+
+// A client for --server with the common flags applied; INVALID_ARGUMENT for
+// a flag value that does not parse.
+absl::StatusOr<std::unique_ptr<Client>> MakeClient();
+
+// "1.5 GiB", "512 B", ...
+std::string FormatBytes(int64_t bytes);
+
+// Subcommands; each returns the process exit code.
+int RunMultiply();
+int RunInfo();
+int RunHealth();
+
+}  // namespace dgmm::cli
+
+#endif  // DGMM_CLIENT_CPP_CLI_COMMANDS_H_

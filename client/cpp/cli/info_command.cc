@@ -1,0 +1,89 @@
+// `dgmm-cli info` and `dgmm-cli health`.
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cli/commands.h"
+
+ABSL_FLAG(std::string, service, "",
+          "health: the service name to check; empty for the server as a whole, "
+          "dgmm.v1.Dgmm for the dgmm service.");
+
+namespace dgmm::cli {
+namespace {
+
+// "BACKEND_CUDA_KERNEL" -> "cuda_kernel".
+std::string ShortName(const std::string& enum_name, absl::string_view prefix) {
+  std::string name = enum_name.substr(std::min(prefix.size(), enum_name.size()));
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+std::string BackendName(v1::Backend b) { return ShortName(v1::Backend_Name(b), "BACKEND_"); }
+std::string DTypeName(v1::DType d) { return ShortName(v1::DType_Name(d), "DTYPE_"); }
+
+void PrintDevice(const v1::DeviceInfo& d) {
+  const std::string where = d.index() < 0 ? "cpu" : absl::StrCat("cuda:", d.index());
+  std::vector<std::string> backends;
+  for (int b : d.backends()) backends.push_back(BackendName(static_cast<v1::Backend>(b)));
+  std::printf("  %s  %s%s\n", where.c_str(), d.name().c_str(),
+              d.in_service() ? "" : "  (OUT OF SERVICE)");
+  std::printf("    memory %s, budget %s, reserved %s, %s %d, backends %s\n",
+              FormatBytes(d.total_memory_bytes()).c_str(), FormatBytes(d.budget_bytes()).c_str(),
+              FormatBytes(d.reserved_bytes()).c_str(), d.index() < 0 ? "threads" : "streams",
+              d.streams(), backends.empty() ? "-" : absl::StrJoin(backends, ", ").c_str());
+  // Sorted for stable output (proto maps are unordered).
+  std::vector<std::pair<std::string, int64_t>> rejected(d.rejected_jobs().begin(),
+                                                        d.rejected_jobs().end());
+  std::sort(rejected.begin(), rejected.end());
+  int64_t rejected_total = 0;
+  std::vector<std::string> reasons;
+  for (const auto& [reason, count] : rejected) {
+    rejected_total += count;
+    reasons.push_back(absl::StrCat(reason, " ", count));
+  }
+  std::printf("    jobs: queued %lld, running %lld, completed %lld, rejected %lld%s\n",
+              static_cast<long long>(d.queued_jobs()), static_cast<long long>(d.running_jobs()),
+              static_cast<long long>(d.completed_jobs()), static_cast<long long>(rejected_total),
+              reasons.empty() ? "" : absl::StrCat(" (", absl::StrJoin(reasons, ", "), ")").c_str());
+}
+
+}  // namespace
+
+int RunInfo() {
+  absl::StatusOr<std::unique_ptr<Client>> client = MakeClient();
+  if (!client.ok()) return ReportError(client.status(), kExitUsage);
+  absl::StatusOr<v1::GetServerInfoResponse> info = (*client)->GetServerInfo();
+  if (!info.ok()) return ReportError(info.status(), kExitRpcError);
+
+  std::vector<std::string> dtypes;
+  for (int d : info->dtypes()) dtypes.push_back(DTypeName(static_cast<v1::DType>(d)));
+  const v1::Limits& limits = info->limits();
+  std::printf("dgmm server %s at %s\n", info->version().c_str(),
+              absl::GetFlag(FLAGS_server).c_str());
+  std::printf("default backend: %s\n", BackendName(info->default_backend()).c_str());
+  std::printf("dtypes: %s\n", absl::StrJoin(dtypes, ", ").c_str());
+  std::printf("limits: unary message %s, stream block %s, max dim %lld, max queue %lld\n",
+              FormatBytes(limits.max_unary_message_bytes()).c_str(),
+              FormatBytes(limits.max_block_bytes()).c_str(),
+              static_cast<long long>(limits.max_dim()), static_cast<long long>(limits.max_queue()));
+  std::printf("devices:\n");
+  for (const v1::DeviceInfo& d : info->devices()) PrintDevice(d);
+  return kExitOk;
+}
+
+int RunHealth() {
+  absl::StatusOr<std::unique_ptr<Client>> client = MakeClient();
+  if (!client.ok()) return ReportError(client.status(), kExitUsage);
+  absl::StatusOr<HealthState> state = (*client)->Health(absl::GetFlag(FLAGS_service));
+  if (!state.ok()) return ReportError(state.status(), kExitRpcError);
+  std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*state).c_str());
+  return *state == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitRpcError;
+}
+
+}  // namespace dgmm::cli

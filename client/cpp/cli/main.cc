@@ -1,0 +1,113 @@
+// dgmm-cli: multiply matrices by diagonals on a dgmm server, inspect it, and
+// probe its health. See kUsage.
+#include <cstdio>
+#include <string>
+
+#include "absl/status/status.h"
+#include "cli/command_line.h"
+#include "cli/commands.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(dgmm-cli: client of the dgmm service, which computes C = A·diag(d)
+(--side=right: column j of A scaled by d[j]) or C = diag(d)·A (--side=left: row i
+scaled by d[i]) on the server's GPUs or CPU.
+
+Usage:
+  dgmm-cli multiply --matrix=A.npy --diag=d.npy --out=C.npy [--side=right|left]
+                    [--backend=auto|cpu|cuda-kernel|cublas] [--mode=auto|unary|stream]
+                    [--check] [common flags]
+  dgmm-cli multiply --random=N [--cols=M] [--dtype=f32|f64] [--layout=row|col]
+                    [--side=right|left] [--seed=S] [--check] [--out=C.npy] ...
+  dgmm-cli info [common flags]
+  dgmm-cli health [--service=NAME] [common flags]
+  dgmm-cli --help
+
+Subcommands:
+  multiply  Sends A and d to the server and receives C. With --matrix/--diag, reads
+            .npy files (float32 or float64, C or Fortran order, A and d of the same
+            dtype; len(d) = cols for right, rows for left) and writes C to --out in
+            A's dtype and order. With --random=N, generates an N x M matrix (M =
+            --cols, default N) and its diagonal, values uniform in [0.5, 2). Prints
+            the mode (unary or stream), the backend and device, the server's timings
+            (queue wait, h2d, compute, d2h, total, in ms) and the throughput.
+            Jobs under 7/8 of --max_unary_message_bytes go in one message, larger
+            ones are streamed in blocks of whole rows (or columns) of --chunk_bytes.
+  info      Prints the server's version, default backend, dtypes, limits and, per
+            device, memory, budget, reserved bytes and queued/running/completed/
+            rejected job counts.
+  health    Asks the standard grpc.health.v1 service; prints the state (SERVING,
+            NOT_SERVING, ...) and exits 0 only when SERVING.
+
+multiply flags:
+  --matrix=PATH        A, a 2-D .npy file.
+  --diag=PATH          d, a 1-D .npy file.
+  --out=PATH           Where to write C as .npy (required with --matrix).
+  --side=right|left    right: C = A·diag(d) (default); left: C = diag(d)·A.
+  --backend=NAME       auto (default: the server's fastest), cpu, cuda-kernel, cublas.
+  --mode=NAME          auto (default), unary (one message) or stream.
+  --random=N           Random operands with N rows instead of files.
+  --cols=M             With --random: columns (default N).
+  --dtype=f32|f64      With --random: element type (default f32).
+  --layout=row|col     With --random: C (row) or Fortran (col) order (default row).
+  --seed=S             With --random: random seed (default 1).
+  --check              Compare C with a float64 reference computed here and print
+                       the largest relative error; exit 3 above --tolerance.
+  --tolerance=X        Default 1e-6 for f32, 1e-14 for f64 (a scaled element is
+                       exact to one rounding).
+
+health flags:
+  --service=NAME       Service to check: "" (default) is the whole server,
+                       dgmm.v1.Dgmm the dgmm service.
+
+Common flags:
+  --server=HOST:PORT   Server address or gRPC target (default 127.0.0.1:50051;
+                       e.g. dns:///dgmm.example:50051 with round_robin).
+  --deadline=SECONDS   Deadline of each RPC (default none); an expired job fails
+                       with DEADLINE_EXCEEDED.
+  --chunk_bytes=BYTES  Largest streamed block (default 4MiB; at most the server's
+                       max_block_bytes, see `info`). Accepts 4194304, 4MiB, 1GiB.
+  --max_unary_message_bytes=BYTES
+                       The server's unary message limit (default 64MiB).
+  --load_balancing_policy=NAME
+                       gRPC load-balancing policy, e.g. round_robin.
+  --quiet              Print only errors (and health's state). A progress bar
+                       (bytes, rate, ETA) is shown on a terminal for transfers
+                       longer than a second unless --quiet.
+  --help               This text.
+Flags take --name=value or --name value; dashes and underscores in names are
+interchangeable (--chunk-bytes = --chunk_bytes).
+
+Errors print "error: <gRPC code>: <message>". Exit codes: 0 success; 1 an RPC
+failed, the server is not SERVING, or the output could not be written; 2 a usage
+error or an unusable input file; 3 --check failed.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using dgmm::cli::ReportError;
+  absl::StatusOr<dgmm::cli::CommandLine> command_line = dgmm::cli::ParseCommandLine(argc, argv);
+  if (!command_line.ok()) return ReportError(command_line.status(), dgmm::cli::kExitUsage);
+  if (command_line->help) {
+    std::fputs(kUsage, stdout);
+    return dgmm::cli::kExitOk;
+  }
+  if (command_line->positional.empty()) {
+    std::fputs(kUsage, stderr);
+    return dgmm::cli::kExitUsage;
+  }
+  const std::string& command = command_line->positional[0];
+  if (command_line->positional.size() > 1) {
+    return ReportError(absl::InvalidArgumentError("unexpected argument '" +
+                                                  command_line->positional[1] +
+                                                  "'; run 'dgmm-cli --help' for usage"),
+                       dgmm::cli::kExitUsage);
+  }
+  if (command == "multiply") return dgmm::cli::RunMultiply();
+  if (command == "info") return dgmm::cli::RunInfo();
+  if (command == "health") return dgmm::cli::RunHealth();
+  return ReportError(absl::InvalidArgumentError("unknown subcommand '" + command +
+                                                "'; expected multiply, info or health"),
+                     dgmm::cli::kExitUsage);
+}

@@ -1,0 +1,252 @@
+// `dgmm-cli multiply`: from .npy files or random operands, with an optional
+// check against a float64 reference.
+#include <cstdio>
+#include <optional>
+#include <random>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "cli/commands.h"
+#include "cli/progress_bar.h"
+#include "cli/reference.h"
+#include "dgmm/npy.h"
+
+ABSL_FLAG(std::string, matrix, "", "The matrix A: a 2-D .npy file, float32 or float64, C or Fortran order.");
+ABSL_FLAG(std::string, diag, "", "The diagonal d: a 1-D .npy file of A's dtype.");
+ABSL_FLAG(std::string, out, "", "Where to write C as .npy (A's shape, dtype and order).");
+ABSL_FLAG(std::string, side, "right", "right: C = A·diag(d), len(d) = cols; left: C = diag(d)·A, len(d) = rows.");
+ABSL_FLAG(std::string, backend, "auto", "auto, cpu, cuda-kernel or cublas (a hint; auto is the server's best).");
+ABSL_FLAG(std::string, mode, "auto",
+          "auto (one message when it fits, else streamed), unary or stream.");
+ABSL_FLAG(int64_t, random, 0, "Instead of files: a random N-row matrix and diagonal, values in [0.5, 2).");
+ABSL_FLAG(int64_t, cols, 0, "With --random: columns (default N).");
+ABSL_FLAG(std::string, dtype, "f32", "With --random: f32 or f64.");
+ABSL_FLAG(std::string, layout, "row", "With --random: row (C order) or col (Fortran order).");
+ABSL_FLAG(uint64_t, seed, 1, "With --random: the random seed.");
+ABSL_FLAG(bool, check, false,
+          "Compare C with a float64 reference computed locally; exit 3 if the largest "
+          "relative error exceeds --tolerance.");
+ABSL_FLAG(double, tolerance, 0, "Largest relative error --check accepts; 0 means 1e-6 for f32, 1e-14 for f64.");
+
+namespace dgmm::cli {
+namespace {
+
+enum class Mode { kAuto, kUnary, kStream };
+
+// The flags that shape a job, parsed.
+struct Choices {
+  v1::Side side = v1::SIDE_RIGHT;
+  v1::Backend backend = v1::BACKEND_AUTO;
+  Mode mode = Mode::kAuto;
+};
+
+absl::Status BadFlag(absl::string_view name, absl::string_view value, absl::string_view expected) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", name, "=", value, " is not valid; expected ", expected));
+}
+
+absl::StatusOr<Choices> ParseChoices() {
+  Choices c;
+  const std::string side = absl::GetFlag(FLAGS_side);
+  if (side == "right") {
+    c.side = v1::SIDE_RIGHT;
+  } else if (side == "left") {
+    c.side = v1::SIDE_LEFT;
+  } else {
+    return BadFlag("side", side, "right or left");
+  }
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend == "auto") {
+    c.backend = v1::BACKEND_AUTO;
+  } else if (backend == "cpu") {
+    c.backend = v1::BACKEND_CPU;
+  } else if (backend == "cuda-kernel" || backend == "cuda_kernel" || backend == "cuda") {
+    c.backend = v1::BACKEND_CUDA_KERNEL;
+  } else if (backend == "cublas") {
+    c.backend = v1::BACKEND_CUBLAS;
+  } else {
+    return BadFlag("backend", backend, "auto, cpu, cuda-kernel or cublas");
+  }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "auto") {
+    c.mode = Mode::kAuto;
+  } else if (mode == "unary") {
+    c.mode = Mode::kUnary;
+  } else if (mode == "stream") {
+    c.mode = Mode::kStream;
+  } else {
+    return BadFlag("mode", mode, "auto, unary or stream");
+  }
+  return c;
+}
+
+// The operands, owned here; the Job points into them.
+struct Operands {
+  std::optional<NpyArray> matrix;
+  std::optional<NpyArray> diagonal;
+};
+
+absl::StatusOr<Operands> ReadOperands() {
+  const std::string matrix_path = absl::GetFlag(FLAGS_matrix);
+  const std::string diag_path = absl::GetFlag(FLAGS_diag);
+  if (matrix_path.empty() || diag_path.empty() || absl::GetFlag(FLAGS_out).empty()) {
+    return absl::InvalidArgumentError(
+        "multiply needs --matrix, --diag and --out (or --random=N); run 'dgmm-cli --help'");
+  }
+  Operands ops;
+  absl::StatusOr<NpyArray> matrix = ReadNpy(matrix_path);
+  if (!matrix.ok()) return matrix.status();
+  absl::StatusOr<NpyArray> diagonal = ReadNpy(diag_path);
+  if (!diagonal.ok()) return diagonal.status();
+  if (matrix->header().shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(matrix_path, " holds a 1-D array; --matrix needs a 2-D array"));
+  }
+  if (diagonal->header().shape.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(diag_path, " holds a 2-D array; --diag needs a 1-D array"));
+  }
+  if (matrix->header().dtype != diagonal->header().dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the matrix is ", v1::DType_Name(matrix->header().dtype), " but the diagonal is ",
+        v1::DType_Name(diagonal->header().dtype), "; save both with the same dtype"));
+  }
+  ops.matrix.emplace(*std::move(matrix));
+  ops.diagonal.emplace(*std::move(diagonal));
+  return ops;
+}
+
+absl::StatusOr<Operands> RandomOperands(v1::Side side) {
+  const int64_t rows = absl::GetFlag(FLAGS_random);
+  const int64_t cols = absl::GetFlag(FLAGS_cols) > 0 ? absl::GetFlag(FLAGS_cols) : rows;
+  if (rows < 1 || absl::GetFlag(FLAGS_cols) < 0) {
+    return absl::InvalidArgumentError("--random and --cols must be positive");
+  }
+  NpyHeader header;
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (dtype == "f32" || dtype == "float32") {
+    header.dtype = v1::DTYPE_FLOAT32;
+  } else if (dtype == "f64" || dtype == "float64") {
+    header.dtype = v1::DTYPE_FLOAT64;
+  } else {
+    return BadFlag("dtype", dtype, "f32 or f64");
+  }
+  const std::string layout = absl::GetFlag(FLAGS_layout);
+  if (layout != "row" && layout != "col") return BadFlag("layout", layout, "row or col");
+  header.fortran_order = layout == "col";
+  header.shape = {rows, cols};
+  NpyHeader diag_header = header;
+  diag_header.fortran_order = false;
+  diag_header.shape = {side == v1::SIDE_LEFT ? rows : cols};
+
+  Operands ops;
+  ops.matrix.emplace(header);
+  ops.diagonal.emplace(diag_header);
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  FillUniform(header.dtype, ops.matrix->data(), header.num_elements(), &rng);
+  FillUniform(header.dtype, ops.diagonal->data(), diag_header.num_elements(), &rng);
+  return ops;
+}
+
+Job MakeJob(const Operands& ops, const Choices& choices) {
+  const NpyHeader& h = ops.matrix->header();
+  Job job;
+  job.matrix.data = ops.matrix->data();
+  job.matrix.rows = h.shape[0];
+  job.matrix.cols = h.shape[1];
+  job.matrix.dtype = h.dtype;
+  job.matrix.layout = h.fortran_order ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
+  job.diagonal = ops.diagonal->data();
+  job.diagonal_bytes = ops.diagonal->size_bytes();
+  job.side = choices.side;
+  job.backend = choices.backend;
+  return job;
+}
+
+double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+void PrintReport(const Job& job, const JobResult& result, absl::Duration wall) {
+  const v1::JobStats& s = result.stats;
+  const int64_t bytes = static_cast<int64_t>(ElementSize(job.matrix.dtype)) * job.matrix.rows *
+                        job.matrix.cols;
+  std::printf("job %llu: %lldx%lld %s %s, side %s, %s\n",
+              static_cast<unsigned long long>(s.job_id()), static_cast<long long>(job.matrix.rows),
+              static_cast<long long>(job.matrix.cols),
+              job.matrix.dtype == v1::DTYPE_FLOAT32 ? "float32" : "float64",
+              job.matrix.layout == v1::LAYOUT_COL_MAJOR ? "col-major" : "row-major",
+              job.side == v1::SIDE_LEFT ? "left" : "right", FormatBytes(bytes).c_str());
+  std::printf("mode:       %s\n", TransferModeName(result.mode));
+  std::printf("backend:    %s on %s\n", v1::Backend_Name(s.backend()).c_str(), s.device().c_str());
+  std::printf("timings:    queue wait %.3f ms, h2d %.3f ms, compute %.3f ms, d2h %.3f ms, "
+              "total %.3f ms (server); %.3f ms wall (client)\n",
+              Ms(s.queue_wait_ns()), Ms(s.h2d_ns()), Ms(s.compute_ns()), Ms(s.d2h_ns()),
+              Ms(s.total_ns()), absl::ToDoubleMilliseconds(wall));
+  const double seconds = absl::ToDoubleSeconds(wall);
+  std::printf("throughput: %.3f GB/s (A sent + C received over client wall time)\n",
+              seconds > 0 ? 2.0 * static_cast<double>(bytes) / seconds / 1e9 : 0.0);
+}
+
+absl::StatusOr<JobResult> Run(Client& client, const Job& job, Mode mode, void* out,
+                              size_t out_bytes) {
+  ProgressBar bar(!absl::GetFlag(FLAGS_quiet) && ProgressBar::StderrIsTerminal());
+  ProgressCallback progress = [&bar](int64_t sent, int64_t received, int64_t total) {
+    bar.Update(sent, received, total);
+  };
+  switch (mode) {
+    case Mode::kUnary:
+      return client.MultiplyUnary(job, out, out_bytes, progress);
+    case Mode::kStream:
+      return client.MultiplyStream(job, out, out_bytes, progress);
+    case Mode::kAuto:
+      break;
+  }
+  return client.Multiply(job, out, out_bytes, progress);
+}
+
+}  // namespace
+
+int RunMultiply() {
+  absl::StatusOr<Choices> choices = ParseChoices();
+  if (!choices.ok()) return ReportError(choices.status(), kExitUsage);
+  const bool random = absl::GetFlag(FLAGS_random) != 0;
+  if (random && !absl::GetFlag(FLAGS_matrix).empty()) {
+    return ReportError(absl::InvalidArgumentError("give either --random or --matrix, not both"),
+                       kExitUsage);
+  }
+  absl::StatusOr<Operands> ops = random ? RandomOperands(choices->side) : ReadOperands();
+  if (!ops.ok()) return ReportError(ops.status(), kExitUsage);
+  absl::StatusOr<std::unique_ptr<Client>> client = MakeClient();
+  if (!client.ok()) return ReportError(client.status(), kExitUsage);
+
+  const Job job = MakeJob(*ops, *choices);
+  NpyArray out(ops->matrix->header());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<JobResult> result = Run(**client, job, choices->mode, out.data(), out.size_bytes());
+  const absl::Duration wall = absl::Now() - start;
+  if (!result.ok()) return ReportError(result.status(), kExitRpcError);
+
+  const std::string out_path = absl::GetFlag(FLAGS_out);
+  if (!out_path.empty()) {
+    absl::Status written = WriteNpy(out_path, out.header(), out.data(), out.size_bytes());
+    if (!written.ok()) return ReportError(written, kExitRpcError);
+  }
+  const bool quiet = absl::GetFlag(FLAGS_quiet);
+  if (!quiet) PrintReport(job, *result, wall);
+  if (!absl::GetFlag(FLAGS_check)) return kExitOk;
+
+  const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)
+                                                             : DefaultTolerance(job.matrix.dtype);
+  const double error = MaxRelativeError(job, out.data());
+  const bool passed = error <= tolerance;
+  if (!quiet || !passed) {
+    std::printf("max relative error: %.3g (tolerance %.3g): %s\n", error, tolerance,
+                passed ? "OK" : "FAILED");
+  }
+  return passed ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace dgmm::cli

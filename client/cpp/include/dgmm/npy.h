@@ -1,0 +1,77 @@
+// Reading and writing NumPy .npy files of float32 and float64 arrays.
+//
+// Supports format versions 1.0, 2.0 (4-byte header length) and 3.0 (UTF-8
+// header) on read; writes 1.0 unless asked for 2.0. Arrays are 1-D (a
+// diagonal) or 2-D (a matrix), little-endian float32 ('<f4') or float64
+// ('<f8'), in C (row-major) or Fortran (column-major) order. Anything else is
+// rejected with INVALID_ARGUMENT naming what was found and what is accepted.
+#ifndef DGMM_CLIENT_CPP_INCLUDE_DGMM_NPY_H_
+#define DGMM_CLIENT_CPP_INCLUDE_DGMM_NPY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dgmm/v1/dgmm.pb.h"
+
+namespace dgmm {
+
+struct NpyHeader {
+  v1::DType dtype = v1::DTYPE_FLOAT64;
+  // True for Fortran (column-major) order.
+  bool fortran_order = false;
+  // One or two dimensions, each >= 0.
+  std::vector<int64_t> shape;
+
+  // Product of the dimensions.
+  int64_t num_elements() const;
+  // num_elements() times the element size.
+  size_t data_bytes() const;
+};
+
+// Parses the start of a .npy file: magic, version, header length and header
+// dictionary. `prefix` must contain at least the whole header; on success
+// *data_offset is where the array data starts. INVALID_ARGUMENT for anything
+// malformed or unsupported; the message says what and why.
+absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view prefix, size_t* data_offset);
+
+// The bytes of a .npy header for `header`, padded with spaces so that the
+// data starts at a multiple of 64 bytes. `version` is 1 or 2; 1 is upgraded
+// to 2 if the dictionary needs it.
+std::string EncodeNpyHeader(const NpyHeader& header, int version = 1);
+
+// An array read from a .npy file. The data is 8-byte aligned.
+class NpyArray {
+ public:
+  // An array of `header`'s shape with uninitialized contents.
+  explicit NpyArray(NpyHeader header);
+
+  const NpyHeader& header() const { return header_; }
+  void* data() { return storage_.get(); }
+  const void* data() const { return storage_.get(); }
+  size_t size_bytes() const { return header_.data_bytes(); }
+
+ private:
+  NpyHeader header_;
+  std::unique_ptr<double[]> storage_;
+};
+
+// Reads the .npy file at `path`. The data is read straight from the file
+// into the returned array (no staging copy). NOT_FOUND / PERMISSION_DENIED
+// style errors for an unreadable file, INVALID_ARGUMENT for a malformed or
+// unsupported one (including a file shorter or longer than its header says).
+absl::StatusOr<NpyArray> ReadNpy(const std::string& path);
+
+// Writes `data_bytes` bytes at `data` as a .npy file with `header` (whose
+// data_bytes() must equal data_bytes). `version` as in EncodeNpyHeader.
+absl::Status WriteNpy(const std::string& path, const NpyHeader& header, const void* data,
+                      size_t data_bytes, int version = 1);
+
+}  // namespace dgmm
+
+#endif  // DGMM_CLIENT_CPP_INCLUDE_DGMM_NPY_H_

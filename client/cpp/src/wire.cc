@@ -1,0 +1,247 @@
+#include "src/wire.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace dgmm::wire {
+namespace {
+
+using google::protobuf::MessageLite;
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::internal::WireFormatLite;
+
+// Field numbers from dgmm.proto.
+constexpr int kMultiplyRequestHeader = 1;
+constexpr int kMultiplyRequestMatrix = 2;
+constexpr int kMultiplyResponseResult = 1;
+constexpr int kMultiplyResponseStats = 2;
+constexpr int kStreamRequestHeader = 1;
+constexpr int kStreamRequestBlock = 2;
+constexpr int kStreamResponseAccepted = 1;
+constexpr int kStreamResponseBlock = 2;
+constexpr int kStreamResponseStats = 3;
+constexpr int kBlockFirstLine = 1;
+constexpr int kBlockData = 2;
+
+constexpr uint32_t LengthDelimitedTag(int field) {
+  return WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+}
+constexpr uint32_t VarintTag(int field) {
+  return WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_VARINT);
+}
+
+void AppendVarint(uint64_t value, std::string* out) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+size_t VarintSize(uint64_t value) {
+  size_t n = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// Header field `field` of a length-delimited value of `size` bytes.
+void AppendLengthDelimitedPrefix(int field, uint64_t size, std::string* out) {
+  AppendVarint(LengthDelimitedTag(field), out);
+  AppendVarint(size, out);
+}
+
+absl::Status Malformed(absl::string_view what) {
+  return absl::InternalError(absl::StrCat("malformed response from the server: ", what));
+}
+
+// Reads a length-delimited embedded message into *message.
+bool ReadEmbedded(CodedInputStream* in, MessageLite* message) {
+  uint32_t length = 0;
+  if (!in->ReadVarint32(&length)) return false;
+  const CodedInputStream::Limit limit = in->PushLimit(static_cast<int>(length));
+  const bool ok = message->MergeFromCodedStream(in) && in->ConsumedEntireMessage();
+  in->PopLimit(limit);
+  return ok;
+}
+
+// Reads a Block, copying its data to where `placer` says. first_line may be
+// absent (proto3 omits zero) or, in principle, follow the data; in the latter
+// case the data is staged so it can be placed once the line is known.
+absl::Status ReadBlock(CodedInputStream* in, const BlockPlacer& placer, StreamResponse* response) {
+  uint32_t length = 0;
+  if (!in->ReadVarint32(&length)) return Malformed("truncated block");
+  const CodedInputStream::Limit limit = in->PushLimit(static_cast<int>(length));
+  int64_t first_line = 0;
+  bool first_line_known = false;
+  bool placed = false;
+  std::string staged;
+  size_t size = 0;
+  while (const uint32_t tag = in->ReadTag()) {
+    if (tag == VarintTag(kBlockFirstLine)) {
+      uint64_t value = 0;
+      if (!in->ReadVarint64(&value)) return Malformed("truncated block.first_line");
+      first_line = static_cast<int64_t>(value);
+      first_line_known = true;
+    } else if (tag == LengthDelimitedTag(kBlockData)) {
+      uint32_t data_size = 0;
+      if (!in->ReadVarint32(&data_size)) return Malformed("truncated block.data");
+      size = data_size;
+      void* destination = nullptr;
+      if (first_line_known) {
+        absl::StatusOr<void*> placement = placer(first_line, size);
+        if (!placement.ok()) return placement.status();
+        destination = *placement;
+        placed = true;
+      } else {
+        staged.resize(size);
+        destination = staged.data();
+        placed = false;
+      }
+      if (!in->ReadRaw(destination, static_cast<int>(size))) {
+        return Malformed("truncated block.data");
+      }
+    } else if (!WireFormatLite::SkipField(in, tag)) {
+      return Malformed("bad field in block");
+    }
+  }
+  if (!in->ConsumedEntireMessage()) return Malformed("bad block");
+  in->PopLimit(limit);
+  if (!placed) {
+    // The data was staged (first_line absent, i.e. zero, or after it), or
+    // there was none: the placer judges a zero-size block.
+    absl::StatusOr<void*> placement = placer(first_line, size);
+    if (!placement.ok()) return placement.status();
+    if (size > 0) std::memcpy(*placement, staged.data(), size);
+  }
+  response->first_line = first_line;
+  response->size = size;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Slice SliceLoans::Lend(const void* data, size_t size) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++outstanding_;
+  }
+  // gRPC's slice API takes a mutable pointer; it never writes through it.
+  return grpc::Slice(const_cast<void*>(data), size, &SliceLoans::Return, this);
+}
+
+void SliceLoans::Return(void* self) {
+  SliceLoans* loans = static_cast<SliceLoans*>(self);
+  absl::MutexLock lock(&loans->mu_);
+  --loans->outstanding_;
+}
+
+void SliceLoans::WaitUntilReturned() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int64_t* outstanding) { return *outstanding == 0; }, &outstanding_));
+}
+
+grpc::ByteBuffer EncodeMultiplyRequest(const v1::JobHeader& header, const void* matrix,
+                                       size_t matrix_bytes, SliceLoans* loans) {
+  std::string prefix;
+  const std::string encoded_header = header.SerializeAsString();
+  AppendLengthDelimitedPrefix(kMultiplyRequestHeader, encoded_header.size(), &prefix);
+  prefix += encoded_header;
+  AppendLengthDelimitedPrefix(kMultiplyRequestMatrix, matrix_bytes, &prefix);
+  grpc::Slice slices[2] = {grpc::Slice(prefix), loans->Lend(matrix, matrix_bytes)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+grpc::ByteBuffer EncodeStreamHeader(const v1::JobHeader& header) {
+  std::string encoded;
+  const std::string encoded_header = header.SerializeAsString();
+  AppendLengthDelimitedPrefix(kStreamRequestHeader, encoded_header.size(), &encoded);
+  encoded += encoded_header;
+  grpc::Slice slice(encoded);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+grpc::ByteBuffer EncodeStreamBlock(int64_t first_line, const void* data, size_t size,
+                                   SliceLoans* loans) {
+  const uint64_t line = static_cast<uint64_t>(first_line);
+  size_t block_size = VarintSize(LengthDelimitedTag(kBlockData)) + VarintSize(size) + size;
+  if (line != 0) block_size += VarintSize(VarintTag(kBlockFirstLine)) + VarintSize(line);
+  std::string prefix;
+  AppendLengthDelimitedPrefix(kStreamRequestBlock, block_size, &prefix);
+  if (line != 0) {
+    AppendVarint(VarintTag(kBlockFirstLine), &prefix);
+    AppendVarint(line, &prefix);
+  }
+  AppendLengthDelimitedPrefix(kBlockData, size, &prefix);
+  grpc::Slice slices[2] = {grpc::Slice(prefix), loans->Lend(data, size)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+absl::Status DecodeMultiplyResponse(grpc::ByteBuffer* buffer, void* out, size_t out_bytes,
+                                    v1::JobStats* stats) {
+  grpc::ProtoBufferReader reader(buffer);
+  CodedInputStream in(&reader);
+  bool have_result = false;
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag == LengthDelimitedTag(kMultiplyResponseResult)) {
+      uint32_t size = 0;
+      if (!in.ReadVarint32(&size)) return Malformed("truncated result");
+      if (size != out_bytes) {
+        return absl::InternalError(absl::StrCat("the server returned a result of ", size,
+                                                " bytes; expected ", out_bytes));
+      }
+      if (!in.ReadRaw(out, static_cast<int>(size))) return Malformed("truncated result");
+      have_result = true;
+    } else if (tag == LengthDelimitedTag(kMultiplyResponseStats)) {
+      if (!ReadEmbedded(&in, stats)) return Malformed("bad stats");
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return Malformed("bad field in MultiplyResponse");
+    }
+  }
+  if (!in.ConsumedEntireMessage()) return Malformed("bad MultiplyResponse");
+  if (!have_result) {
+    return absl::InternalError(absl::StrCat("the server returned no result; expected ",
+                                            out_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StreamResponse> DecodeStreamResponse(grpc::ByteBuffer* buffer,
+                                                    const BlockPlacer& placer) {
+  grpc::ProtoBufferReader reader(buffer);
+  CodedInputStream in(&reader);
+  StreamResponse response;
+  bool have_kind = false;
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag == LengthDelimitedTag(kStreamResponseAccepted)) {
+      if (!ReadEmbedded(&in, &response.accepted)) return Malformed("bad accepted");
+      response.kind = StreamResponse::Kind::kAccepted;
+    } else if (tag == LengthDelimitedTag(kStreamResponseBlock)) {
+      if (absl::Status s = ReadBlock(&in, placer, &response); !s.ok()) return s;
+      response.kind = StreamResponse::Kind::kBlock;
+    } else if (tag == LengthDelimitedTag(kStreamResponseStats)) {
+      if (!ReadEmbedded(&in, &response.stats)) return Malformed("bad stats");
+      response.kind = StreamResponse::Kind::kStats;
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return Malformed("bad field in MultiplyStreamResponse");
+    } else {
+      continue;
+    }
+    have_kind = true;
+  }
+  if (!in.ConsumedEntireMessage()) return Malformed("bad MultiplyStreamResponse");
+  if (!have_kind) return Malformed("MultiplyStreamResponse with no accepted, block or stats");
+  return response;
+}
+
+}  // namespace dgmm::wire

@@ -1,0 +1,93 @@
+// Zero-copy encoding of dgmm requests and decoding of responses.
+//
+// The generated stubs would copy the matrix into a proto string and again
+// into a serialization buffer, and copy each result twice on the way back.
+// These functions build the protobuf wire format around the caller's memory
+// instead: a request is a small encoded prefix plus a slice that borrows the
+// caller's bytes, and a response's payload is read straight from gRPC's
+// buffers into its place in the caller's output. The field numbers used are
+// those of proto/dgmm/v1/dgmm.proto; tests check these encoders and decoders
+// against the generated classes.
+#ifndef DGMM_CLIENT_CPP_SRC_WIRE_H_
+#define DGMM_CLIENT_CPP_SRC_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "dgmm/v1/dgmm.pb.h"
+
+namespace dgmm::wire {
+
+// Slices that borrow caller memory for gRPC. gRPC may hold a slice until
+// after the call ends; the memory must stay valid until gRPC returns every
+// slice, so the owner of the memory waits for that before it gives the memory
+// back (WaitUntilReturned, also run by the destructor).
+class SliceLoans {
+ public:
+  SliceLoans() = default;
+  SliceLoans(const SliceLoans&) = delete;
+  SliceLoans& operator=(const SliceLoans&) = delete;
+  ~SliceLoans() { WaitUntilReturned(); }
+
+  // A slice over [data, data+size) that gRPC returns to this object.
+  grpc::Slice Lend(const void* data, size_t size);
+  // Blocks until gRPC has released every slice lent so far.
+  void WaitUntilReturned();
+
+ private:
+  static void Return(void* self);
+
+  absl::Mutex mu_;
+  int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// MultiplyRequest{header, matrix=[matrix, matrix+matrix_bytes)}; the matrix
+// bytes are borrowed from `loans`.
+grpc::ByteBuffer EncodeMultiplyRequest(const v1::JobHeader& header, const void* matrix,
+                                       size_t matrix_bytes, SliceLoans* loans);
+
+// MultiplyStreamRequest{header}.
+grpc::ByteBuffer EncodeStreamHeader(const v1::JobHeader& header);
+
+// MultiplyStreamRequest{block{first_line, data=[data, data+size)}}, with the
+// data borrowed from `loans`.
+grpc::ByteBuffer EncodeStreamBlock(int64_t first_line, const void* data, size_t size,
+                                   SliceLoans* loans);
+
+// Decodes a MultiplyResponse: its `result` must be exactly out_bytes long and
+// is copied into `out`; its stats into *stats. INTERNAL on a malformed
+// message or a result of the wrong size.
+absl::Status DecodeMultiplyResponse(grpc::ByteBuffer* buffer, void* out, size_t out_bytes,
+                                    v1::JobStats* stats);
+
+// Given a result block's first line and payload size, returns where its
+// payload goes, or an error if the block does not belong anywhere.
+using BlockPlacer = std::function<absl::StatusOr<void*>(int64_t first_line, size_t size)>;
+
+// One decoded MultiplyStreamResponse. For a block, its payload has already
+// been copied to the place `placer` chose; first_line and size describe it.
+struct StreamResponse {
+  enum class Kind { kAccepted, kBlock, kStats };
+  Kind kind = Kind::kAccepted;
+  v1::StreamAccepted accepted;
+  v1::JobStats stats;
+  int64_t first_line = 0;
+  size_t size = 0;
+};
+
+// Decodes a MultiplyStreamResponse, placing a block's payload with `placer`.
+// INTERNAL on a malformed message or an empty oneof; the placer's error as is.
+absl::StatusOr<StreamResponse> DecodeStreamResponse(grpc::ByteBuffer* buffer,
+                                                    const BlockPlacer& placer);
+
+}  // namespace dgmm::wire
+
+#endif  // DGMM_CLIENT_CPP_SRC_WIRE_H_
