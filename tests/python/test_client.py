@@ -238,6 +238,45 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
 
 
+class ConstrainedServerTest(unittest.TestCase):
+    """A server with a small budget, unary limit and max_dim."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--host_memory_budget=40MiB", "--max_unary_message_bytes=1MiB",
+                            "--max_dim=4096")
+        cls.client = dgmm.Client(cls.server.address)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+
+    def test_client_streams_jobs_over_the_servers_unary_limit(self):
+        calls = []
+        unary = self.client._stub.Multiply
+        self.client._stub.Multiply = lambda *args, **kw: calls.append("unary") or unary(*args, **kw)
+        try:
+            a = np.random.default_rng(5).standard_normal((600, 500))  # 2.4 MB > 1 MiB
+            d = np.linspace(-1, 1, 500)
+            np.testing.assert_array_equal(self.client.multiply(a, d), reference(a, d, "right"))
+            self.assertEqual(calls, [])
+        finally:
+            self.client._stub.Multiply = unary
+
+    def test_streamed_job_larger_than_the_budget_runs(self):
+        a = np.random.default_rng(6).standard_normal((3000, 3000))  # 72 MB > 40 MiB budget
+        d = np.linspace(-1, 1, 3000)
+        c = self.client.multiply(a, d, side="left")
+        np.testing.assert_array_equal(c, reference(a, d, "left"))
+
+    def test_shape_over_max_dim_is_resource_exhausted_naming_the_limit(self):
+        with self.assertRaises(dgmm.DgmmError) as raised:
+            self.client.multiply(np.ones((1, 5000)), np.ones(5000))
+        self.assertEqual(raised.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("4096", raised.exception.details)
+
+
 class socket_free_port:
     """A loopback port that nothing listens on, while the context is open."""
 
