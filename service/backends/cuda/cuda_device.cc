@@ -319,8 +319,8 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
   const int64_t bytes = tile.lines * p_.line_bytes();
   const bool pinned_in = IsPinned(tile.in, bytes);
   const bool pinned_out = IsPinned(tile.out, bytes);
-  const int64_t piece_limit =
-      mode_ == JobMode::kWhole ? device_->tile_bytes_ : slot_bytes_;
+  // A piece must fit one staging buffer and one device slot.
+  const int64_t piece_limit = std::min(slot_bytes_, device_->tile_bytes_);
   const int64_t line_bytes = p_.line_bytes();
   const int64_t pieces =
       line_bytes > piece_limit
@@ -360,6 +360,14 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
     if (!lanes_[l].busy) continue;
     absl::Status st = Finish(lanes_[l], tile, pinned_out, times);
     if (status.ok()) status = st;
+  }
+  if (!status.ok()) {
+    // A piece that failed half-way may have copies in flight that no event
+    // covers; nothing may touch the staging buffers once they are returned.
+    for (int l = 0; l < depth; ++l) {
+      cudaStreamSynchronize(device_->streams_[lanes_[l].stream]);
+    }
+    cudaGetLastError();
   }
   if (!staging.empty()) device_->ring_->Release(staging);
   return status;
