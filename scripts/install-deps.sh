@@ -22,9 +22,14 @@ case "$mode" in
   *) echo "usage: $0 [build|runtime]" >&2; exit 2 ;;
 esac
 
-# Ubuntu 24.04 names some runtime packages differently (t64 suffixes); map them.
-if [[ $mode == runtime ]] && grep -q 'ID=ubuntu' /etc/os-release 2>/dev/null; then
-  want=(libgrpc++1.51t64 libprotobuf32t64 libcivetweb1)
+# Ubuntu 24.04 (the Docker image's base) names some packages differently: t64
+# suffixes on runtime libraries, and plain `nginx` where Debian 12 has the
+# nginx-light flavour. Map them; Debian's lists above stay as they are.
+if grep -q 'ID=ubuntu' /etc/os-release 2>/dev/null; then
+  case "$mode" in
+    runtime) want=(libgrpc++1.51t64 libprotobuf32t64 libcivetweb1) ;;
+    build) want=("${want[@]/#nginx-light/nginx}") ;;
+  esac
 fi
 
 missing=()
