@@ -1,0 +1,237 @@
+// dgmm-cli against the real dgmm-server: multiply from .npy files (ours and
+// NumPy's) and random operands, info, health, and the exit codes and
+// "error: <CODE>: <message>" lines of the failure paths.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dgmm/npy.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/server_process.h"
+
+namespace dgmm {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::CliBinary;
+using testing::RunCommand;
+using testing::ServerProcess;
+
+ServerProcess& SharedServer() {
+  static ServerProcess* server = new ServerProcess({"--threads=2"});
+  return *server;
+}
+
+// Output and exit code of one dgmm-cli run.
+struct Run {
+  int exit_code;
+  std::string output;
+};
+
+// Runs dgmm-cli with `args` (a shell fragment) against the shared server.
+Run Cli(const std::string& args, bool with_server = true) {
+  Run run;
+  std::string command = CliBinary() + " " + args;
+  if (with_server) command += " --server=" + SharedServer().address();
+  run.exit_code = RunCommand(command + " 2>&1", &run.output);
+  return run;
+}
+
+class CliIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/dgmm-cli-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::string ignored;
+    RunCommand("rm -rf '" + dir_ + "'", &ignored);
+  }
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+
+  std::string dir_;
+};
+
+TEST_F(CliIntegrationTest, RandomCheckPassesAndPrintsTimingsModeBackendAndError) {
+  Run run = Cli("multiply --random 300 --cols 200 --check");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  for (const char* expected : {"mode:       unary", "backend:", "queue wait", "h2d", "compute",
+                               "d2h", "total", "throughput:", "max relative error:", "OK"}) {
+    EXPECT_THAT(run.output, HasSubstr(expected));
+  }
+}
+
+TEST_F(CliIntegrationTest, RandomCheckStreamsColumnMajorFloat64LeftSide) {
+  Run run = Cli("multiply --random=700 --cols=500 --dtype=f64 --layout=col --side=left "
+                "--mode=stream --chunk-bytes=64KiB --check");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("mode:       stream"));
+  EXPECT_THAT(run.output, HasSubstr("col-major"));
+  EXPECT_THAT(run.output, HasSubstr("max relative error: 0 "));
+}
+
+TEST_F(CliIntegrationTest, AutoModeStreamsJobsOverTheUnaryThreshold) {
+  Run run = Cli("multiply --random=1000 --max_unary_message_bytes=1MiB --check --quiet");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output, "");  // --quiet: nothing on success.
+}
+
+TEST_F(CliIntegrationTest, CheckAboveToleranceExitsThree) {
+  // float32 products are rounded, so no result meets a 1e-300 tolerance.
+  Run run = Cli("multiply --random=50 --check --tolerance=1e-300");
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("FAILED"));
+}
+
+TEST_F(CliIntegrationTest, MultipliesNpyFilesKeepingFortranOrderAndDtype) {
+  const int64_t rows = 31, cols = 17;
+  std::vector<float> a(rows * cols), d(rows);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(-3, 3);
+  for (float& x : a) x = uniform(rng);
+  for (float& x : d) x = uniform(rng);
+  ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT32, true, {rows, cols}}, a.data(), a.size() * 4).ok());
+  ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT32, false, {rows}}, d.data(), d.size() * 4).ok());
+
+  Run run = Cli("multiply --matrix " + Path("a.npy") + " --diag " + Path("d.npy") +
+                " --side left --out " + Path("c.npy") + " --quiet");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  absl::StatusOr<NpyArray> c = ReadNpy(Path("c.npy"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->header().dtype, v1::DTYPE_FLOAT32);
+  EXPECT_TRUE(c->header().fortran_order);
+  EXPECT_EQ(c->header().shape, (std::vector<int64_t>{rows, cols}));
+  const float* out = static_cast<const float*>(c->data());
+  for (int64_t j = 0; j < cols; ++j) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const double ref = static_cast<double>(a[j * rows + i]) * d[i];
+      ASSERT_NEAR(out[j * rows + i], ref, std::fabs(ref) * 1.2e-7) << i << "," << j;
+    }
+  }
+}
+
+TEST_F(CliIntegrationTest, ReadsAndWritesFilesNumpyUnderstands) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 with numpy is not available";
+  }
+  std::string output;
+  ASSERT_EQ(RunCommand("cd '" + dir_ + "' && /usr/bin/python3 -c \"import numpy as np; "
+                       "rng = np.random.default_rng(1); "
+                       "np.save('a.npy', rng.uniform(0.5, 2, (40, 25))); "
+                       "np.save('af.npy', np.asfortranarray(rng.uniform(0.5, 2, (40, 25)).astype('<f4'))); "
+                       "np.save('d.npy', rng.uniform(0.5, 2, 25)); "
+                       "np.save('df.npy', rng.uniform(0.5, 2, 25).astype('<f4'))\"",
+                       &output),
+            0)
+      << output;
+  Run run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
+                " --out=" + Path("c.npy") + " --check");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  run = Cli("multiply --matrix=" + Path("af.npy") + " --diag=" + Path("df.npy") +
+            " --out=" + Path("cf.npy") + " --check --mode=stream --chunk_bytes=1KiB");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_EQ(RunCommand("cd '" + dir_ + "' && /usr/bin/python3 -c \"import numpy as np; "
+                       "a, d, c = np.load('a.npy'), np.load('d.npy'), np.load('c.npy'); "
+                       "assert c.dtype == np.float64 and c.flags.c_contiguous; "
+                       "assert np.array_equal(c, a * d); "
+                       "a, d, c = np.load('af.npy'), np.load('df.npy'), np.load('cf.npy'); "
+                       "assert c.dtype == np.float32 and c.flags.f_contiguous and not c.flags.c_contiguous; "
+                       "assert np.array_equal(c, a * d); print('numpy agrees')\" 2>&1",
+                       &output),
+            0)
+      << output;
+  EXPECT_THAT(output, HasSubstr("numpy agrees"));
+}
+
+TEST_F(CliIntegrationTest, WrongDiagonalLengthPrintsInvalidArgumentAndExitsOne) {
+  std::vector<double> a(6 * 4, 1.0), d(5, 2.0);  // right side needs 4
+  ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT64, false, {6, 4}}, a.data(), a.size() * 8).ok());
+  ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT64, false, {5}}, d.data(), d.size() * 8).ok());
+  Run run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
+                " --out=" + Path("c.npy"));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("error: INVALID_ARGUMENT: "));
+}
+
+TEST_F(CliIntegrationTest, UnusableInputsAreUsageErrorsExitingTwo) {
+  Run run = Cli("multiply --matrix=" + Path("missing.npy") + " --diag=x.npy --out=c.npy");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("error: NOT_FOUND: "));
+  EXPECT_THAT(run.output, HasSubstr("missing.npy"));
+
+  std::vector<float> a(4), d(2);
+  ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT32, false, {2, 2}}, a.data(), 16).ok());
+  std::vector<double> d64(2);
+  ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT64, false, {2}}, d64.data(), 16).ok());
+  run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") + " --out=" + Path("c.npy"));
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("error: INVALID_ARGUMENT: the matrix is DTYPE_FLOAT32"));
+
+  EXPECT_EQ(Cli("multiply --random=10 --side=up").exit_code, 2);
+  EXPECT_EQ(Cli("multiply --random=10 --frobnicate").exit_code, 2);
+  EXPECT_EQ(Cli("multiply").exit_code, 2);
+  EXPECT_EQ(Cli("transmogrify").exit_code, 2);
+}
+
+TEST_F(CliIntegrationTest, HelpAndNoArgumentsPrintTheUsage) {
+  Run help = Cli("--help", /*with_server=*/false);
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* expected : {"multiply", "info", "health", "--server", "--deadline",
+                               "--chunk_bytes", "--quiet", "--random", "--check", "Exit codes"}) {
+    EXPECT_THAT(help.output, HasSubstr(expected));
+  }
+  Run none = Cli("", /*with_server=*/false);
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_EQ(none.output, help.output);
+}
+
+TEST_F(CliIntegrationTest, InfoPrintsVersionLimitsAndDevices) {
+  Run run = Cli("info");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  for (const char* expected : {"dgmm server ", "default backend:", "limits:", "64.0 MiB",
+                               "devices:", "cpu", "budget", "reserved", "queued", "running",
+                               "completed", "rejected"}) {
+    EXPECT_THAT(run.output, HasSubstr(expected));
+  }
+}
+
+TEST_F(CliIntegrationTest, HealthExitsZeroOnlyWhenServing) {
+  Run run = Cli("health");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output, "SERVING\n");
+  run = Cli("health --service=dgmm.v1.Dgmm");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  run = Cli("health --service=no.such.Service");
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("error: NOT_FOUND"));
+}
+
+TEST_F(CliIntegrationTest, HealthWithNothingListeningExitsOneWithUnavailable) {
+  // A port that was free a moment ago.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  Run run = Cli("health --deadline=5 --server=127.0.0.1:" + std::to_string(ntohs(addr.sin_port)),
+                /*with_server=*/false);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("error: UNAVAILABLE: "));
+  EXPECT_THAT(run.output, Not(HasSubstr("SERVING")));
+}
+
+}  // namespace
+}  // namespace dgmm

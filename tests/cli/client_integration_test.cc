@@ -1,0 +1,267 @@
+// dgmm::Client against the real dgmm-server over loopback: unary and
+// streamed jobs checked against a float64 reference computed here, mode
+// selection, progress, server info, health, and errors carried with the
+// server's gRPC code.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dgmm/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/server_process.h"
+
+namespace dgmm {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ServerProcess;
+
+// One server for the whole binary (started on first use).
+ServerProcess& SharedServer() {
+  static ServerProcess* server = new ServerProcess({"--threads=2"});
+  return *server;
+}
+
+// Operands of a rows x cols job of element type T, in memory order of `layout`.
+template <typename T>
+struct Operands {
+  int64_t rows, cols;
+  v1::Layout layout;
+  v1::Side side;
+  std::vector<T> a, d;
+
+  Operands(int64_t r, int64_t c, v1::Layout l, v1::Side s, uint64_t seed)
+      : rows(r), cols(c), layout(l), side(s) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> uniform(-4.0, 4.0);
+    a.resize(static_cast<size_t>(rows * cols));
+    for (T& x : a) x = static_cast<T>(uniform(rng));
+    d.resize(static_cast<size_t>(side == v1::SIDE_RIGHT ? cols : rows));
+    for (T& x : d) x = static_cast<T>(uniform(rng));
+  }
+
+  Job MakeJob() const {
+    Job job;
+    job.matrix = {a.data(), rows, cols,
+                  sizeof(T) == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64, layout};
+    job.diagonal = d.data();
+    job.diagonal_bytes = d.size() * sizeof(T);
+    job.side = side;
+    return job;
+  }
+
+  // An output buffer pre-filled with NaN, so unwritten elements show.
+  std::vector<T> NanOutput() const {
+    return std::vector<T>(a.size(), std::numeric_limits<T>::quiet_NaN());
+  }
+
+  // Largest relative difference between `c` and A·diag(d) or diag(d)·A
+  // computed in float64; NaN counts as infinite.
+  double MaxRelativeError(const std::vector<T>& c) const {
+    double worst = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const size_t k = static_cast<size_t>(layout == v1::LAYOUT_ROW_MAJOR ? i * cols + j : j * rows + i);
+        const double ref = static_cast<double>(a[k]) *
+                           static_cast<double>(d[static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i)]);
+        const double err = std::fabs(static_cast<double>(c[k]) - ref) / std::max(std::fabs(ref), 1e-300);
+        if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
+      }
+    }
+    return worst;
+  }
+};
+
+// One rounding of the product: half an ulp, relative.
+template <typename T>
+double Tolerance() {
+  return std::numeric_limits<T>::epsilon();
+}
+
+template <typename T>
+void ExpectStreamedMatches(Client& client, const Operands<T>& ops) {
+  std::vector<T> c = ops.NanOutput();
+  absl::StatusOr<JobResult> r = client.MultiplyStream(ops.MakeJob(), c.data(), c.size() * sizeof(T));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kStream);
+  EXPECT_LE(ops.MaxRelativeError(c), Tolerance<T>());
+  EXPECT_EQ(r->stats.bytes_in(), static_cast<int64_t>(c.size() * sizeof(T)));
+  EXPECT_EQ(r->stats.bytes_out(), static_cast<int64_t>(c.size() * sizeof(T)));
+  EXPECT_NE(r->stats.backend(), v1::BACKEND_AUTO);
+  EXPECT_GT(r->stats.total_ns(), 0);
+}
+
+TEST(ClientIntegrationTest, UnaryRightScalesColumnsFloat32) {
+  Client client(SharedServer().address());
+  Operands<float> ops(37, 53, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1);
+  std::vector<float> c = ops.NanOutput();
+  absl::StatusOr<JobResult> r = client.MultiplyUnary(ops.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kUnary);
+  EXPECT_LE(ops.MaxRelativeError(c), Tolerance<float>());
+  EXPECT_FALSE(r->stats.device().empty());
+}
+
+TEST(ClientIntegrationTest, UnaryLeftScalesRowsFloat64ColumnMajor) {
+  Client client(SharedServer().address());
+  Operands<double> ops(41, 29, v1::LAYOUT_COL_MAJOR, v1::SIDE_LEFT, 2);
+  std::vector<double> c = ops.NanOutput();
+  absl::StatusOr<JobResult> r = client.MultiplyUnary(ops.MakeJob(), c.data(), c.size() * 8);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ops.MaxRelativeError(c), 0.0);  // float64 products are exact to the reference.
+}
+
+TEST(ClientIntegrationTest, StreamsLargeFloat32JobRightSideMatchingReference) {
+  Client client(SharedServer().address());
+  ExpectStreamedMatches(client, Operands<float>(2000, 3000, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3));
+}
+
+TEST(ClientIntegrationTest, StreamsLargeFloat64JobLeftSideMatchingReference) {
+  Client client(SharedServer().address());
+  ExpectStreamedMatches(client, Operands<double>(2000, 3000, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 4));
+}
+
+TEST(ClientIntegrationTest, StreamsColumnMajorJobsInBlocksOfWholeColumns) {
+  // 64 KiB chunks of 1000-row float64 columns: 8 columns per block and a
+  // short last block, so placement by first_line is exercised.
+  ClientOptions options;
+  options.chunk_bytes = 64 << 10;
+  Client client(SharedServer().address(), options);
+  ExpectStreamedMatches(client, Operands<double>(1000, 333, v1::LAYOUT_COL_MAJOR, v1::SIDE_RIGHT, 5));
+  ExpectStreamedMatches(client, Operands<float>(1000, 333, v1::LAYOUT_COL_MAJOR, v1::SIDE_LEFT, 6));
+}
+
+TEST(ClientIntegrationTest, StreamsOneLinePerBlockWhenALineExceedsTheChunk) {
+  ClientOptions options;
+  options.chunk_bytes = 100;  // Less than one 50-float row.
+  Client client(SharedServer().address(), options);
+  ExpectStreamedMatches(client, Operands<float>(7, 50, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 7));
+}
+
+TEST(ClientIntegrationTest, MultiplyPicksUnaryUnderTheThresholdAndStreamsAbove) {
+  ClientOptions options;
+  options.streaming_threshold_bytes = 100 << 10;
+  Client client(SharedServer().address(), options);
+  Operands<float> small(100, 100, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 8);  // 40 KB
+  Operands<float> large(300, 300, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 9);  // 360 KB
+  std::vector<float> c = small.NanOutput();
+  absl::StatusOr<JobResult> r = client.Multiply(small.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kUnary);
+  EXPECT_LE(small.MaxRelativeError(c), Tolerance<float>());
+  c = large.NanOutput();
+  r = client.Multiply(large.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kStream);
+  EXPECT_LE(large.MaxRelativeError(c), Tolerance<float>());
+}
+
+TEST(ClientIntegrationTest, StreamProgressEndsWithEverythingSentAndReceived) {
+  ClientOptions options;
+  options.chunk_bytes = 256 << 10;
+  Client client(SharedServer().address(), options);
+  Operands<float> ops(512, 1024, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 10);
+  std::vector<float> c = ops.NanOutput();
+  int calls = 0;
+  int64_t last_sent = -1, last_received = -1, last_total = -1;
+  absl::StatusOr<JobResult> r = client.MultiplyStream(
+      ops.MakeJob(), c.data(), c.size() * 4, [&](int64_t sent, int64_t received, int64_t total) {
+        EXPECT_GE(sent, last_sent);
+        EXPECT_GE(received, last_received);
+        ++calls;
+        last_sent = sent;
+        last_received = received;
+        last_total = total;
+      });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(calls, 8);  // 8 blocks each way.
+  EXPECT_EQ(last_total, static_cast<int64_t>(c.size() * 4));
+  EXPECT_EQ(last_sent, last_total);
+  EXPECT_EQ(last_received, last_total);
+}
+
+TEST(ClientIntegrationTest, WrongDiagonalLengthIsInvalidArgumentInBothModes) {
+  Client client(SharedServer().address());
+  Operands<float> ops(20, 30, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 11);
+  Job job = ops.MakeJob();
+  job.diagonal_bytes -= 4;  // 29 elements for 30 columns.
+  std::vector<float> c = ops.NanOutput();
+  absl::StatusOr<JobResult> r = client.MultiplyUnary(job, c.data(), c.size() * 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_FALSE(r.status().message().empty());
+  r = client.MultiplyStream(job, c.data(), c.size() * 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+}
+
+TEST(ClientIntegrationTest, OutputOfTheWrongSizeIsRejectedBeforeAnyCall) {
+  Client client("127.0.0.1:1");  // Never contacted.
+  Operands<float> ops(4, 4, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 12);
+  std::vector<float> c(15);
+  absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), c.data(), c.size() * 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("64"));
+}
+
+TEST(ClientIntegrationTest, ServerInfoReportsVersionLimitsAndTheCpuDevice) {
+  Client client(SharedServer().address());
+  absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->version().empty());
+  EXPECT_EQ(info->limits().max_unary_message_bytes(), int64_t{64} << 20);
+  EXPECT_EQ(info->limits().max_block_bytes(), int64_t{4} << 20);
+  bool has_cpu = false;
+  for (const v1::DeviceInfo& d : info->devices()) has_cpu |= d.index() == -1;
+  EXPECT_TRUE(has_cpu);
+  EXPECT_NE(info->default_backend(), v1::BACKEND_AUTO);
+}
+
+TEST(ClientIntegrationTest, HealthIsServingForTheServerAndTheDgmmService) {
+  Client client(SharedServer().address());
+  absl::StatusOr<HealthState> state = client.Health();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, grpc::health::v1::HealthCheckResponse::SERVING);
+  state = client.Health("dgmm.v1.Dgmm");
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST(ClientIntegrationTest, NothingListeningIsUnavailable) {
+  ClientOptions options;
+  options.deadline = absl::Seconds(10);
+  Client client("127.0.0.1:1", options);
+  EXPECT_EQ(client.Health().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client.GetServerInfo().status().code(), absl::StatusCode::kUnavailable);
+  Operands<float> ops(4, 4, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 13);
+  std::vector<float> c = ops.NanOutput();
+  EXPECT_EQ(client.MultiplyStream(ops.MakeJob(), c.data(), c.size() * 4).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+// A server with small limits: a unary request over its message limit and a
+// block over its block limit are refused with the contract's codes.
+TEST(ClientIntegrationTest, ServerLimitsOnMessagesAndBlocksAreReportedWithTheirCodes) {
+  ServerProcess small({"--threads=1", "--max_unary_message_bytes=1MiB", "--max_block_bytes=64KiB"});
+  Client client(small.address());
+  Operands<float> ops(512, 1024, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 14);  // 2 MiB
+  std::vector<float> c = ops.NanOutput();
+  absl::StatusOr<JobResult> r = client.MultiplyUnary(ops.MakeJob(), c.data(), c.size() * 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  r = client.MultiplyStream(ops.MakeJob(), c.data(), c.size() * 4);  // 4 MiB chunks > 64 KiB
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+
+  ClientOptions fitting;
+  fitting.chunk_bytes = 64 << 10;
+  fitting.max_unary_message_bytes = 1 << 20;
+  Client fitting_client(small.address(), fitting);
+  r = fitting_client.Multiply(ops.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kStream);
+  EXPECT_LE(ops.MaxRelativeError(c), Tolerance<float>());
+}
+
+}  // namespace
+}  // namespace dgmm

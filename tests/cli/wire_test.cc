@@ -1,0 +1,161 @@
+// The zero-copy encoders and decoders agree with the generated proto classes.
+#include "src/wire.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dgmm::wire {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// A ByteBuffer of `bytes` cut into slices of `piece` bytes, so decoders are
+// exercised across slice boundaries.
+grpc::ByteBuffer Buffer(const std::string& bytes, size_t piece = 7) {
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; i < bytes.size(); i += piece) {
+    slices.emplace_back(bytes.data() + i, std::min(piece, bytes.size() - i));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+v1::JobHeader SampleHeader() {
+  v1::JobHeader h;
+  h.set_rows(3);
+  h.set_cols(2);
+  h.set_dtype(v1::DTYPE_FLOAT32);
+  h.set_layout(v1::LAYOUT_COL_MAJOR);
+  h.set_side(v1::SIDE_LEFT);
+  h.set_diagonal(std::string(12, '\x01'));
+  h.set_backend(v1::BACKEND_CPU);
+  return h;
+}
+
+TEST(WireTest, MultiplyRequestParsesAsTheGeneratedMessageAndBorrowsTheMatrix) {
+  const std::string matrix(24, 'm');
+  SliceLoans loans;
+  std::string encoded;
+  {
+    grpc::ByteBuffer buffer = EncodeMultiplyRequest(SampleHeader(), matrix.data(), matrix.size(), &loans);
+    encoded = Flatten(buffer);
+  }
+  loans.WaitUntilReturned();  // Returns once the buffer is gone.
+  v1::MultiplyRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(encoded));
+  EXPECT_EQ(parsed.header().SerializeAsString(), SampleHeader().SerializeAsString());
+  EXPECT_EQ(parsed.matrix(), matrix);
+}
+
+TEST(WireTest, StreamHeaderAndBlocksParseAsTheGeneratedMessages) {
+  v1::MultiplyStreamRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(EncodeStreamHeader(SampleHeader()))));
+  ASSERT_TRUE(parsed.has_header());
+  EXPECT_EQ(parsed.header().rows(), 3);
+
+  SliceLoans loans;
+  const std::string data(300, 'x');  // Lengths past one varint byte.
+  for (int64_t first_line : {int64_t{0}, int64_t{5}, int64_t{1} << 40}) {
+    ASSERT_TRUE(parsed.ParseFromString(
+        Flatten(EncodeStreamBlock(first_line, data.data(), data.size(), &loans))));
+    ASSERT_TRUE(parsed.has_block());
+    EXPECT_EQ(parsed.block().first_line(), first_line);
+    EXPECT_EQ(parsed.block().data(), data);
+  }
+}
+
+TEST(WireTest, DecodesMultiplyResponseStraightIntoTheOutput) {
+  v1::MultiplyResponse response;
+  response.set_result(std::string(40, 'r'));
+  response.mutable_stats()->set_device("cpu");
+  response.mutable_stats()->set_job_id(42);
+  grpc::ByteBuffer buffer = Buffer(response.SerializeAsString());
+  std::string out(40, '\0');
+  v1::JobStats stats;
+  ASSERT_TRUE(DecodeMultiplyResponse(&buffer, out.data(), out.size(), &stats).ok());
+  EXPECT_EQ(out, response.result());
+  EXPECT_EQ(stats.job_id(), 42u);
+  EXPECT_EQ(stats.device(), "cpu");
+}
+
+TEST(WireTest, MultiplyResponseOfTheWrongSizeIsInternal) {
+  v1::MultiplyResponse response;
+  response.set_result(std::string(39, 'r'));
+  grpc::ByteBuffer buffer = Buffer(response.SerializeAsString());
+  std::string out(40, '\0');
+  v1::JobStats stats;
+  absl::Status s = DecodeMultiplyResponse(&buffer, out.data(), out.size(), &stats);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("39 bytes"));
+}
+
+TEST(WireTest, DecodesEachKindOfStreamResponse) {
+  std::string out(64, '.');
+  std::vector<std::pair<int64_t, size_t>> placed;
+  BlockPlacer placer = [&](int64_t first_line, size_t size) -> absl::StatusOr<void*> {
+    placed.emplace_back(first_line, size);
+    return out.data() + first_line * 8;
+  };
+
+  v1::MultiplyStreamResponse message;
+  message.mutable_accepted()->set_job_id(7);
+  message.mutable_accepted()->set_max_block_bytes(4096);
+  grpc::ByteBuffer accepted = Buffer(message.SerializeAsString());
+  absl::StatusOr<StreamResponse> r = DecodeStreamResponse(&accepted, placer);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kind, StreamResponse::Kind::kAccepted);
+  EXPECT_EQ(r->accepted.max_block_bytes(), 4096);
+
+  // first_line 0 is omitted on the wire; a later block carries it.
+  for (int64_t line : {0, 2}) {
+    message.mutable_block()->set_first_line(line);
+    message.mutable_block()->set_data(std::string(16, static_cast<char>('a' + line)));
+    grpc::ByteBuffer block = Buffer(message.SerializeAsString(), 3);
+    r = DecodeStreamResponse(&block, placer);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->kind, StreamResponse::Kind::kBlock);
+    EXPECT_EQ(r->first_line, line);
+    EXPECT_EQ(r->size, 16u);
+  }
+  EXPECT_EQ(out.substr(0, 32), std::string(16, 'a') + std::string(16, 'c'));
+  EXPECT_EQ(placed, (std::vector<std::pair<int64_t, size_t>>{{0, 16}, {2, 16}}));
+
+  message.mutable_stats()->set_compute_ns(99);
+  grpc::ByteBuffer stats = Buffer(message.SerializeAsString());
+  r = DecodeStreamResponse(&stats, placer);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kind, StreamResponse::Kind::kStats);
+  EXPECT_EQ(r->stats.compute_ns(), 99);
+}
+
+TEST(WireTest, StreamResponseDecodingReportsThePlacersErrorAndGarbage) {
+  v1::MultiplyStreamResponse message;
+  message.mutable_block()->set_first_line(3);
+  message.mutable_block()->set_data("abcd");
+  grpc::ByteBuffer block = Buffer(message.SerializeAsString());
+  absl::StatusOr<StreamResponse> r = DecodeStreamResponse(
+      &block, [](int64_t, size_t) -> absl::StatusOr<void*> { return absl::InternalError("no room"); });
+  EXPECT_EQ(r.status().message(), "no room");
+
+  grpc::ByteBuffer garbage = Buffer(std::string("\x12\xff\xff\x01xyz", 7));
+  r = DecodeStreamResponse(&garbage, [](int64_t, size_t) -> absl::StatusOr<void*> { return nullptr; });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+
+  grpc::ByteBuffer empty = Buffer(std::string());
+  r = DecodeStreamResponse(&empty, [](int64_t, size_t) -> absl::StatusOr<void*> { return nullptr; });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace dgmm::wire
