@@ -19,7 +19,7 @@ header() {
   echo "# command: $1"
 }
 tests_cmd="ctest --test-dir $build -L gpu --output-on-failure"
-{ header "$tests_cmd"; nvidia-smi; $tests_cmd 2>&1; echo "ctest exit: $?"; } \
+{ header "$tests_cmd -V"; nvidia-smi; $tests_cmd -V 2>&1; echo "ctest exit: $?"; } \
   > "$out/gpu_tests.log" 2>&1
 tail -n 25 "$out/gpu_tests.log"
 bench_cmd="$build/bench/gpu_bench --out_dir=$out --commit=$commit $*"
