@@ -31,14 +31,14 @@ ServerProcess& SharedServer() {
 }
 
 // Output and exit code of one dgmm-cli run.
-struct Run {
+struct CliRun {
   int exit_code;
   std::string output;
 };
 
 // Runs dgmm-cli with `args` (a shell fragment) against the shared server.
-Run Cli(const std::string& args, bool with_server = true) {
-  Run run;
+CliRun Cli(const std::string& args, bool with_server = true) {
+  CliRun run;
   std::string command = CliBinary() + " " + args;
   if (with_server) command += " --server=" + SharedServer().address();
   run.exit_code = RunCommand(command + " 2>&1", &run.output);
@@ -62,7 +62,7 @@ class CliIntegrationTest : public ::testing::Test {
 };
 
 TEST_F(CliIntegrationTest, RandomCheckPassesAndPrintsTimingsModeBackendAndError) {
-  Run run = Cli("multiply --random 300 --cols 200 --check");
+  CliRun run = Cli("multiply --random 300 --cols 200 --check");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   for (const char* expected : {"mode:       unary", "backend:", "queue wait", "h2d", "compute",
                                "d2h", "total", "throughput:", "max relative error:", "OK"}) {
@@ -71,7 +71,7 @@ TEST_F(CliIntegrationTest, RandomCheckPassesAndPrintsTimingsModeBackendAndError)
 }
 
 TEST_F(CliIntegrationTest, RandomCheckStreamsColumnMajorFloat64LeftSide) {
-  Run run = Cli("multiply --random=700 --cols=500 --dtype=f64 --layout=col --side=left "
+  CliRun run = Cli("multiply --random=700 --cols=500 --dtype=f64 --layout=col --side=left "
                 "--mode=stream --chunk-bytes=64KiB --check");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("mode:       stream"));
@@ -80,14 +80,14 @@ TEST_F(CliIntegrationTest, RandomCheckStreamsColumnMajorFloat64LeftSide) {
 }
 
 TEST_F(CliIntegrationTest, AutoModeStreamsJobsOverTheUnaryThreshold) {
-  Run run = Cli("multiply --random=1000 --max_unary_message_bytes=1MiB --check --quiet");
+  CliRun run = Cli("multiply --random=1000 --max_unary_message_bytes=1MiB --check --quiet");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(run.output, "");  // --quiet: nothing on success.
 }
 
 TEST_F(CliIntegrationTest, CheckAboveToleranceExitsThree) {
   // float32 products are rounded, so no result meets a 1e-300 tolerance.
-  Run run = Cli("multiply --random=50 --check --tolerance=1e-300");
+  CliRun run = Cli("multiply --random=50 --check --tolerance=1e-300");
   EXPECT_EQ(run.exit_code, 3) << run.output;
   EXPECT_THAT(run.output, HasSubstr("FAILED"));
 }
@@ -102,7 +102,7 @@ TEST_F(CliIntegrationTest, MultipliesNpyFilesKeepingFortranOrderAndDtype) {
   ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT32, true, {rows, cols}}, a.data(), a.size() * 4).ok());
   ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT32, false, {rows}}, d.data(), d.size() * 4).ok());
 
-  Run run = Cli("multiply --matrix " + Path("a.npy") + " --diag " + Path("d.npy") +
+  CliRun run = Cli("multiply --matrix " + Path("a.npy") + " --diag " + Path("d.npy") +
                 " --side left --out " + Path("c.npy") + " --quiet");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   absl::StatusOr<NpyArray> c = ReadNpy(Path("c.npy"));
@@ -133,7 +133,7 @@ TEST_F(CliIntegrationTest, ReadsAndWritesFilesNumpyUnderstands) {
                        &output),
             0)
       << output;
-  Run run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
+  CliRun run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
                 " --out=" + Path("c.npy") + " --check");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   run = Cli("multiply --matrix=" + Path("af.npy") + " --diag=" + Path("df.npy") +
@@ -156,14 +156,14 @@ TEST_F(CliIntegrationTest, WrongDiagonalLengthPrintsInvalidArgumentAndExitsOne) 
   std::vector<double> a(6 * 4, 1.0), d(5, 2.0);  // right side needs 4
   ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT64, false, {6, 4}}, a.data(), a.size() * 8).ok());
   ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT64, false, {5}}, d.data(), d.size() * 8).ok());
-  Run run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
+  CliRun run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
                 " --out=" + Path("c.npy"));
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output, HasSubstr("error: INVALID_ARGUMENT: "));
 }
 
 TEST_F(CliIntegrationTest, UnusableInputsAreUsageErrorsExitingTwo) {
-  Run run = Cli("multiply --matrix=" + Path("missing.npy") + " --diag=x.npy --out=c.npy");
+  CliRun run = Cli("multiply --matrix=" + Path("missing.npy") + " --diag=x.npy --out=c.npy");
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_THAT(run.output, HasSubstr("error: NOT_FOUND: "));
   EXPECT_THAT(run.output, HasSubstr("missing.npy"));
@@ -183,19 +183,19 @@ TEST_F(CliIntegrationTest, UnusableInputsAreUsageErrorsExitingTwo) {
 }
 
 TEST_F(CliIntegrationTest, HelpAndNoArgumentsPrintTheUsage) {
-  Run help = Cli("--help", /*with_server=*/false);
+  CliRun help = Cli("--help", /*with_server=*/false);
   EXPECT_EQ(help.exit_code, 0);
   for (const char* expected : {"multiply", "info", "health", "--server", "--deadline",
                                "--chunk_bytes", "--quiet", "--random", "--check", "Exit codes"}) {
     EXPECT_THAT(help.output, HasSubstr(expected));
   }
-  Run none = Cli("", /*with_server=*/false);
+  CliRun none = Cli("", /*with_server=*/false);
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_EQ(none.output, help.output);
 }
 
 TEST_F(CliIntegrationTest, InfoPrintsVersionLimitsAndDevices) {
-  Run run = Cli("info");
+  CliRun run = Cli("info");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   for (const char* expected : {"dgmm server ", "default backend:", "limits:", "64.0 MiB",
                                "devices:", "cpu", "budget", "reserved", "queued", "running",
@@ -205,7 +205,7 @@ TEST_F(CliIntegrationTest, InfoPrintsVersionLimitsAndDevices) {
 }
 
 TEST_F(CliIntegrationTest, HealthExitsZeroOnlyWhenServing) {
-  Run run = Cli("health");
+  CliRun run = Cli("health");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(run.output, "SERVING\n");
   run = Cli("health --service=dgmm.v1.Dgmm");
@@ -226,7 +226,7 @@ TEST_F(CliIntegrationTest, HealthWithNothingListeningExitsOneWithUnavailable) {
   socklen_t len = sizeof(addr);
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   close(fd);
-  Run run = Cli("health --deadline=5 --server=127.0.0.1:" + std::to_string(ntohs(addr.sin_port)),
+  CliRun run = Cli("health --deadline=5 --server=127.0.0.1:" + std::to_string(ntohs(addr.sin_port)),
                 /*with_server=*/false);
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output, HasSubstr("error: UNAVAILABLE: "));

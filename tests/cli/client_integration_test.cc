@@ -250,7 +250,10 @@ TEST(ClientIntegrationTest, ServerLimitsOnMessagesAndBlocksAreReportedWithTheirC
   std::vector<float> c = ops.NanOutput();
   absl::StatusOr<JobResult> r = client.MultiplyUnary(ops.MakeJob(), c.data(), c.size() * 4);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
-  r = client.MultiplyStream(ops.MakeJob(), c.data(), c.size() * 4);  // 4 MiB chunks > 64 KiB
+  // Blocks over max_block_bytes but within the message limit break the protocol.
+  ClientOptions big_blocks;
+  big_blocks.chunk_bytes = 512 << 10;
+  r = Client(small.address(), big_blocks).MultiplyStream(ops.MakeJob(), c.data(), c.size() * 4);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
 
   ClientOptions fitting;
