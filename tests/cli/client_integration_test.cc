@@ -160,6 +160,23 @@ TEST(ClientIntegrationTest, MultiplyPicksUnaryUnderTheThresholdAndStreamsAbove) 
   EXPECT_LE(large.MaxRelativeError(c), Tolerance<float>());
 }
 
+TEST(ClientIntegrationTest, ByDefaultJobsLargerThanOneBlockAreStreamed) {
+  ClientOptions options;
+  options.chunk_bytes = 64 << 10;
+  Client client(SharedServer().address(), options);
+  Operands<float> one_block(100, 150, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 15);  // 60 KB
+  Operands<float> two_blocks(100, 200, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 16);  // 80 KB
+  std::vector<float> c = one_block.NanOutput();
+  absl::StatusOr<JobResult> r = client.Multiply(one_block.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kUnary);
+  c = two_blocks.NanOutput();
+  r = client.Multiply(two_blocks.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kStream);
+  EXPECT_LE(two_blocks.MaxRelativeError(c), Tolerance<float>());
+}
+
 TEST(ClientIntegrationTest, StreamProgressEndsWithEverythingSentAndReceived) {
   ClientOptions options;
   options.chunk_bytes = 256 << 10;

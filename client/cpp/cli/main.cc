@@ -31,8 +31,10 @@ Subcommands:
             --cols, default N) and its diagonal, values uniform in [0.5, 2). Prints
             the mode (unary or stream), the backend and device, the server's timings
             (queue wait, h2d, compute, d2h, total, in ms) and the throughput.
-            Jobs under 7/8 of --max_unary_message_bytes go in one message, larger
-            ones are streamed in blocks of whole rows (or columns) of --chunk_bytes.
+            A job that fits in one --chunk_bytes block (and under 7/8 of
+            --max_unary_message_bytes) goes in one message; larger ones are
+            streamed in blocks of whole rows (or columns), overlapping upload,
+            compute and download.
   info      Prints the server's version, default backend, dtypes, limits and, per
             device, memory, budget, reserved bytes and queued/running/completed/
             rejected job counts.

@@ -1,5 +1,6 @@
 #include "dgmm/client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <utility>
@@ -118,9 +119,10 @@ absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out
                                            const ProgressCallback& progress) {
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
-  const int64_t threshold = options_.streaming_threshold_bytes >= 0
-                                ? options_.streaming_threshold_bytes
-                                : options_.max_unary_message_bytes / 8 * 7;
+  const int64_t threshold =
+      options_.streaming_threshold_bytes >= 0
+          ? options_.streaming_threshold_bytes
+          : std::min(options_.chunk_bytes, options_.max_unary_message_bytes / 8 * 7);
   const int64_t request_bytes = static_cast<int64_t>(*bytes + job.diagonal_bytes);
   if (request_bytes <= threshold) return MultiplyUnary(job, out, out_bytes, progress);
   return MultiplyStream(job, out, out_bytes, progress);

@@ -55,9 +55,13 @@ struct ClientOptions {
   // a block holds max(1, chunk_bytes / line_bytes) lines). Must not exceed
   // the server's max_block_bytes.
   int64_t chunk_bytes = int64_t{4} << 20;
-  // Multiply() streams when matrix plus diagonal exceed this many bytes; a
-  // negative value means 7/8 of max_unary_message_bytes, which leaves room
-  // for the header and the framing.
+  // Multiply() streams when matrix plus diagonal exceed this many bytes. A
+  // negative value means the smaller of chunk_bytes and 7/8 of
+  // max_unary_message_bytes (room for the header and framing): a job that
+  // fits one block goes in one message, and larger ones stream, because
+  // streaming overlaps upload, compute and download (over loopback it beats
+  // a single message from about 4 MiB up: 14.5 vs 17.3 ms at 4 MiB, 71 vs
+  // 108 ms at 32 MiB).
   int64_t streaming_threshold_bytes = -1;
   // Channel credentials; null means insecure (plaintext) transport.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -118,7 +122,8 @@ class Client {
 
   // Runs `job` and writes C into out[0, out_bytes), which must be exactly the
   // matrix's size; C has A's shape, dtype and layout. Uses Multiply when the
-  // job is at most options().streaming_threshold_bytes, else MultiplyStream.
+  // job is at most the streaming threshold (see ClientOptions), else
+  // MultiplyStream.
   // On error the contents of `out` are unspecified.
   absl::StatusOr<JobResult> Multiply(const Job& job, void* out, size_t out_bytes,
                                      const ProgressCallback& progress = nullptr);
