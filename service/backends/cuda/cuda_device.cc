@@ -116,7 +116,7 @@ class CudaJobContext final : public JobContext {
   int64_t region_bytes() const {
     return mode_ == JobMode::kWhole
                ? RoundUp(p_.matrix_bytes(), kAlign)
-               : int64_t{device_->streams()} * slot_bytes_;
+               : int64_t{device_->pieces_in_flight()} * slot_bytes_;
   }
   // Device address of `piece`'s input (or output) in lane `lane`.
   std::byte* DeviceAddress(std::byte* region, int lane, const Piece& piece) const;
@@ -179,7 +179,7 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
       !st.ok()) {
     return st;
   }
-  lanes_.resize(device_->streams());
+  lanes_.resize(device_->pieces_in_flight());
   for (Lane& lane : lanes_) {
     for (cudaEvent_t* e : {&lane.start, &lane.uploaded, &lane.computed, &lane.done}) {
       if (auto st = device_->Check(cudaEventCreate(e), "cudaEventCreate"); !st.ok()) {
@@ -327,7 +327,7 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
           ? tile.lines * ((line_bytes + piece_limit - 1) / piece_limit)
           : (tile.lines + piece_limit / line_bytes - 1) / (piece_limit / line_bytes);
   const int want = static_cast<int>(
-      std::min<int64_t>(device_->streams(), std::max<int64_t>(pieces, 1)));
+      std::min<int64_t>(device_->pieces_in_flight(), std::max<int64_t>(pieces, 1)));
 
   std::vector<std::byte*> staging;
   if (!pinned_in || !pinned_out) staging = device_->ring_->Acquire(want);
@@ -446,8 +446,10 @@ absl::Status CudaDevice::Init(int ordinal, const CudaOptions& options) {
     return st;
   }
 
+  pieces_in_flight_ = options.pieces_in_flight > 0 ? options.pieces_in_flight
+                                                   : 2 * options.streams;
   const int buffers =
-      options.staging_buffers > 0 ? options.staging_buffers : 2 * options.streams;
+      options.staging_buffers > 0 ? options.staging_buffers : 2 * pieces_in_flight_;
   auto ring = StagingRing::Create(buffers, options.tile_bytes);
   if (!ring.ok()) return ring.status();
   ring_ = std::move(*ring);
@@ -506,7 +508,7 @@ int64_t CudaDevice::SlotBytes(JobMode mode, const Problem& p,
 int64_t CudaDevice::Footprint(const Problem& p, JobMode mode,
                               int64_t max_block_bytes) const {
   if (mode == JobMode::kWhole) return 2 * p.matrix_bytes() + p.diag_bytes();
-  return 2 * int64_t{streams()} * SlotBytes(mode, p, max_block_bytes) +
+  return 2 * int64_t{pieces_in_flight_} * SlotBytes(mode, p, max_block_bytes) +
          p.diag_bytes();
 }
 

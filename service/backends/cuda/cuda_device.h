@@ -5,9 +5,10 @@
 //
 // A job (CudaJobContext) moves its host tile through the device in pieces
 // of at most tile_bytes: host → pinned staging (skipped when the host memory
-// is already pinned) → device → kernel → host. Up to K pieces are in flight
-// on K streams, so the upload of one piece overlaps the kernel of the one
-// before and the download of the one before that.
+// is already pinned) → device → kernel → host. Up to pieces_in_flight pieces
+// are queued at once, round-robin over the K streams, so the upload of one
+// piece overlaps the kernel of the one before and the download of the one
+// before that, and the GPU never waits for the host to queue the next piece.
 #ifndef DGMM_SERVICE_BACKENDS_CUDA_CUDA_DEVICE_H_
 #define DGMM_SERVICE_BACKENDS_CUDA_CUDA_DEVICE_H_
 
@@ -81,10 +82,10 @@ class CudaDevice final : public Device {
   // The single footprint function. Device bytes a job holds:
   //   kWhole:    2 × matrix_bytes + diag_bytes (input and output on the
   //              device, every piece in its own place);
-  //   kStreamed: 2 × streams × slot_bytes + diag_bytes, where slot_bytes =
-  //              min(tile_bytes, max_block_bytes) rounded up to 256 bytes:
-  //              one input and one output slot per stream, whatever the
-  //              number of lines.
+  //   kStreamed: 2 × pieces_in_flight × slot_bytes + diag_bytes, where
+  //              slot_bytes = min(tile_bytes, max_block_bytes) rounded up to
+  //              256 bytes: one input and one output slot per piece in
+  //              flight, whatever the number of lines.
   int64_t Footprint(const Problem& p, JobMode mode,
                     int64_t max_block_bytes) const override;
 
@@ -98,6 +99,7 @@ class CudaDevice final : public Device {
 
   // Beyond Device, for tests and the benchmark.
   int64_t tile_bytes() const { return tile_bytes_; }
+  int pieces_in_flight() const { return pieces_in_flight_; }
   int staging_buffers() const { return ring_->count(); }
   int multiprocessors() const { return multiprocessors_; }
   // Most device-pool bytes in use at once since open or the last reset.
@@ -125,6 +127,7 @@ class CudaDevice final : public Device {
   int64_t free_at_start_ = 0;
   int multiprocessors_ = 0;
   int64_t tile_bytes_ = 0;
+  int pieces_in_flight_ = 0;
   std::vector<cudaStream_t> streams_;
   std::vector<cublasHandle_t> cublas_;  // cublas_[i] is bound to streams_[i]
   cudaStream_t setup_stream_ = nullptr;  // allocations and diagonal uploads

@@ -14,6 +14,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
     return absl::InvalidArgumentError(absl::StrFormat(
         "CUDA streams per device must be in [1, 64], got %d", options.streams));
   }
+  if (options.pieces_in_flight < 0 || options.pieces_in_flight > 256) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA pieces in flight must be in [0, 256] (0: 2 per stream), got %d",
+        options.pieces_in_flight));
+  }
   if (options.tile_bytes < 16) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "CUDA tile bytes must be at least 16, got %d", options.tile_bytes));

@@ -14,15 +14,19 @@
 namespace dgmm {
 
 struct CudaOptions {
-  // CUDA streams per device (1..64); a job's pieces round-robin over them,
-  // and at most this many pieces of one job are in flight at once.
-  int streams = 3;
+  // CUDA streams per device (1..64); a job's pieces round-robin over them.
+  int streams = 4;
+  // Pieces of one job queued on the GPU at once (1..256); 0 means
+  // 2 × streams. Deeper queues keep both copy engines busy (see
+  // bench/results: the pipeline-shape sweep).
+  int pieces_in_flight = 0;
   // Bytes of one pipeline piece, i.e. of one pinned host staging buffer and
   // of one device slot (at least 16). A streamed job holds
-  // 2 × streams × tile_bytes of device memory plus its diagonal.
+  // 2 × pieces_in_flight × min(tile_bytes, block) of device memory plus its
+  // diagonal.
   int64_t tile_bytes = int64_t{8} << 20;
   // Pinned host staging buffers per device, shared by its jobs; 0 means
-  // 2 × streams. Only jobs whose host memory is pageable use them.
+  // 2 × pieces_in_flight. Only jobs whose host memory is pageable use them.
   int staging_buffers = 0;
   // Order backends() by a short timing of both kernels on a few MB at start
   // (about 50 ms per device). When false, the custom kernel comes first.
