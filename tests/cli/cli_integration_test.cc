@@ -19,9 +19,9 @@
 namespace dgmm {
 namespace {
 
+using testing::CliBinary;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::CliBinary;
 using testing::RunCommand;
 using testing::ServerProcess;
 
@@ -71,8 +71,9 @@ TEST_F(CliIntegrationTest, RandomCheckPassesAndPrintsTimingsModeBackendAndError)
 }
 
 TEST_F(CliIntegrationTest, RandomCheckStreamsColumnMajorFloat64LeftSide) {
-  CliRun run = Cli("multiply --random=700 --cols=500 --dtype=f64 --layout=col --side=left "
-                "--mode=stream --chunk-bytes=64KiB --check");
+  CliRun run =
+      Cli("multiply --random=700 --cols=500 --dtype=f64 --layout=col --side=left "
+          "--mode=stream --chunk-bytes=64KiB --check");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("mode:       stream"));
   EXPECT_THAT(run.output, HasSubstr("col-major"));
@@ -99,11 +100,14 @@ TEST_F(CliIntegrationTest, MultipliesNpyFilesKeepingFortranOrderAndDtype) {
   std::uniform_real_distribution<float> uniform(-3, 3);
   for (float& x : a) x = uniform(rng);
   for (float& x : d) x = uniform(rng);
-  ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT32, true, {rows, cols}}, a.data(), a.size() * 4).ok());
-  ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT32, false, {rows}}, d.data(), d.size() * 4).ok());
+  ASSERT_TRUE(
+      WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT32, true, {rows, cols}}, a.data(), a.size() * 4)
+          .ok());
+  ASSERT_TRUE(
+      WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT32, false, {rows}}, d.data(), d.size() * 4).ok());
 
   CliRun run = Cli("multiply --matrix " + Path("a.npy") + " --diag " + Path("d.npy") +
-                " --side left --out " + Path("c.npy") + " --quiet");
+                   " --side left --out " + Path("c.npy") + " --quiet");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   absl::StatusOr<NpyArray> c = ReadNpy(Path("c.npy"));
   ASSERT_TRUE(c.ok()) << c.status();
@@ -124,40 +128,48 @@ TEST_F(CliIntegrationTest, ReadsAndWritesFilesNumpyUnderstands) {
     GTEST_SKIP() << "/usr/bin/python3 with numpy is not available";
   }
   std::string output;
-  ASSERT_EQ(RunCommand("cd '" + dir_ + "' && /usr/bin/python3 -c \"import numpy as np; "
-                       "rng = np.random.default_rng(1); "
-                       "np.save('a.npy', rng.uniform(0.5, 2, (40, 25))); "
-                       "np.save('af.npy', np.asfortranarray(rng.uniform(0.5, 2, (40, 25)).astype('<f4'))); "
-                       "np.save('d.npy', rng.uniform(0.5, 2, 25)); "
-                       "np.save('df.npy', rng.uniform(0.5, 2, 25).astype('<f4'))\"",
-                       &output),
-            0)
+  ASSERT_EQ(
+      RunCommand(
+          "cd '" + dir_ +
+              "' && /usr/bin/python3 -c \"import numpy as np; "
+              "rng = np.random.default_rng(1); "
+              "np.save('a.npy', rng.uniform(0.5, 2, (40, 25))); "
+              "np.save('af.npy', np.asfortranarray(rng.uniform(0.5, 2, (40, 25)).astype('<f4'))); "
+              "np.save('d.npy', rng.uniform(0.5, 2, 25)); "
+              "np.save('df.npy', rng.uniform(0.5, 2, 25).astype('<f4'))\"",
+          &output),
+      0)
       << output;
   CliRun run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
-                " --out=" + Path("c.npy") + " --check");
+                   " --out=" + Path("c.npy") + " --check");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   run = Cli("multiply --matrix=" + Path("af.npy") + " --diag=" + Path("df.npy") +
             " --out=" + Path("cf.npy") + " --check --mode=stream --chunk_bytes=1KiB");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  ASSERT_EQ(RunCommand("cd '" + dir_ + "' && /usr/bin/python3 -c \"import numpy as np; "
-                       "a, d, c = np.load('a.npy'), np.load('d.npy'), np.load('c.npy'); "
-                       "assert c.dtype == np.float64 and c.flags.c_contiguous; "
-                       "assert np.array_equal(c, a * d); "
-                       "a, d, c = np.load('af.npy'), np.load('df.npy'), np.load('cf.npy'); "
-                       "assert c.dtype == np.float32 and c.flags.f_contiguous and not c.flags.c_contiguous; "
-                       "assert np.array_equal(c, a * d); print('numpy agrees')\" 2>&1",
-                       &output),
-            0)
+  ASSERT_EQ(
+      RunCommand(
+          "cd '" + dir_ +
+              "' && /usr/bin/python3 -c \"import numpy as np; "
+              "a, d, c = np.load('a.npy'), np.load('d.npy'), np.load('c.npy'); "
+              "assert c.dtype == np.float64 and c.flags.c_contiguous; "
+              "assert np.array_equal(c, a * d); "
+              "a, d, c = np.load('af.npy'), np.load('df.npy'), np.load('cf.npy'); "
+              "assert c.dtype == np.float32 and c.flags.f_contiguous and not c.flags.c_contiguous; "
+              "assert np.array_equal(c, a * d); print('numpy agrees')\" 2>&1",
+          &output),
+      0)
       << output;
   EXPECT_THAT(output, HasSubstr("numpy agrees"));
 }
 
 TEST_F(CliIntegrationTest, WrongDiagonalLengthPrintsInvalidArgumentAndExitsOne) {
   std::vector<double> a(6 * 4, 1.0), d(5, 2.0);  // right side needs 4
-  ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT64, false, {6, 4}}, a.data(), a.size() * 8).ok());
-  ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT64, false, {5}}, d.data(), d.size() * 8).ok());
+  ASSERT_TRUE(
+      WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT64, false, {6, 4}}, a.data(), a.size() * 8).ok());
+  ASSERT_TRUE(
+      WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT64, false, {5}}, d.data(), d.size() * 8).ok());
   CliRun run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
-                " --out=" + Path("c.npy"));
+                   " --out=" + Path("c.npy"));
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output, HasSubstr("error: INVALID_ARGUMENT: "));
 }
@@ -172,9 +184,12 @@ TEST_F(CliIntegrationTest, UnusableInputsAreUsageErrorsExitingTwo) {
   ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT32, false, {2, 2}}, a.data(), 16).ok());
   std::vector<double> d64(2);
   ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT64, false, {2}}, d64.data(), 16).ok());
-  run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") + " --out=" + Path("c.npy"));
+  run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
+            " --out=" + Path("c.npy"));
   EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("error: INVALID_ARGUMENT: the matrix is DTYPE_FLOAT32"));
+  EXPECT_THAT(
+      run.output,
+      HasSubstr("error: INVALID_ARGUMENT: the matrix is float32 but the diagonal is float64"));
 
   EXPECT_EQ(Cli("multiply --random=10 --side=up").exit_code, 2);
   EXPECT_EQ(Cli("multiply --random=10 --frobnicate").exit_code, 2);
@@ -197,9 +212,9 @@ TEST_F(CliIntegrationTest, HelpAndNoArgumentsPrintTheUsage) {
 TEST_F(CliIntegrationTest, InfoPrintsVersionLimitsAndDevices) {
   CliRun run = Cli("info");
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  for (const char* expected : {"dgmm server ", "default backend:", "limits:", "64.0 MiB",
-                               "devices:", "cpu", "budget", "reserved", "queued", "running",
-                               "completed", "rejected"}) {
+  for (const char* expected :
+       {"dgmm server ", "default backend:", "limits:", "64.0 MiB", "devices:", "cpu", "budget",
+        "reserved", "queued", "running", "completed", "rejected"}) {
     EXPECT_THAT(run.output, HasSubstr(expected));
   }
 }
@@ -227,7 +242,7 @@ TEST_F(CliIntegrationTest, HealthWithNothingListeningExitsOneWithUnavailable) {
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   close(fd);
   CliRun run = Cli("health --deadline=5 --server=127.0.0.1:" + std::to_string(ntohs(addr.sin_port)),
-                /*with_server=*/false);
+                   /*with_server=*/false);
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output, HasSubstr("error: UNAVAILABLE: "));
   EXPECT_THAT(run.output, Not(HasSubstr("SERVING")));

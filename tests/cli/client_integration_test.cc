@@ -46,8 +46,8 @@ struct Operands {
 
   Job MakeJob() const {
     Job job;
-    job.matrix = {a.data(), rows, cols,
-                  sizeof(T) == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64, layout};
+    job.matrix = {a.data(), rows, cols, sizeof(T) == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64,
+                  layout};
     job.diagonal = d.data();
     job.diagonal_bytes = d.size() * sizeof(T);
     job.side = side;
@@ -65,10 +65,13 @@ struct Operands {
     double worst = 0;
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < cols; ++j) {
-        const size_t k = static_cast<size_t>(layout == v1::LAYOUT_ROW_MAJOR ? i * cols + j : j * rows + i);
-        const double ref = static_cast<double>(a[k]) *
-                           static_cast<double>(d[static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i)]);
-        const double err = std::fabs(static_cast<double>(c[k]) - ref) / std::max(std::fabs(ref), 1e-300);
+        const size_t k =
+            static_cast<size_t>(layout == v1::LAYOUT_ROW_MAJOR ? i * cols + j : j * rows + i);
+        const double ref =
+            static_cast<double>(a[k]) *
+            static_cast<double>(d[static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i)]);
+        const double err =
+            std::fabs(static_cast<double>(c[k]) - ref) / std::max(std::fabs(ref), 1e-300);
         if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
       }
     }
@@ -85,7 +88,8 @@ double Tolerance() {
 template <typename T>
 void ExpectStreamedMatches(Client& client, const Operands<T>& ops) {
   std::vector<T> c = ops.NanOutput();
-  absl::StatusOr<JobResult> r = client.MultiplyStream(ops.MakeJob(), c.data(), c.size() * sizeof(T));
+  absl::StatusOr<JobResult> r =
+      client.MultiplyStream(ops.MakeJob(), c.data(), c.size() * sizeof(T));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->mode, TransferMode::kStream);
   EXPECT_LE(ops.MaxRelativeError(c), Tolerance<T>());
@@ -117,12 +121,14 @@ TEST(ClientIntegrationTest, UnaryLeftScalesRowsFloat64ColumnMajor) {
 
 TEST(ClientIntegrationTest, StreamsLargeFloat32JobRightSideMatchingReference) {
   Client client(SharedServer().address());
-  ExpectStreamedMatches(client, Operands<float>(2000, 3000, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3));
+  ExpectStreamedMatches(client,
+                        Operands<float>(2000, 3000, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3));
 }
 
 TEST(ClientIntegrationTest, StreamsLargeFloat64JobLeftSideMatchingReference) {
   Client client(SharedServer().address());
-  ExpectStreamedMatches(client, Operands<double>(2000, 3000, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 4));
+  ExpectStreamedMatches(client,
+                        Operands<double>(2000, 3000, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 4));
 }
 
 TEST(ClientIntegrationTest, StreamsColumnMajorJobsInBlocksOfWholeColumns) {
@@ -131,7 +137,8 @@ TEST(ClientIntegrationTest, StreamsColumnMajorJobsInBlocksOfWholeColumns) {
   ClientOptions options;
   options.chunk_bytes = 64 << 10;
   Client client(SharedServer().address(), options);
-  ExpectStreamedMatches(client, Operands<double>(1000, 333, v1::LAYOUT_COL_MAJOR, v1::SIDE_RIGHT, 5));
+  ExpectStreamedMatches(client,
+                        Operands<double>(1000, 333, v1::LAYOUT_COL_MAJOR, v1::SIDE_RIGHT, 5));
   ExpectStreamedMatches(client, Operands<float>(1000, 333, v1::LAYOUT_COL_MAJOR, v1::SIDE_LEFT, 6));
 }
 
@@ -164,7 +171,7 @@ TEST(ClientIntegrationTest, ByDefaultJobsLargerThanOneBlockAreStreamed) {
   ClientOptions options;
   options.chunk_bytes = 64 << 10;
   Client client(SharedServer().address(), options);
-  Operands<float> one_block(100, 150, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 15);  // 60 KB
+  Operands<float> one_block(100, 150, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 15);   // 60 KB
   Operands<float> two_blocks(100, 200, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 16);  // 80 KB
   std::vector<float> c = one_block.NanOutput();
   absl::StatusOr<JobResult> r = client.Multiply(one_block.MakeJob(), c.data(), c.size() * 4);
@@ -212,6 +219,18 @@ TEST(ClientIntegrationTest, WrongDiagonalLengthIsInvalidArgumentInBothModes) {
   EXPECT_FALSE(r.status().message().empty());
   r = client.MultiplyStream(job, c.data(), c.size() * 4);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+}
+
+TEST(ClientIntegrationTest, ExpiredDeadlineIsDeadlineExceededInBothModes) {
+  ClientOptions options;
+  options.deadline = absl::Microseconds(1);
+  Client client(SharedServer().address(), options);
+  Operands<float> ops(300, 300, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 17);
+  std::vector<float> c = ops.NanOutput();
+  EXPECT_EQ(client.MultiplyUnary(ops.MakeJob(), c.data(), c.size() * 4).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(client.MultiplyStream(ops.MakeJob(), c.data(), c.size() * 4).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(ClientIntegrationTest, OutputOfTheWrongSizeIsRejectedBeforeAnyCall) {

@@ -171,7 +171,8 @@ TEST_F(NpyTest, RejectsIntegerAndStructuredDtypes) {
 }
 
 TEST_F(NpyTest, RejectsThreeDimensionalAndScalarArrays) {
-  WriteRaw("a.npy", FileWithDict("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2, 2), }", 32));
+  WriteRaw("a.npy",
+           FileWithDict("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2, 2), }", 32));
   absl::Status s = ReadStatus("a.npy");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("3 dimensions"));
@@ -181,13 +182,13 @@ TEST_F(NpyTest, RejectsThreeDimensionalAndScalarArrays) {
 
 TEST_F(NpyTest, RejectsMalformedDictionaries) {
   const char* bad[] = {
-      "{'descr': '<f4', 'fortran_order': False}",                          // no shape
-      "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}",   // unknown key
+      "{'descr': '<f4', 'fortran_order': False}",                                 // no shape
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}",          // unknown key
       "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}",  // repeated
-      "{'descr': '<f4', 'fortran_order': maybe, 'shape': (2,)}",           // bad bool
-      "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}",          // negative dim
-      "{'descr': '<f4', 'fortran_order': False, 'shape': (2,) junk",       // unterminated
-      "['descr', '<f4']",                                                  // not a dict
+      "{'descr': '<f4', 'fortran_order': maybe, 'shape': (2,)}",                  // bad bool
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}",                 // negative dim
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (2,) junk",              // unterminated
+      "['descr', '<f4']",                                                         // not a dict
   };
   for (const char* dict : bad) {
     WriteRaw("a.npy", FileWithDict(dict, 8));

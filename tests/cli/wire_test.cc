@@ -17,7 +17,8 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(buffer.Dump(&slices).ok());
   std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
@@ -48,7 +49,8 @@ TEST(WireTest, MultiplyRequestParsesAsTheGeneratedMessageAndBorrowsTheMatrix) {
   SliceLoans loans;
   std::string encoded;
   {
-    grpc::ByteBuffer buffer = EncodeMultiplyRequest(SampleHeader(), matrix.data(), matrix.size(), &loans);
+    grpc::ByteBuffer buffer =
+        EncodeMultiplyRequest(SampleHeader(), matrix.data(), matrix.size(), &loans);
     encoded = Flatten(buffer);
   }
   loans.WaitUntilReturned();  // Returns once the buffer is gone.
@@ -145,15 +147,18 @@ TEST(WireTest, StreamResponseDecodingReportsThePlacersErrorAndGarbage) {
   message.mutable_block()->set_data("abcd");
   grpc::ByteBuffer block = Buffer(message.SerializeAsString());
   absl::StatusOr<StreamResponse> r = DecodeStreamResponse(
-      &block, [](int64_t, size_t) -> absl::StatusOr<void*> { return absl::InternalError("no room"); });
+      &block,
+      [](int64_t, size_t) -> absl::StatusOr<void*> { return absl::InternalError("no room"); });
   EXPECT_EQ(r.status().message(), "no room");
 
   grpc::ByteBuffer garbage = Buffer(std::string("\x12\xff\xff\x01xyz", 7));
-  r = DecodeStreamResponse(&garbage, [](int64_t, size_t) -> absl::StatusOr<void*> { return nullptr; });
+  r = DecodeStreamResponse(&garbage,
+                           [](int64_t, size_t) -> absl::StatusOr<void*> { return nullptr; });
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
 
   grpc::ByteBuffer empty = Buffer(std::string());
-  r = DecodeStreamResponse(&empty, [](int64_t, size_t) -> absl::StatusOr<void*> { return nullptr; });
+  r = DecodeStreamResponse(&empty,
+                           [](int64_t, size_t) -> absl::StatusOr<void*> { return nullptr; });
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
 }
 

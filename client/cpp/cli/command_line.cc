@@ -1,11 +1,10 @@
 #include "cli/command_line.h"
 
-#include "absl/strings/string_view.h"
-
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "service/util/flag_names.h"
 
 namespace dgmm::cli {

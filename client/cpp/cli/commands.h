@@ -36,6 +36,10 @@ int ReportError(const absl::Status& status, int exit_code);
 // a flag value that does not parse.
 absl::StatusOr<std::unique_ptr<Client>> MakeClient();
 
+// Lower-case names without the enum prefix: "cuda_kernel", "float32".
+std::string BackendName(v1::Backend backend);
+std::string DTypeName(v1::DType dtype);
+
 // "1.5 GiB", "512 B", ...
 std::string FormatBytes(int64_t bytes);
 

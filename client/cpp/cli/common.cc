@@ -2,6 +2,8 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -41,7 +43,8 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   }
   if (deadline > 0) options.deadline = absl::Seconds(deadline);
   absl::StatusOr<int64_t> chunk = ParseBytes(absl::GetFlag(FLAGS_chunk_bytes));
-  if (!chunk.ok()) return absl::InvalidArgumentError(absl::StrCat("--chunk_bytes: ", chunk.status().message()));
+  if (!chunk.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--chunk_bytes: ", chunk.status().message()));
   if (*chunk < 1) return absl::InvalidArgumentError("--chunk_bytes must be at least 1");
   options.chunk_bytes = *chunk;
   absl::StatusOr<int64_t> unary = ParseBytes(absl::GetFlag(FLAGS_max_unary_message_bytes));
@@ -53,6 +56,23 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   options.load_balancing_policy = absl::GetFlag(FLAGS_load_balancing_policy);
   return std::make_unique<Client>(absl::GetFlag(FLAGS_server), std::move(options));
 }
+
+namespace {
+
+// "BACKEND_CUDA_KERNEL" -> "cuda_kernel".
+std::string ShortName(const std::string& enum_name, absl::string_view prefix) {
+  std::string name = absl::AsciiStrToLower(enum_name);
+  if (absl::StartsWith(enum_name, prefix)) name.erase(0, prefix.size());
+  return name;
+}
+
+}  // namespace
+
+std::string BackendName(v1::Backend backend) {
+  return ShortName(v1::Backend_Name(backend), "BACKEND_");
+}
+
+std::string DTypeName(v1::DType dtype) { return ShortName(v1::DType_Name(dtype), "DTYPE_"); }
 
 std::string FormatBytes(int64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

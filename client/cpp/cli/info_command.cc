@@ -17,16 +17,6 @@ ABSL_FLAG(std::string, service, "",
 namespace dgmm::cli {
 namespace {
 
-// "BACKEND_CUDA_KERNEL" -> "cuda_kernel".
-std::string ShortName(const std::string& enum_name, absl::string_view prefix) {
-  std::string name = enum_name.substr(std::min(prefix.size(), enum_name.size()));
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
-}
-
-std::string BackendName(v1::Backend b) { return ShortName(v1::Backend_Name(b), "BACKEND_"); }
-std::string DTypeName(v1::DType d) { return ShortName(v1::DType_Name(d), "DTYPE_"); }
-
 void PrintDevice(const v1::DeviceInfo& d) {
   const std::string where = d.index() < 0 ? "cpu" : absl::StrCat("cuda:", d.index());
   std::vector<std::string> backends;

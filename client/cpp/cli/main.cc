@@ -101,10 +101,10 @@ int main(int argc, char** argv) {
   }
   const std::string& command = command_line->positional[0];
   if (command_line->positional.size() > 1) {
-    return ReportError(absl::InvalidArgumentError("unexpected argument '" +
-                                                  command_line->positional[1] +
-                                                  "'; run 'dgmm-cli --help' for usage"),
-                       dgmm::cli::kExitUsage);
+    return ReportError(
+        absl::InvalidArgumentError("unexpected argument '" + command_line->positional[1] +
+                                   "'; run 'dgmm-cli --help' for usage"),
+        dgmm::cli::kExitUsage);
   }
   if (command == "multiply") return dgmm::cli::RunMultiply();
   if (command == "info") return dgmm::cli::RunInfo();

@@ -15,14 +15,18 @@
 #include "cli/reference.h"
 #include "dgmm/npy.h"
 
-ABSL_FLAG(std::string, matrix, "", "The matrix A: a 2-D .npy file, float32 or float64, C or Fortran order.");
+ABSL_FLAG(std::string, matrix, "",
+          "The matrix A: a 2-D .npy file, float32 or float64, C or Fortran order.");
 ABSL_FLAG(std::string, diag, "", "The diagonal d: a 1-D .npy file of A's dtype.");
 ABSL_FLAG(std::string, out, "", "Where to write C as .npy (A's shape, dtype and order).");
-ABSL_FLAG(std::string, side, "right", "right: C = A·diag(d), len(d) = cols; left: C = diag(d)·A, len(d) = rows.");
-ABSL_FLAG(std::string, backend, "auto", "auto, cpu, cuda-kernel or cublas (a hint; auto is the server's best).");
+ABSL_FLAG(std::string, side, "right",
+          "right: C = A·diag(d), len(d) = cols; left: C = diag(d)·A, len(d) = rows.");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto, cpu, cuda-kernel or cublas (a hint; auto is the server's best).");
 ABSL_FLAG(std::string, mode, "auto",
           "auto (one message when it fits, else streamed), unary or stream.");
-ABSL_FLAG(int64_t, random, 0, "Instead of files: a random N-row matrix and diagonal, values in [0.5, 2).");
+ABSL_FLAG(int64_t, random, 0,
+          "Instead of files: a random N-row matrix and diagonal, values in [0.5, 2).");
 ABSL_FLAG(int64_t, cols, 0, "With --random: columns (default N).");
 ABSL_FLAG(std::string, dtype, "f32", "With --random: f32 or f64.");
 ABSL_FLAG(std::string, layout, "row", "With --random: row (C order) or col (Fortran order).");
@@ -30,7 +34,8 @@ ABSL_FLAG(uint64_t, seed, 1, "With --random: the random seed.");
 ABSL_FLAG(bool, check, false,
           "Compare C with a float64 reference computed locally; exit 3 if the largest "
           "relative error exceeds --tolerance.");
-ABSL_FLAG(double, tolerance, 0, "Largest relative error --check accepts; 0 means 1e-6 for f32, 1e-14 for f64.");
+ABSL_FLAG(double, tolerance, 0,
+          "Largest relative error --check accepts; 0 means 1e-6 for f32, 1e-14 for f64.");
 
 namespace dgmm::cli {
 namespace {
@@ -111,9 +116,9 @@ absl::StatusOr<Operands> ReadOperands() {
         absl::StrCat(diag_path, " holds a 2-D array; --diag needs a 1-D array"));
   }
   if (matrix->header().dtype != diagonal->header().dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the matrix is ", v1::DType_Name(matrix->header().dtype), " but the diagonal is ",
-        v1::DType_Name(diagonal->header().dtype), "; save both with the same dtype"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the matrix is ", DTypeName(matrix->header().dtype), " but the diagonal is ",
+                     DTypeName(diagonal->header().dtype), "; save both with the same dtype"));
   }
   ops.matrix.emplace(*std::move(matrix));
   ops.diagonal.emplace(*std::move(diagonal));
@@ -171,20 +176,20 @@ double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
 void PrintReport(const Job& job, const JobResult& result, absl::Duration wall) {
   const v1::JobStats& s = result.stats;
-  const int64_t bytes = static_cast<int64_t>(ElementSize(job.matrix.dtype)) * job.matrix.rows *
-                        job.matrix.cols;
+  const int64_t bytes =
+      static_cast<int64_t>(ElementSize(job.matrix.dtype)) * job.matrix.rows * job.matrix.cols;
   std::printf("job %llu: %lldx%lld %s %s, side %s, %s\n",
               static_cast<unsigned long long>(s.job_id()), static_cast<long long>(job.matrix.rows),
-              static_cast<long long>(job.matrix.cols),
-              job.matrix.dtype == v1::DTYPE_FLOAT32 ? "float32" : "float64",
+              static_cast<long long>(job.matrix.cols), DTypeName(job.matrix.dtype).c_str(),
               job.matrix.layout == v1::LAYOUT_COL_MAJOR ? "col-major" : "row-major",
               job.side == v1::SIDE_LEFT ? "left" : "right", FormatBytes(bytes).c_str());
   std::printf("mode:       %s\n", TransferModeName(result.mode));
-  std::printf("backend:    %s on %s\n", v1::Backend_Name(s.backend()).c_str(), s.device().c_str());
-  std::printf("timings:    queue wait %.3f ms, h2d %.3f ms, compute %.3f ms, d2h %.3f ms, "
-              "total %.3f ms (server); %.3f ms wall (client)\n",
-              Ms(s.queue_wait_ns()), Ms(s.h2d_ns()), Ms(s.compute_ns()), Ms(s.d2h_ns()),
-              Ms(s.total_ns()), absl::ToDoubleMilliseconds(wall));
+  std::printf("backend:    %s on %s\n", BackendName(s.backend()).c_str(), s.device().c_str());
+  std::printf(
+      "timings:    queue wait %.3f ms, h2d %.3f ms, compute %.3f ms, d2h %.3f ms, "
+      "total %.3f ms (server); %.3f ms wall (client)\n",
+      Ms(s.queue_wait_ns()), Ms(s.h2d_ns()), Ms(s.compute_ns()), Ms(s.d2h_ns()), Ms(s.total_ns()),
+      absl::ToDoubleMilliseconds(wall));
   const double seconds = absl::ToDoubleSeconds(wall);
   std::printf("throughput: %.3f GB/s (A sent + C received over client wall time)\n",
               seconds > 0 ? 2.0 * static_cast<double>(bytes) / seconds / 1e9 : 0.0);
@@ -225,7 +230,8 @@ int RunMultiply() {
   const Job job = MakeJob(*ops, *choices);
   NpyArray out(ops->matrix->header());
   const absl::Time start = absl::Now();
-  absl::StatusOr<JobResult> result = Run(**client, job, choices->mode, out.data(), out.size_bytes());
+  absl::StatusOr<JobResult> result =
+      Run(**client, job, choices->mode, out.data(), out.size_bytes());
   const absl::Duration wall = absl::Now() - start;
   if (!result.ok()) return ReportError(result.status(), kExitRpcError);
 
@@ -239,7 +245,7 @@ int RunMultiply() {
   if (!absl::GetFlag(FLAGS_check)) return kExitOk;
 
   const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)
-                                                             : DefaultTolerance(job.matrix.dtype);
+                                                              : DefaultTolerance(job.matrix.dtype);
   const double error = MaxRelativeError(job, out.data());
   const bool passed = error <= tolerance;
   if (!quiet || !passed) {

@@ -29,7 +29,8 @@ void ProgressBar::Update(int64_t bytes_sent, int64_t bytes_received, int64_t tot
   // Each byte of A goes up and each byte of C comes back.
   const int64_t moved = bytes_sent + bytes_received;
   const int64_t total = 2 * total_bytes;
-  const double fraction = std::clamp(static_cast<double>(moved) / static_cast<double>(total), 0.0, 1.0);
+  const double fraction =
+      std::clamp(static_cast<double>(moved) / static_cast<double>(total), 0.0, 1.0);
   const double rate = static_cast<double>(moved) / absl::ToDoubleSeconds(elapsed);
   const int filled = static_cast<int>(fraction * kBarWidth);
   std::string eta = "--";

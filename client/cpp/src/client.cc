@@ -1,12 +1,12 @@
 #include "dgmm/client.h"
 
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
 #include <utility>
-
-#include <grpcpp/create_channel.h>
-#include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -56,8 +56,8 @@ absl::StatusOr<size_t> CheckBuffers(const Job& job, const void* out, size_t out_
   if (!bytes.ok()) return bytes.status();
   if (job.matrix.data == nullptr) return absl::InvalidArgumentError("the job has no matrix data");
   if (out == nullptr || out_bytes != *bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the output buffer holds ", out_bytes,
-                                                   " bytes; the result needs ", *bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the output buffer holds ", out_bytes, " bytes; the result needs ", *bytes));
   }
   return bytes;
 }
@@ -86,8 +86,8 @@ absl::StatusOr<size_t> MatrixBytes(const MatrixView& matrix) {
         "unsupported dtype ", v1::DType_Name(matrix.dtype), "; use float32 or float64"));
   }
   if (matrix.rows < 1 || matrix.cols < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("the matrix is ", matrix.rows, "x",
-                                                   matrix.cols, "; both must be >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the matrix is ", matrix.rows, "x", matrix.cols, "; both must be >= 1"));
   }
   constexpr size_t kMax = std::numeric_limits<size_t>::max();
   const size_t rows = static_cast<size_t>(matrix.rows);

@@ -8,9 +8,9 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 
 namespace dgmm {
@@ -88,9 +88,8 @@ class HeaderDictParser {
   }
 
   void SkipSpace() {
-    while (pos_ < text_.size() &&
-           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' ||
-            text_[pos_] == '\r')) {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
+                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
       ++pos_;
     }
   }
@@ -128,15 +127,15 @@ class HeaderDictParser {
     } else if (*descr == "<f8") {
       *dtype = v1::DTYPE_FLOAT64;
     } else if (*descr == ">f4" || *descr == ">f8") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the .npy array is big-endian ('", *descr,
-          "'); dgmm reads little-endian '<f4' and '<f8': convert it with "
-          "a.astype(a.dtype.newbyteorder('<'))"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the .npy array is big-endian ('", *descr,
+                       "'); dgmm reads little-endian '<f4' and '<f8': convert it with "
+                       "a.astype(a.dtype.newbyteorder('<'))"));
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the .npy array has dtype '", *descr,
-          "'; dgmm reads float32 ('<f4') and float64 ('<f8'): convert it with "
-          "a.astype('<f8')"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the .npy array has dtype '", *descr,
+                       "'; dgmm reads float32 ('<f4') and float64 ('<f8'): convert it with "
+                       "a.astype('<f8')"));
     }
     return absl::OkStatus();
   }
@@ -214,8 +213,8 @@ absl::StatusOr<Preamble> ParsePreamble(absl::string_view prefix) {
   const int major = static_cast<unsigned char>(prefix[6]);
   const int minor = static_cast<unsigned char>(prefix[7]);
   if (major < 1 || major > 3 || minor != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported .npy format version ", major,
-                                                   ".", minor, "; dgmm reads 1.0, 2.0 and 3.0"));
+    return absl::InvalidArgumentError(absl::StrCat("unsupported .npy format version ", major, ".",
+                                                   minor, "; dgmm reads 1.0, 2.0 and 3.0"));
   }
   Preamble preamble;
   preamble.length_field_bytes = major == 1 ? 2 : 4;
@@ -257,8 +256,7 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view prefix, size_t* data_
   absl::StatusOr<Preamble> preamble = ParsePreamble(prefix);
   if (!preamble.ok()) return preamble.status();
   if (prefix.size() < preamble->header_start) return Malformed("the file ends in the preamble");
-  const size_t header_bytes =
-      LittleEndian(prefix.substr(8, preamble->length_field_bytes));
+  const size_t header_bytes = LittleEndian(prefix.substr(8, preamble->length_field_bytes));
   if (header_bytes > kMaxHeaderBytes) {
     return Malformed(absl::StrCat("a header length of ", header_bytes, " bytes is implausible"));
   }
@@ -318,7 +316,8 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   if (prefix.size() < preamble->header_start) {
     return with_path(Malformed("the file ends in the preamble"));
   }
-  const size_t header_bytes = LittleEndian(absl::string_view(prefix).substr(8, preamble->length_field_bytes));
+  const size_t header_bytes =
+      LittleEndian(absl::string_view(prefix).substr(8, preamble->length_field_bytes));
   if (header_bytes > kMaxHeaderBytes) {
     return with_path(
         Malformed(absl::StrCat("a header length of ", header_bytes, " bytes is implausible")));
@@ -334,8 +333,9 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
 
   struct stat st;
   if (fstat(fileno(file.get()), &st) != 0) return FileError(path, "stat", errno);
-  const size_t file_data_bytes =
-      static_cast<size_t>(st.st_size) > data_offset ? static_cast<size_t>(st.st_size) - data_offset : 0;
+  const size_t file_data_bytes = static_cast<size_t>(st.st_size) > data_offset
+                                     ? static_cast<size_t>(st.st_size) - data_offset
+                                     : 0;
   if (file_data_bytes != header->data_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": the header describes ", header->dtype == v1::DTYPE_FLOAT32 ? "float32" : "float64",
@@ -356,10 +356,9 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
 absl::Status WriteNpy(const std::string& path, const NpyHeader& header, const void* data,
                       size_t data_bytes, int version) {
   if (header.shape.empty() || header.shape.size() > 2 || data_bytes != header.data_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write ", path, ": shape ",
-                                                   ShapeText(header.shape), " needs ",
-                                                   header.data_bytes(), " bytes, got ",
-                                                   data_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write ", path, ": shape ", ShapeText(header.shape), " needs ",
+                     header.data_bytes(), " bytes, got ", data_bytes));
   }
   File file(std::fopen(path.c_str(), "wb"));
   if (file == nullptr) return FileError(path, "create", errno);

@@ -26,8 +26,8 @@ StreamPlan PlanStream(const MatrixView& matrix, size_t matrix_bytes, int64_t chu
   return plan;
 }
 
-StreamCall::StreamCall(const v1::JobHeader& header, const char* matrix, char* out,
-                       StreamPlan plan, ProgressCallback progress, wire::SliceLoans* loans)
+StreamCall::StreamCall(const v1::JobHeader& header, const char* matrix, char* out, StreamPlan plan,
+                       ProgressCallback progress, wire::SliceLoans* loans)
     : header_(header),
       matrix_(matrix),
       out_(out),
@@ -68,8 +68,8 @@ void StreamCall::WriteNextBlock() {
   const int64_t lines = std::min(plan_.lines_per_block, plan_.lines - next_line_to_send_);
   const size_t offset = static_cast<size_t>(next_line_to_send_) * plan_.line_bytes;
   pending_write_bytes_ = static_cast<size_t>(lines) * plan_.line_bytes;
-  write_buffer_ = wire::EncodeStreamBlock(next_line_to_send_, matrix_ + offset,
-                                          pending_write_bytes_, loans_);
+  write_buffer_ =
+      wire::EncodeStreamBlock(next_line_to_send_, matrix_ + offset, pending_write_bytes_, loans_);
   next_line_to_send_ += lines;
   StartWrite(&write_buffer_);
 }
@@ -89,7 +89,8 @@ void StreamCall::OnReadDone(bool ok) {
 
 absl::Status StreamCall::HandleResponse() {
   absl::StatusOr<wire::StreamResponse> response = wire::DecodeStreamResponse(
-      &read_buffer_, [this](int64_t first_line, size_t size) { return PlaceBlock(first_line, size); });
+      &read_buffer_,
+      [this](int64_t first_line, size_t size) { return PlaceBlock(first_line, size); });
   if (!response.ok()) return response.status();
   switch (response->kind) {
     case wire::StreamResponse::Kind::kAccepted:
@@ -122,8 +123,8 @@ absl::StatusOr<void*> StreamCall::PlaceBlock(int64_t first_line, size_t size) {
   if (size == 0 || size % plan_.line_bytes != 0 ||
       static_cast<int64_t>(size / plan_.line_bytes) > lines_left) {
     return ProtocolError(absl::StrCat("result block of ", size, " bytes at line ", first_line,
-                                      "; lines are ", plan_.line_bytes, " bytes and ",
-                                      lines_left, " remain"));
+                                      "; lines are ", plan_.line_bytes, " bytes and ", lines_left,
+                                      " remain"));
   }
   return out_ + static_cast<size_t>(first_line) * plan_.line_bytes;
 }

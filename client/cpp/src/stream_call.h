@@ -4,14 +4,14 @@
 #ifndef DGMM_CLIENT_CPP_SRC_STREAM_CALL_H_
 #define DGMM_CLIENT_CPP_SRC_STREAM_CALL_H_
 
-#include <atomic>
-#include <cstdint>
-#include <optional>
-
 #include <grpcpp/client_context.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/client_callback.h>
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"

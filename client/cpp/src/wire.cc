@@ -1,12 +1,12 @@
 #include "src/wire.h"
 
-#include <cstring>
-#include <string>
-#include <utility>
-
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/support/proto_buffer_reader.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -14,8 +14,8 @@ namespace dgmm::wire {
 namespace {
 
 using google::protobuf::MessageLite;
-using google::protobuf::io::CodedInputStream;
 using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
 
 // Field numbers from dgmm.proto.
 constexpr int kMultiplyRequestHeader = 1;
@@ -197,8 +197,8 @@ absl::Status DecodeMultiplyResponse(grpc::ByteBuffer* buffer, void* out, size_t 
       uint32_t size = 0;
       if (!in.ReadVarint32(&size)) return Malformed("truncated result");
       if (size != out_bytes) {
-        return absl::InternalError(absl::StrCat("the server returned a result of ", size,
-                                                " bytes; expected ", out_bytes));
+        return absl::InternalError(
+            absl::StrCat("the server returned a result of ", size, " bytes; expected ", out_bytes));
       }
       if (!in.ReadRaw(out, static_cast<int>(size))) return Malformed("truncated result");
       have_result = true;
@@ -210,8 +210,8 @@ absl::Status DecodeMultiplyResponse(grpc::ByteBuffer* buffer, void* out, size_t 
   }
   if (!in.ConsumedEntireMessage()) return Malformed("bad MultiplyResponse");
   if (!have_result) {
-    return absl::InternalError(absl::StrCat("the server returned no result; expected ",
-                                            out_bytes, " bytes"));
+    return absl::InternalError(
+        absl::StrCat("the server returned no result; expected ", out_bytes, " bytes"));
   }
   return absl::OkStatus();
 }

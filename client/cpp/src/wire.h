@@ -11,12 +11,12 @@
 #ifndef DGMM_CLIENT_CPP_SRC_WIRE_H_
 #define DGMM_CLIENT_CPP_SRC_WIRE_H_
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/slice.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"

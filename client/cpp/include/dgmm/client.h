@@ -17,15 +17,15 @@
 #ifndef DGMM_CLIENT_CPP_INCLUDE_DGMM_CLIENT_H_
 #define DGMM_CLIENT_CPP_INCLUDE_DGMM_CLIENT_H_
 
+#include <grpcpp/channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/channel.h>
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/security/credentials.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
