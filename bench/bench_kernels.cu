@@ -19,7 +19,8 @@ __device__ __forceinline__ uint64_t Mix(uint64_t x) {
 template <typename T>
 __global__ void FillKernel(T* out, int64_t n, uint64_t seed) {
   const int64_t stride = int64_t{blockDim.x} * gridDim.x;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += stride) {
     const uint64_t h = Mix(seed ^ Mix(static_cast<uint64_t>(i)));
     const double u = static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);
     const double v = 0.5 + 1.5 * u;
@@ -36,6 +37,7 @@ cudaError_t FillRandom(T* out, int64_t n, uint64_t seed, cudaStream_t stream) {
 }
 
 template cudaError_t FillRandom<float>(float*, int64_t, uint64_t, cudaStream_t);
-template cudaError_t FillRandom<double>(double*, int64_t, uint64_t, cudaStream_t);
+template cudaError_t FillRandom<double>(double*, int64_t, uint64_t,
+                                        cudaStream_t);
 
 }  // namespace dgmm::bench

@@ -49,15 +49,17 @@ void Die(const std::string& what) {
   std::exit(1);
 }
 
-#define CK(call)                                                              \
-  do {                                                                        \
-    const cudaError_t ck_err = (call);                                            \
-    if (ck_err != cudaSuccess) Die(absl::StrFormat("%s: %s", #call, cudaGetErrorString(ck_err))); \
+#define CK(call)                                                         \
+  do {                                                                   \
+    const cudaError_t ck_err = (call);                                   \
+    if (ck_err != cudaSuccess)                                           \
+      Die(absl::StrFormat("%s: %s", #call, cudaGetErrorString(ck_err))); \
   } while (0)
-#define CB(call)                                                                   \
-  do {                                                                             \
-    const cublasStatus_t cb_st = (call);                                              \
-    if (cb_st != CUBLAS_STATUS_SUCCESS) Die(absl::StrFormat("%s: %s", #call, cublasGetStatusString(cb_st))); \
+#define CB(call)                                                           \
+  do {                                                                     \
+    const cublasStatus_t cb_st = (call);                                   \
+    if (cb_st != CUBLAS_STATUS_SUCCESS)                                    \
+      Die(absl::StrFormat("%s: %s", #call, cublasGetStatusString(cb_st))); \
   } while (0)
 
 struct Flags {
@@ -165,8 +167,10 @@ double SampledError(const T* d_a, const T* d_d, const T* d_c, int64_t n,
   CK(cudaMemcpy(d.data(), d_d, n * sizeof(T), cudaMemcpyDeviceToHost));
   double worst = 0;
   for (int64_t r : rows) {
-    CK(cudaMemcpy(a.data(), d_a + r * n, n * sizeof(T), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(c.data(), d_c + r * n, n * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(a.data(), d_a + r * n, n * sizeof(T),
+                  cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(c.data(), d_c + r * n, n * sizeof(T),
+                  cudaMemcpyDeviceToHost));
     for (int64_t j = 0; j < n; ++j) {
       const double want = static_cast<double>(a[j]) * d[per_line ? r : j];
       const double got = c[j];
@@ -236,16 +240,17 @@ void Bench::Header() {
   CK(cudaRuntimeGetVersion(&runtime));
   sms_ = p.multiProcessorCount;
   gpu_ = p.name;
-  out_->Line(absl::StrFormat("# dgmm GPU benchmark\n\n- GPU: %s (%d SMs, %.1f GiB, "
-                             "L2 %d MiB)\n- driver %d, runtime %d\n- commit: %s\n",
-                             p.name, p.multiProcessorCount,
-                             p.totalGlobalMem / 1073741824.0, p.l2CacheSize >> 20,
-                             driver, runtime, flags_.commit));
+  out_->Line(absl::StrFormat(
+      "# dgmm GPU benchmark\n\n- GPU: %s (%d SMs, %.1f GiB, "
+      "L2 %d MiB)\n- driver %d, runtime %d\n- commit: %s\n",
+      p.name, p.multiProcessorCount, p.totalGlobalMem / 1073741824.0,
+      p.l2CacheSize >> 20, driver, runtime, flags_.commit));
 }
 
 // H2D of `bytes` from `host_in` and D2H of as many into `host_out`, at once
 // on two streams; median ms until both are done.
-double Bench::BidirectionalMs(const void* host_in, void* host_out, int64_t bytes) {
+double Bench::BidirectionalMs(const void* host_in, void* host_out,
+                              int64_t bytes) {
   void *d_in = nullptr, *d_out = nullptr;
   CK(cudaMalloc(&d_in, bytes));
   CK(cudaMalloc(&d_out, bytes));
@@ -287,9 +292,8 @@ double Bench::CopyMs(int64_t bytes, cudaMemcpyKind kind) {
   } else {
     CK(cudaMalloc(&dst, bytes));
   }
-  const double ms = TimeMs(s_, Reps(bytes), [&] {
-    CK(cudaMemcpyAsync(dst, src, bytes, kind, s_));
-  });
+  const double ms = TimeMs(
+      s_, Reps(bytes), [&] { CK(cudaMemcpyAsync(dst, src, bytes, kind, s_)); });
   CK(src_host ? cudaFreeHost(src) : cudaFree(src));
   CK(dst_host ? cudaFreeHost(dst) : cudaFree(dst));
   return ms;
@@ -303,7 +307,8 @@ void Bench::OriginalTable() {
       "overlap, as in the question. Ceilings: D2D copy of the matrix (read + "
       "write), one-way pinned copies.\n");
   out_->Line(
-      "| N | SGEMM dense diag | SGEMM + transfers | cublasSdgmm | Sdgmm + transfers "
+      "| N | SGEMM dense diag | SGEMM + transfers | cublasSdgmm | Sdgmm + "
+      "transfers "
       "| our kernel | kernel + transfers | D2D copy | H2D | D2H | max rel err "
       "(gemm/dgmm/kernel) |");
   out_->Line("|---|---|---|---|---|---|---|---|---|---|---|");
@@ -321,22 +326,28 @@ void Bench::OriginalTable() {
     CK(FillRandom(a, elems, 1, s_));
     CK(FillRandom(d, n, 2, s_));
     CK(cudaMemsetAsync(dense, 0, bytes, s_));
-    CK(cudaMemcpy2DAsync(dense, (n + 1) * 4, d, 4, 4, n, cudaMemcpyDeviceToDevice, s_));
+    CK(cudaMemcpy2DAsync(dense, (n + 1) * 4, d, 4, 4, n,
+                         cudaMemcpyDeviceToDevice, s_));
     CK(cudaMemcpyAsync(ha, a, bytes, cudaMemcpyDeviceToHost, s_));
     CK(cudaMemcpyAsync(hdense, dense, bytes, cudaMemcpyDeviceToHost, s_));
     CK(cudaMemcpyAsync(hd, d, n * 4, cudaMemcpyDeviceToHost, s_));
     CK(cudaStreamSynchronize(s_));
-    const cuda::DeviceTile<float> tile{
-        .in = a, .out = c, .diag = d, .lines = n, .line_len = n, .per_line = false};
+    const cuda::DeviceTile<float> tile{.in = a,
+                                       .out = c,
+                                       .diag = d,
+                                       .lines = n,
+                                       .line_len = n,
+                                       .per_line = false};
     const float one = 1, zero = 0;
     // Row-major C = A·D is column-major Cᵀ = D·Aᵀ.
     auto gemm = [&] {
-      CB(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, dense, n, a, n,
-                     &zero, c, n));
+      CB(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, dense, n,
+                     a, n, &zero, c, n));
     };
     auto dgmm = [&] { CB(cuda::LaunchCublasDgmm(blas_, tile)); };
     auto kernel = [&] { CK(cuda::LaunchDgmmKernel(tile, sms_, s_)); };
-    auto with_transfers = [&](const std::function<void()>& op, bool dense_diag) {
+    auto with_transfers = [&](const std::function<void()>& op,
+                              bool dense_diag) {
       return [&, op, dense_diag] {
         CK(cudaMemcpyAsync(a, ha, bytes, cudaMemcpyHostToDevice, s_));
         if (dense_diag) {
@@ -370,8 +381,10 @@ void Bench::OriginalTable() {
         n, gemm_ms, gemm_t, dgmm_ms, dgmm_t, k_ms, k_t, d2d, h2d, d2h, gemm_err,
         dgmm_err, k_err));
     const double rw = 2.0 * bytes;
-    out_->Csv("table", "sgemm_dense_diag", n, "f32", "kernel_only", gemm_ms, rw);
-    out_->Csv("table", "sgemm_dense_diag", n, "f32", "with_transfers", gemm_t, 3.0 * bytes);
+    out_->Csv("table", "sgemm_dense_diag", n, "f32", "kernel_only", gemm_ms,
+              rw);
+    out_->Csv("table", "sgemm_dense_diag", n, "f32", "with_transfers", gemm_t,
+              3.0 * bytes);
     out_->Csv("table", "cublas_sdgmm", n, "f32", "kernel_only", dgmm_ms, rw);
     out_->Csv("table", "cublas_sdgmm", n, "f32", "with_transfers", dgmm_t, rw);
     out_->Csv("table", "dgmm_kernel", n, "f32", "kernel_only", k_ms, rw);
@@ -408,27 +421,36 @@ void Bench::KernelVsCopy(int64_t n) {
     CK(cudaMemcpyAsync(c, a, bytes, cudaMemcpyDeviceToDevice, s_));
   });
   for (bool per_line : {false, true}) {
-    const cuda::DeviceTile<T> tile{
-        .in = a, .out = c, .diag = d, .lines = n, .line_len = n, .per_line = per_line};
+    const cuda::DeviceTile<T> tile{.in = a,
+                                   .out = c,
+                                   .diag = d,
+                                   .lines = n,
+                                   .line_len = n,
+                                   .per_line = per_line};
     CK(cudaMemsetAsync(c, 0xff, bytes, s_));
-    const double k = TimeMs(s_, Reps(bytes), [&] {
-      CK(cuda::LaunchDgmmKernel(tile, sms_, s_));
-    });
+    const double k = TimeMs(
+        s_, Reps(bytes), [&] { CK(cuda::LaunchDgmmKernel(tile, sms_, s_)); });
     const double err = SampledError(a, d, c, n, per_line, SampleRows(n));
-    const double b = TimeMs(s_, Reps(bytes), [&] { CB(cuda::LaunchCublasDgmm(blas_, tile)); });
+    const double b = TimeMs(s_, Reps(bytes),
+                            [&] { CB(cuda::LaunchCublasDgmm(blas_, tile)); });
     const char* mode = per_line ? "scale_rows" : "scale_cols";
     out_->Line(absl::StrFormat(
-        "| %s | %d | %s | %.4f | %.0f | %.4f | %.0f | %.4f | %.0f | %.3f | %.1e |",
-        DTypeLabel<T>(), n, mode, k, 2.0 * bytes / k / 1e6, b, 2.0 * bytes / b / 1e6,
-        copy, 2.0 * bytes / copy / 1e6, copy / k, err));
-    out_->Csv("kernel", "dgmm_kernel", n, DTypeLabel<T>(), mode, k, 2.0 * bytes);
-    out_->Csv("kernel", "cublas_dgmm", n, DTypeLabel<T>(), mode, b, 2.0 * bytes);
+        "| %s | %d | %s | %.4f | %.0f | %.4f | %.0f | %.4f | %.0f | %.3f | "
+        "%.1e |",
+        DTypeLabel<T>(), n, mode, k, 2.0 * bytes / k / 1e6, b,
+        2.0 * bytes / b / 1e6, copy, 2.0 * bytes / copy / 1e6, copy / k, err));
+    out_->Csv("kernel", "dgmm_kernel", n, DTypeLabel<T>(), mode, k,
+              2.0 * bytes);
+    out_->Csv("kernel", "cublas_dgmm", n, DTypeLabel<T>(), mode, b,
+              2.0 * bytes);
     kernel_rows_.push_back({DTypeLabel<T>(), n, per_line, k, b, copy});
     if (err > (sizeof(T) == 4 ? 1.2e-7 : 4.5e-16)) {
-      out_->Line(absl::StrFormat("**WRONG RESULT %s N=%d %s**", DTypeLabel<T>(), n, mode));
+      out_->Line(absl::StrFormat("**WRONG RESULT %s N=%d %s**", DTypeLabel<T>(),
+                                 n, mode));
     }
   }
-  out_->Csv("kernel", "d2d_copy", n, DTypeLabel<T>(), "ceiling", copy, 2.0 * bytes);
+  out_->Csv("kernel", "d2d_copy", n, DTypeLabel<T>(), "ceiling", copy,
+            2.0 * bytes);
   CK(cudaFree(a));
   CK(cudaFree(c));
   CK(cudaFree(d));
@@ -448,22 +470,29 @@ void Bench::PolicySweep() {
     CK(cudaMalloc(&d, n * sizeof(T)));
     CK(FillRandom(a, elems, 5, s_));
     CK(FillRandom(d, n, 6, s_));
-    const cuda::DeviceTile<T> tile{
-        .in = a, .out = c, .diag = d, .lines = n, .line_len = n, .per_line = false};
+    const cuda::DeviceTile<T> tile{.in = a,
+                                   .out = c,
+                                   .diag = d,
+                                   .lines = n,
+                                   .line_len = n,
+                                   .per_line = false};
     const cuda::LaunchPolicy chosen = cuda::ChooseLaunchPolicy(tile, sms_);
     const int vec = 16 / sizeof(T);
     for (int items : {1, 2, 4}) {
       const int64_t needed = elems / vec / (256 * items);
-      for (int64_t grid : {int64_t{sms_} * 4, int64_t{sms_} * 8, int64_t{sms_} * 32, needed}) {
+      for (int64_t grid :
+           {int64_t{sms_} * 4, int64_t{sms_} * 8, int64_t{sms_} * 32, needed}) {
         const cuda::LaunchPolicy p{.block_threads = 256,
                                    .grid_blocks = static_cast<int>(grid),
                                    .vector_width = vec,
                                    .items_per_thread = items};
-        const double ms = TimeMs(s_, 30, [&] { CK(cuda::LaunchDgmmKernel(tile, p, s_)); });
-        const bool is_chosen = items == chosen.items_per_thread &&
-                               grid == chosen.grid_blocks;
-        out_->Line(absl::StrFormat("| %s | %d | %d | %d%s | %.4f | %.0f |", DTypeLabel<T>(),
-                                   vec, items, grid, is_chosen ? " (default)" : "", ms,
+        const double ms =
+            TimeMs(s_, 30, [&] { CK(cuda::LaunchDgmmKernel(tile, p, s_)); });
+        const bool is_chosen =
+            items == chosen.items_per_thread && grid == chosen.grid_blocks;
+        out_->Line(absl::StrFormat("| %s | %d | %d | %d%s | %.4f | %.0f |",
+                                   DTypeLabel<T>(), vec, items, grid,
+                                   is_chosen ? " (default)" : "", ms,
                                    2.0 * bytes / ms / 1e6));
         out_->Csv("policy", absl::StrFormat("items%d_grid%d", items, grid), n,
                   DTypeLabel<T>(), "scale_cols", ms, 2.0 * bytes);
@@ -480,7 +509,8 @@ void Bench::PolicySweep() {
 
 // Fills a host buffer with random floats in ±[0.5, 2), in parallel.
 void FillHost(float* p, int64_t n, uint64_t seed) {
-  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  const int threads =
+      std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([=] {
@@ -490,7 +520,8 @@ void FillHost(float* p, int64_t n, uint64_t seed) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        const float v = 0.5f + 1.5f * static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+        const float v =
+            0.5f + 1.5f * static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
         p[i] = (x & 1) ? v : -v;
       }
     });
@@ -502,7 +533,8 @@ void FillHost(float* p, int64_t n, uint64_t seed) {
 // from the float64 reference by more than one float rounding, in parallel.
 int64_t CountWrong(const float* a, const float* d, const float* c, int64_t rows,
                    int64_t n, double* worst) {
-  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  const int threads =
+      std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::vector<int64_t> bad(threads, 0);
   std::vector<double> w(threads, 0);
   std::vector<std::thread> pool;
@@ -533,13 +565,18 @@ void Bench::DevicePathPinnedAndPageable() {
   if (!devices.ok() || devices->empty()) Die("no CUDA device: " + why);
   Device* dev = (*devices)[0].get();
   out_->Line(absl::StrFormat(
-      "## Through CudaDevice/JobContext (N = %d, float32, scale_cols, default options: "
-      "%d streams, %d pieces in flight, %d MiB pieces; backends() order: %s first)\n",
+      "## Through CudaDevice/JobContext (N = %d, float32, scale_cols, default "
+      "options: "
+      "%d streams, %d pieces in flight, %d MiB pieces; backends() order: %s "
+      "first)\n",
       n, opts.streams, static_cast<cuda::CudaDevice*>(dev)->pieces_in_flight(),
       static_cast<int>(opts.tile_bytes >> 20),
       dev->backends()[0] == BackendKind::kCublas ? "cublas" : "cuda-kernel"));
-  const Problem p{.rows = n, .cols = n, .dtype = DType::kFloat32,
-                  .layout = Layout::kRowMajor, .side = Side::kRight};
+  const Problem p{.rows = n,
+                  .cols = n,
+                  .dtype = DType::kFloat32,
+                  .layout = Layout::kRowMajor,
+                  .side = Side::kRight};
   float *pin_in, *pin_out;
   CK(cudaHostAlloc(&pin_in, bytes, 0));
   CK(cudaHostAlloc(&pin_out, bytes, 0));
@@ -551,7 +588,8 @@ void Bench::DevicePathPinnedAndPageable() {
 
   auto run = [&](const float* in, float* out, JobMode mode, BackendKind backend,
                  int64_t block_lines) {
-    auto job = dev->Begin(p, backend, dbytes, mode, block_lines * p.line_bytes());
+    auto job =
+        dev->Begin(p, backend, dbytes, mode, block_lines * p.line_bytes());
     if (!job.ok()) Die(std::string(job.status().message()));
     for (int64_t first = 0; first < n; first += block_lines) {
       const int64_t lines = std::min(block_lines, n - first);
@@ -568,52 +606,66 @@ void Bench::DevicePathPinnedAndPageable() {
   c_d2h_ms_ = CopyMs(bytes, cudaMemcpyDeviceToHost);
   c_bidir_ms_ = BidirectionalMs(pin_in, pin_out, bytes);
   const int reps = flags_.quick ? 3 : 9;
-  out_->Line("| host memory | job mode | backend | ms | GB/s (matrix bytes one way) | "
-             "max rel err |\n|---|---|---|---|---|---|");
+  out_->Line(
+      "| host memory | job mode | backend | ms | GB/s (matrix bytes one way) | "
+      "max rel err |\n|---|---|---|---|---|---|");
   struct Case {
     const char* memory;
     bool pinned;
     JobMode mode;
     BackendKind backend;
   };
-  for (const Case& k : {Case{"pinned", true, JobMode::kWhole, BackendKind::kCudaKernel},
-                        Case{"pinned", true, JobMode::kWhole, BackendKind::kCublas},
-                        Case{"pinned", true, JobMode::kStreamed, BackendKind::kCudaKernel},
-                        Case{"pageable", false, JobMode::kWhole, BackendKind::kCudaKernel},
-                        Case{"pageable", false, JobMode::kStreamed,
-                             BackendKind::kCudaKernel}}) {
+  for (const Case& k :
+       {Case{"pinned", true, JobMode::kWhole, BackendKind::kCudaKernel},
+        Case{"pinned", true, JobMode::kWhole, BackendKind::kCublas},
+        Case{"pinned", true, JobMode::kStreamed, BackendKind::kCudaKernel},
+        Case{"pageable", false, JobMode::kWhole, BackendKind::kCudaKernel},
+        Case{"pageable", false, JobMode::kStreamed,
+             BackendKind::kCudaKernel}}) {
     const float* in = k.pinned ? pin_in : page_in.data();
     float* out = k.pinned ? pin_out : page_out.data();
     // Streamed jobs arrive as 64 MiB blocks, as MultiplyStream would feed them.
-    const int64_t block_lines = k.mode == JobMode::kWhole ? n : (int64_t{64} << 20) / p.line_bytes();
+    const int64_t block_lines =
+        k.mode == JobMode::kWhole ? n : (int64_t{64} << 20) / p.line_bytes();
     std::memset(out, 0xff, bytes);
-    const double ms = WallMs(reps, [&] { run(in, out, k.mode, k.backend, block_lines); });
+    const double ms =
+        WallMs(reps, [&] { run(in, out, k.mode, k.backend, block_lines); });
     double worst = 0;
     const int64_t wrong = CountWrong(in, diag.data(), out, n, n, &worst);
-    out_->Line(absl::StrFormat("| %s | %s | %s | %.3f | %.1f | %.1e%s |", k.memory,
-                               k.mode == JobMode::kWhole ? "whole" : "streamed 64 MiB",
-                               k.backend == BackendKind::kCublas ? "cublas" : "kernel",
-                               ms, bytes / ms / 1e6, worst,
-                               wrong ? absl::StrFormat(" (**%d wrong**)", wrong) : ""));
+    out_->Line(absl::StrFormat(
+        "| %s | %s | %s | %.3f | %.1f | %.1e%s |", k.memory,
+        k.mode == JobMode::kWhole ? "whole" : "streamed 64 MiB",
+        k.backend == BackendKind::kCublas ? "cublas" : "kernel", ms,
+        bytes / ms / 1e6, worst,
+        wrong ? absl::StrFormat(" (**%d wrong**)", wrong) : ""));
     out_->Csv("device_path",
-              absl::StrFormat("%s_%s", k.mode == JobMode::kWhole ? "whole" : "streamed",
-                              k.backend == BackendKind::kCublas ? "cublas" : "kernel"),
+              absl::StrFormat(
+                  "%s_%s", k.mode == JobMode::kWhole ? "whole" : "streamed",
+                  k.backend == BackendKind::kCublas ? "cublas" : "kernel"),
               n, "f32", k.memory, ms, bytes);
-    if (k.pinned && k.mode == JobMode::kWhole && k.backend == BackendKind::kCudaKernel) {
+    if (k.pinned && k.mode == JobMode::kWhole &&
+        k.backend == BackendKind::kCudaKernel) {
       c_pipeline_pinned_ms_ = wrong ? INFINITY : ms;
     }
-    if (k.pinned && k.mode == JobMode::kStreamed) c_streamed_pinned_ms_ = wrong ? INFINITY : ms;
-    if (!k.pinned && k.mode == JobMode::kWhole) c_pipeline_pageable_ms_ = wrong ? INFINITY : ms;
+    if (k.pinned && k.mode == JobMode::kStreamed)
+      c_streamed_pinned_ms_ = wrong ? INFINITY : ms;
+    if (!k.pinned && k.mode == JobMode::kWhole)
+      c_pipeline_pageable_ms_ = wrong ? INFINITY : ms;
   }
-  out_->Line(absl::StrFormat(
-      "\nPinned copies of the same %d MB: H2D alone %.3f ms, D2H alone %.3f ms, "
-      "H2D and D2H at once on two streams %.3f ms (the full-duplex ceiling of a "
-      "pipeline that moves the matrix in and out).\n",
-      bytes / 1000000, c_h2d_ms_, c_d2h_ms_, c_bidir_ms_));
-  out_->Csv("device_path", "h2d_d2h_concurrent", n, "f32", "ceiling", c_bidir_ms_, bytes);
+  out_->Line(
+      absl::StrFormat("\nPinned copies of the same %d MB: H2D alone %.3f ms, "
+                      "D2H alone %.3f ms, "
+                      "H2D and D2H at once on two streams %.3f ms (the "
+                      "full-duplex ceiling of a "
+                      "pipeline that moves the matrix in and out).\n",
+                      bytes / 1000000, c_h2d_ms_, c_d2h_ms_, c_bidir_ms_));
+  out_->Csv("device_path", "h2d_d2h_concurrent", n, "f32", "ceiling",
+            c_bidir_ms_, bytes);
   // Pipeline shape: streams × pieces in flight × piece size.
-  out_->Line("Pipeline shape sweep (pinned, whole job, kernel; median ms):\n\n"
-             "| streams | pieces in flight | 4 MiB | 8 MiB | 16 MiB |\n|---|---|---|---|---|");
+  out_->Line(
+      "Pipeline shape sweep (pinned, whole job, kernel; median ms):\n\n"
+      "| streams | pieces in flight | 4 MiB | 8 MiB | 16 MiB "
+      "|\n|---|---|---|---|---|");
   for (auto [streams, depth] : std::vector<std::pair<int, int>>{
            {3, 3}, {3, 6}, {4, 4}, {4, 8}, {6, 6}, {6, 12}, {8, 8}, {8, 16}}) {
     std::string row = absl::StrFormat("| %d | %d |", streams, depth);
@@ -627,8 +679,8 @@ void Bench::DevicePathPinnedAndPageable() {
       if (!devs.ok() || devs->empty()) Die("no CUDA device: " + why);
       Device* sweep_dev = (*devs)[0].get();
       const double ms = WallMs(flags_.quick ? 2 : 5, [&] {
-        auto job = sweep_dev->Begin(p, BackendKind::kCudaKernel, dbytes, JobMode::kWhole,
-                                    p.matrix_bytes());
+        auto job = sweep_dev->Begin(p, BackendKind::kCudaKernel, dbytes,
+                                    JobMode::kWhole, p.matrix_bytes());
         if (!job.ok()) Die(std::string(job.status().message()));
         const Tile t{.in = reinterpret_cast<const std::byte*>(pin_in),
                      .out = reinterpret_cast<std::byte*>(pin_out),
@@ -639,9 +691,10 @@ void Bench::DevicePathPinnedAndPageable() {
         }
       });
       row += absl::StrFormat(" %.3f |", ms);
-      out_->Csv("pipeline_sweep",
-                absl::StrFormat("streams%d_depth%d_piece%dMiB", streams, depth, mib), n,
-                "f32", "pinned", ms, bytes);
+      out_->Csv(
+          "pipeline_sweep",
+          absl::StrFormat("streams%d_depth%d_piece%dMiB", streams, depth, mib),
+          n, "f32", "pinned", ms, bytes);
     }
     out_->Line(row);
   }
@@ -653,16 +706,21 @@ void Bench::DevicePathPinnedAndPageable() {
 }
 
 void Bench::StreamedHuge() {
-  const int64_t n = flags_.quick ? 12000 : 30000, elems = n * n, bytes = elems * 4;
+  const int64_t n = flags_.quick ? 12000 : 30000, elems = n * n,
+                bytes = elems * 4;
   CudaOptions opts;
   std::string why;
   auto devices = CreateCudaDevices(opts, &why);
   if (!devices.ok() || devices->empty()) Die("no CUDA device: " + why);
   auto* dev = static_cast<cuda::CudaDevice*>((*devices)[0].get());
-  const Problem p{.rows = n, .cols = n, .dtype = DType::kFloat32,
-                  .layout = Layout::kRowMajor, .side = Side::kRight};
+  const Problem p{.rows = n,
+                  .cols = n,
+                  .dtype = DType::kFloat32,
+                  .layout = Layout::kRowMajor,
+                  .side = Side::kRight};
   const int64_t block_lines = (int64_t{64} << 20) / p.line_bytes();
-  d_footprint_ = dev->Footprint(p, JobMode::kStreamed, block_lines * p.line_bytes());
+  d_footprint_ =
+      dev->Footprint(p, JobMode::kStreamed, block_lines * p.line_bytes());
   std::unique_ptr<float[]> in(new float[elems]), out(new float[elems]);
   std::vector<float> diag(n);
   FillHost(in.get(), elems, 3);
@@ -686,26 +744,33 @@ void Bench::StreamedHuge() {
     }
   }
   job->reset();
-  d_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+  d_ms_ = std::chrono::duration<double, std::milli>(
+              std::chrono::steady_clock::now() - t0)
               .count();
   auto high = dev->PoolHighWaterBytes();
   d_pool_high_ = high.ok() ? *high : -1;
   d_bad_ = CountWrong(in.get(), diag.data(), out.get(), n, n, &d_err_);
   out_->Line(absl::StrFormat(
-      "## Streamed job, N = %d float32 (%.2f GB), pageable host memory, 64 MiB blocks\n\n"
-      "- wall time %.1f ms (%.1f GB/s of matrix one way); stage sums: h2d %.1f ms, "
+      "## Streamed job, N = %d float32 (%.2f GB), pageable host memory, 64 MiB "
+      "blocks\n\n"
+      "- wall time %.1f ms (%.1f GB/s of matrix one way); stage sums: h2d %.1f "
+      "ms, "
       "compute %.1f ms, d2h %.1f ms (host staging copies included in h2d/d2h)\n"
       "- footprint (budget) %.1f MiB; device pool high-water %.1f MiB\n"
       "- verified every element against float64: %d wrong, max rel err %.2e\n",
       n, bytes / 1e9, d_ms_, bytes / d_ms_ / 1e6,
-      absl::ToDoubleMilliseconds(times.h2d), absl::ToDoubleMilliseconds(times.compute),
+      absl::ToDoubleMilliseconds(times.h2d),
+      absl::ToDoubleMilliseconds(times.compute),
       absl::ToDoubleMilliseconds(times.d2h), d_footprint_ / 1048576.0,
       d_pool_high_ / 1048576.0, d_bad_, d_err_));
-  out_->Csv("streamed_huge", "streamed_kernel", n, "f32", "pageable", d_ms_, bytes);
+  out_->Csv("streamed_huge", "streamed_kernel", n, "f32", "pageable", d_ms_,
+            bytes);
 }
 
 void Bench::Targets() {
-  out_->Line("## Targets\n\n| target | measured | ratio | verdict |\n|---|---|---|---|");
+  out_->Line(
+      "## Targets\n\n| target | measured | ratio | verdict "
+      "|\n|---|---|---|---|");
   auto verdict = [](bool ok) { return ok ? "MET" : "MISSED"; };
   // (a)
   double worst_a = INFINITY;
@@ -719,10 +784,11 @@ void Bench::Targets() {
                                 r.per_line ? "scale_rows" : "scale_cols");
     }
   }
-  out_->Line(absl::StrFormat(
-      "| (a) kernel ≥ 90%% of D2D copy bandwidth, N ≥ 8192, f32 and f64 (worst case) "
-      "| worst: %s | %.3f | %s |",
-      where_a, worst_a, verdict(worst_a >= 0.9)));
+  out_->Line(
+      absl::StrFormat("| (a) kernel ≥ 90%% of D2D copy bandwidth, N ≥ 8192, "
+                      "f32 and f64 (worst case) "
+                      "| worst: %s | %.3f | %s |",
+                      where_a, worst_a, verdict(worst_a >= 0.9)));
   // (b)
   double worst_b = 0;
   std::string where_b;
@@ -732,14 +798,16 @@ void Bench::Targets() {
       const double ratio = r.kernel_ms / r.cublas_ms;
       if (ratio > worst_b) {
         worst_b = ratio;
-        where_b = absl::StrFormat("N=%d %s", r.n, r.per_line ? "scale_rows" : "scale_cols");
+        where_b = absl::StrFormat("N=%d %s", r.n,
+                                  r.per_line ? "scale_rows" : "scale_cols");
       }
     }
   }
-  out_->Line(absl::StrFormat(
-      "| (b) kernel time ≤ cublasSdgmm time (every f32 size, worst case) | worst: %s "
-      "| %.3f | %s |",
-      where_b, worst_b, verdict(worst_b <= 1.0)));
+  out_->Line(
+      absl::StrFormat("| (b) kernel time ≤ cublasSdgmm time (every f32 size, "
+                      "worst case) | worst: %s "
+                      "| %.3f | %s |",
+                      where_b, worst_b, verdict(worst_b <= 1.0)));
   double worst_b_large = 0;
   for (const auto& rows : {table_rows_, kernel_rows_}) {
     for (const auto& r : rows) {
@@ -748,40 +816,47 @@ void Bench::Targets() {
       }
     }
   }
-  out_->Line(absl::StrFormat(
-      "| (b, N ≥ 1000) same, leaving out N = 100 (both at the ~6 µs launch floor) | "
-      "worst ratio | %.3f | %s |",
-      worst_b_large, verdict(worst_b_large <= 1.0)));
+  out_->Line(
+      absl::StrFormat("| (b, N ≥ 1000) same, leaving out N = 100 (both at the "
+                      "~6 µs launch floor) | "
+                      "worst ratio | %.3f | %s |",
+                      worst_b_large, verdict(worst_b_large <= 1.0)));
   // (c)
   const double slower = std::max(c_h2d_ms_, c_d2h_ms_);
   out_->Line(absl::StrFormat(
-      "| (c) N=10000 f32 via CudaDevice (pinned host memory, whole job) ≤ 1.25 × slower "
+      "| (c) N=10000 f32 via CudaDevice (pinned host memory, whole job) ≤ 1.25 "
+      "× slower "
       "one-way pinned copy | %.3f ms vs %.3f ms | %.3f | %s |",
       c_pipeline_pinned_ms_, slower, c_pipeline_pinned_ms_ / slower,
       verdict(c_pipeline_pinned_ms_ <= 1.25 * slower)));
   out_->Line(absl::StrFormat(
-      "| (c, context) same job against the measured full-duplex ceiling (H2D and D2H "
+      "| (c, context) same job against the measured full-duplex ceiling (H2D "
+      "and D2H "
       "at once) | %.3f ms vs %.3f ms | %.3f | %s |",
       c_pipeline_pinned_ms_, c_bidir_ms_, c_pipeline_pinned_ms_ / c_bidir_ms_,
       verdict(c_pipeline_pinned_ms_ <= 1.25 * c_bidir_ms_)));
-  out_->Line(absl::StrFormat(
-      "| (c') same, streamed job in 64 MiB blocks, pinned | %.3f ms | %.3f | %s |",
-      c_streamed_pinned_ms_, c_streamed_pinned_ms_ / slower,
-      verdict(c_streamed_pinned_ms_ <= 1.25 * slower)));
-  out_->Line(absl::StrFormat(
-      "| (c'') same, whole job, pageable host memory (for information) | %.3f ms | %.3f "
-      "| %s |",
-      c_pipeline_pageable_ms_, c_pipeline_pageable_ms_ / slower,
-      verdict(c_pipeline_pageable_ms_ <= 1.25 * slower)));
+  out_->Line(
+      absl::StrFormat("| (c') same, streamed job in 64 MiB blocks, pinned | "
+                      "%.3f ms | %.3f | %s |",
+                      c_streamed_pinned_ms_, c_streamed_pinned_ms_ / slower,
+                      verdict(c_streamed_pinned_ms_ <= 1.25 * slower)));
+  out_->Line(
+      absl::StrFormat("| (c'') same, whole job, pageable host memory (for "
+                      "information) | %.3f ms | %.3f "
+                      "| %s |",
+                      c_pipeline_pageable_ms_, c_pipeline_pageable_ms_ / slower,
+                      verdict(c_pipeline_pageable_ms_ <= 1.25 * slower)));
   // (d)
   const int64_t gib = int64_t{1} << 30;
   const bool d_ok = d_bad_ == 0 && d_footprint_ <= gib && d_pool_high_ >= 0 &&
                     d_pool_high_ <= gib;
   out_->Line(absl::StrFormat(
-      "| (d) N=%d f32 streamed, device working set ≤ 1 GiB, verified | footprint %.1f "
+      "| (d) N=%d f32 streamed, device working set ≤ 1 GiB, verified | "
+      "footprint %.1f "
       "MiB, pool high-water %.1f MiB, %d wrong | %.4f | %s |",
-      flags_.quick ? 12000 : 30000, d_footprint_ / 1048576.0, d_pool_high_ / 1048576.0,
-      d_bad_, static_cast<double>(std::max(d_footprint_, d_pool_high_)) / gib,
+      flags_.quick ? 12000 : 30000, d_footprint_ / 1048576.0,
+      d_pool_high_ / 1048576.0, d_bad_,
+      static_cast<double>(std::max(d_footprint_, d_pool_high_)) / gib,
       verdict(d_ok)));
   out_->Line("");
 }
@@ -794,14 +869,18 @@ void Bench::Run() {
   Header();
   OriginalTable();
   out_->Line(
-      "## Kernel vs the D2D copy ceiling (median ms; GB/s counts read + write)\n\n"
-      "| dtype | N | mode | our kernel ms | GB/s | cublas dgmm ms | GB/s | D2D copy ms "
-      "| GB/s | kernel/copy bandwidth | max rel err |\n|---|---|---|---|---|---|---|---|---|---|---|");
+      "## Kernel vs the D2D copy ceiling (median ms; GB/s counts read + "
+      "write)\n\n"
+      "| dtype | N | mode | our kernel ms | GB/s | cublas dgmm ms | GB/s | D2D "
+      "copy ms "
+      "| GB/s | kernel/copy bandwidth | max rel err "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|");
   for (int64_t n : {int64_t{1000}, int64_t{4096}, int64_t{8192}, int64_t{10000},
                     int64_t{16384}}) {
     KernelVsCopy<float>(n);
   }
-  for (int64_t n : {int64_t{4096}, int64_t{8192}, int64_t{16384}}) KernelVsCopy<double>(n);
+  for (int64_t n : {int64_t{4096}, int64_t{8192}, int64_t{16384}})
+    KernelVsCopy<double>(n);
   out_->Line("");
   PolicySweep();
   DevicePathPinnedAndPageable();
@@ -820,8 +899,10 @@ int main(int argc, char** argv) {
   Report report;
   report.csv = std::fopen((flags.out_dir + "/gpu_bench.csv").c_str(), "w");
   report.md = std::fopen((flags.out_dir + "/gpu_bench.md").c_str(), "w");
-  if (report.csv == nullptr || report.md == nullptr) Die("cannot write to " + flags.out_dir);
-  std::fprintf(report.csv, "section,method,n,dtype,variant,ms_median,bytes,gbps\n");
+  if (report.csv == nullptr || report.md == nullptr)
+    Die("cannot write to " + flags.out_dir);
+  std::fprintf(report.csv,
+               "section,method,n,dtype,variant,ms_median,bytes,gbps\n");
   Bench(flags, &report).Run();
   std::fclose(report.csv);
   std::fclose(report.md);

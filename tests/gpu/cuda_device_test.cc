@@ -3,6 +3,8 @@
 // (pieces of one line, parts of lines, more data than the staging ring),
 // in-place jobs, pinned host memory, concurrent jobs, cancellation and the
 // error path. Every test skips cleanly on a machine without a GPU.
+#include "service/backends/cuda/cuda_device.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
-#include "service/backends/cuda/cuda_device.h"
 #include "service/backends/cuda/cuda_devices.h"
 #include "service/backends/cuda/dgmm_kernel.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -36,8 +37,8 @@ CudaOptions Options(int64_t tile_bytes, int streams = 3, int staging = 0) {
   return o;
 }
 
-#define GET_DEVICE_OR_SKIP(var, options)                    \
-  std::string why_##var;                                    \
+#define GET_DEVICE_OR_SKIP(var, options)                     \
+  std::string why_##var;                                     \
   cuda::CudaDevice* var = SharedDevice(options, &why_##var); \
   if (var == nullptr) GTEST_SKIP() << kNoGpuSkip << why_##var
 
@@ -51,12 +52,14 @@ struct JobSpec {
 
 // Runs `p` on `device` with fresh random data and returns the largest
 // relative error against the float64 reference, or the job's error.
-absl::StatusOr<double> RunJob(Device* device, const Problem& p, const JobSpec& spec,
-                              uint64_t seed = 1) {
+absl::StatusOr<double> RunJob(Device* device, const Problem& p,
+                              const JobSpec& spec, uint64_t seed = 1) {
   const int64_t elements = p.rows * p.cols;
   const std::vector<std::byte> a = RandomElements(p.dtype, elements, seed);
-  const std::vector<std::byte> d = RandomElements(p.dtype, p.diag_len(), seed + 7);
-  std::vector<std::byte> out = spec.in_place ? a : NaNElements(p.dtype, elements);
+  const std::vector<std::byte> d =
+      RandomElements(p.dtype, p.diag_len(), seed + 7);
+  std::vector<std::byte> out =
+      spec.in_place ? a : NaNElements(p.dtype, elements);
   const int64_t block_lines =
       spec.block_lines > 0 ? spec.block_lines : std::max<int64_t>(p.lines(), 1);
   auto job = device->Begin(p, spec.backend, d.data(), spec.mode,
@@ -80,7 +83,8 @@ absl::StatusOr<double> RunJob(Device* device, const Problem& p, const JobSpec& s
 }
 
 Problem MakeProblem(int64_t rows, int64_t cols, DType t, Layout l, Side s) {
-  return Problem{.rows = rows, .cols = cols, .dtype = t, .layout = l, .side = s};
+  return Problem{
+      .rows = rows, .cols = cols, .dtype = t, .layout = l, .side = s};
 }
 
 // ------------------------------------------------------ correctness matrix
@@ -91,7 +95,8 @@ using MatrixParam = std::tuple<std::pair<int64_t, int64_t>, Layout, Side, DType,
 class CorrectnessMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
 TEST_P(CorrectnessMatrix, MatchesFloat64Reference) {
-  const auto& [shape, layout, side, dtype, backend, mode, tile_bytes] = GetParam();
+  const auto& [shape, layout, side, dtype, backend, mode, tile_bytes] =
+      GetParam();
   GET_DEVICE_OR_SKIP(device, Options(tile_bytes));
   const Problem p = MakeProblem(shape.first, shape.second, dtype, layout, side);
   JobSpec spec{.backend = backend, .mode = mode};
@@ -105,7 +110,8 @@ TEST_P(CorrectnessMatrix, MatchesFloat64Reference) {
 }
 
 std::string MatrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
-  const auto& [shape, layout, side, dtype, backend, mode, tile_bytes] = info.param;
+  const auto& [shape, layout, side, dtype, backend, mode, tile_bytes] =
+      info.param;
   return absl::StrFormat(
       "%dx%d_%s_%s_%s_%s_%s_tile%d", shape.first, shape.second,
       layout == Layout::kRowMajor ? "row" : "col",
@@ -117,12 +123,15 @@ std::string MatrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CorrectnessMatrix,
-    Combine(Values(std::pair<int64_t, int64_t>{1, 1}, std::pair<int64_t, int64_t>{1, 1000},
-                   std::pair<int64_t, int64_t>{1000, 1}, std::pair<int64_t, int64_t>{3, 5},
+    Combine(Values(std::pair<int64_t, int64_t>{1, 1},
+                   std::pair<int64_t, int64_t>{1, 1000},
+                   std::pair<int64_t, int64_t>{1000, 1},
+                   std::pair<int64_t, int64_t>{3, 5},
                    std::pair<int64_t, int64_t>{129, 67},
                    std::pair<int64_t, int64_t>{256, 1024},
                    std::pair<int64_t, int64_t>{1000, 3}),
-            Values(Layout::kRowMajor, Layout::kColMajor), Values(Side::kRight, Side::kLeft),
+            Values(Layout::kRowMajor, Layout::kColMajor),
+            Values(Side::kRight, Side::kLeft),
             Values(DType::kFloat32, DType::kFloat64),
             Values(BackendKind::kCudaKernel, BackendKind::kCublas),
             Values(JobMode::kWhole, JobMode::kStreamed),
@@ -135,22 +144,24 @@ INSTANTIATE_TEST_SUITE_P(
 class Pipeline : public ::testing::TestWithParam<BackendKind> {};
 
 TEST_P(Pipeline, RowsNotAMultipleOfThePiece) {
-  const Problem p = MakeProblem(1001, 257, DType::kFloat32, Layout::kRowMajor,
-                                Side::kRight);
+  const Problem p =
+      MakeProblem(1001, 257, DType::kFloat32, Layout::kRowMajor, Side::kRight);
   GET_DEVICE_OR_SKIP(device, Options(3 * p.line_bytes() + 4));
   for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed}) {
-    auto err = RunJob(device, p, {.backend = GetParam(), .mode = mode, .block_lines = 100});
+    auto err = RunJob(
+        device, p, {.backend = GetParam(), .mode = mode, .block_lines = 100});
     ASSERT_TRUE(err.ok()) << err.status();
     EXPECT_LE(*err, Tolerance(p.dtype));
   }
 }
 
 TEST_P(Pipeline, PiecesOfExactlyOneLine) {
-  const Problem p = MakeProblem(40, 96, DType::kFloat64, Layout::kColMajor,
-                                Side::kLeft);
+  const Problem p =
+      MakeProblem(40, 96, DType::kFloat64, Layout::kColMajor, Side::kLeft);
   GET_DEVICE_OR_SKIP(device, Options(p.line_bytes()));
   for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed}) {
-    auto err = RunJob(device, p, {.backend = GetParam(), .mode = mode, .block_lines = 7});
+    auto err = RunJob(device, p,
+                      {.backend = GetParam(), .mode = mode, .block_lines = 7});
     ASSERT_TRUE(err.ok()) << err.status();
     EXPECT_LE(*err, Tolerance(p.dtype));
   }
@@ -159,10 +170,12 @@ TEST_P(Pipeline, PiecesOfExactlyOneLine) {
 TEST_P(Pipeline, LineLongerThanAPieceIsCutIntoParts) {
   // Odd line length: the parts are not all 16-byte multiples either.
   for (Side side : {Side::kRight, Side::kLeft}) {
-    const Problem p = MakeProblem(3, 10007, DType::kFloat64, Layout::kRowMajor, side);
+    const Problem p =
+        MakeProblem(3, 10007, DType::kFloat64, Layout::kRowMajor, side);
     GET_DEVICE_OR_SKIP(device, Options(1000));
     for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed}) {
-      auto err = RunJob(device, p, {.backend = GetParam(), .mode = mode, .block_lines = 1});
+      auto err = RunJob(
+          device, p, {.backend = GetParam(), .mode = mode, .block_lines = 1});
       ASSERT_TRUE(err.ok()) << err.status();
       EXPECT_LE(*err, Tolerance(p.dtype));
     }
@@ -170,13 +183,15 @@ TEST_P(Pipeline, LineLongerThanAPieceIsCutIntoParts) {
 }
 
 TEST_P(Pipeline, MatrixLargerThanTheWholeStagingRing) {
-  const Problem p = MakeProblem(4096, 1024, DType::kFloat32, Layout::kRowMajor,
-                                Side::kLeft);
+  const Problem p =
+      MakeProblem(4096, 1024, DType::kFloat32, Layout::kRowMajor, Side::kLeft);
   const CudaOptions o = Options(256 << 10);
   GET_DEVICE_OR_SKIP(device, o);
-  ASSERT_GT(p.matrix_bytes(), int64_t{device->staging_buffers()} * o.tile_bytes);
+  ASSERT_GT(p.matrix_bytes(),
+            int64_t{device->staging_buffers()} * o.tile_bytes);
   for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed}) {
-    auto err = RunJob(device, p, {.backend = GetParam(), .mode = mode, .block_lines = 1000});
+    auto err = RunJob(
+        device, p, {.backend = GetParam(), .mode = mode, .block_lines = 1000});
     ASSERT_TRUE(err.ok()) << err.status();
     EXPECT_LE(*err, Tolerance(p.dtype));
   }
@@ -185,10 +200,13 @@ TEST_P(Pipeline, MatrixLargerThanTheWholeStagingRing) {
 TEST_P(Pipeline, InPlaceHostBuffer) {
   GET_DEVICE_OR_SKIP(device, Options(4096));
   for (Side side : {Side::kRight, Side::kLeft}) {
-    const Problem p = MakeProblem(300, 130, DType::kFloat32, Layout::kColMajor, side);
+    const Problem p =
+        MakeProblem(300, 130, DType::kFloat32, Layout::kColMajor, side);
     for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed}) {
       auto err = RunJob(device, p,
-                        {.backend = GetParam(), .mode = mode, .block_lines = 50,
+                        {.backend = GetParam(),
+                         .mode = mode,
+                         .block_lines = 50,
                          .in_place = true});
       ASSERT_TRUE(err.ok()) << err.status();
       EXPECT_LE(*err, Tolerance(p.dtype));
@@ -197,46 +215,52 @@ TEST_P(Pipeline, InPlaceHostBuffer) {
 }
 
 TEST_P(Pipeline, StreamedJobHoldsNoMoreThanItsFootprint) {
-  const Problem p = MakeProblem(2000, 1000, DType::kFloat32, Layout::kRowMajor,
-                                Side::kRight);
+  const Problem p =
+      MakeProblem(2000, 1000, DType::kFloat32, Layout::kRowMajor, Side::kRight);
   GET_DEVICE_OR_SKIP(device, Options(64 << 10));
   const int64_t block_bytes = 100 * p.line_bytes();
   ASSERT_TRUE(device->ResetPoolHighWater().ok());
-  auto err = RunJob(device, p,
-                    {.backend = GetParam(), .mode = JobMode::kStreamed, .block_lines = 100});
+  auto err = RunJob(
+      device, p,
+      {.backend = GetParam(), .mode = JobMode::kStreamed, .block_lines = 100});
   ASSERT_TRUE(err.ok()) << err.status();
   EXPECT_LE(*err, Tolerance(p.dtype));
   auto high = device->PoolHighWaterBytes();
   ASSERT_TRUE(high.ok()) << high.status();
   // The pool may round each of the job's three allocations up a little.
-  EXPECT_LE(*high, device->Footprint(p, JobMode::kStreamed, block_bytes) + (64 << 10));
+  EXPECT_LE(*high,
+            device->Footprint(p, JobMode::kStreamed, block_bytes) + (64 << 10));
   EXPECT_LT(*high, p.matrix_bytes());
 }
 
 TEST_P(Pipeline, PinnedHostMemoryIsUsedDirectly) {
-  const Problem p = MakeProblem(777, 333, DType::kFloat64, Layout::kRowMajor,
-                                Side::kLeft);
+  const Problem p =
+      MakeProblem(777, 333, DType::kFloat64, Layout::kRowMajor, Side::kLeft);
   GET_DEVICE_OR_SKIP(device, Options(64 << 10));
   const int64_t n = p.rows * p.cols;
   const auto a = RandomElements(p.dtype, n, 11);
   const auto d = RandomElements(p.dtype, p.diag_len(), 12);
   const auto nan = NaNElements(p.dtype, n);
   std::byte *pin_in = nullptr, *pin_out = nullptr;
-  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pin_in), p.matrix_bytes(), 0),
-            cudaSuccess);
-  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pin_out), p.matrix_bytes(), 0),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaHostAlloc(reinterpret_cast<void**>(&pin_in), p.matrix_bytes(), 0),
+      cudaSuccess);
+  ASSERT_EQ(
+      cudaHostAlloc(reinterpret_cast<void**>(&pin_out), p.matrix_bytes(), 0),
+      cudaSuccess);
   std::vector<std::byte> pageable_out(nan);
   std::memcpy(pin_in, a.data(), a.size());
   // Pinned in and out; then pinned in, pageable out.
   for (std::byte* out : {pin_out, pageable_out.data()}) {
     std::memcpy(out, nan.data(), nan.size());
-    auto job = device->Begin(p, GetParam(), d.data(), JobMode::kWhole, p.matrix_bytes());
+    auto job = device->Begin(p, GetParam(), d.data(), JobMode::kWhole,
+                             p.matrix_bytes());
     ASSERT_TRUE(job.ok()) << job.status();
-    ASSERT_TRUE((*job)
-                    ->Process(Tile{.in = pin_in, .out = out, .lines = p.lines()},
-                              nullptr, nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        (*job)
+            ->Process(Tile{.in = pin_in, .out = out, .lines = p.lines()},
+                      nullptr, nullptr)
+            .ok());
     EXPECT_LE(MaxRelativeError(p, a.data(), d.data(), out), Tolerance(p.dtype));
   }
   cudaFreeHost(pin_in);
@@ -265,10 +289,15 @@ void CheckEveryPolicy(cuda::CudaDevice* device, bool per_line) {
   ASSERT_EQ(cudaMalloc(&d_in, n * sizeof(T)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_out, n * sizeof(T)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_diag, diag_len * sizeof(T)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_in, a.data(), a.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_diag, d.data(), d.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  const cuda::DeviceTile<T> tile{.in = d_in, .out = d_out, .diag = d_diag,
-                                 .lines = kLines, .line_len = kLineLen,
+  ASSERT_EQ(cudaMemcpy(d_in, a.data(), a.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_diag, d.data(), d.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  const cuda::DeviceTile<T> tile{.in = d_in,
+                                 .out = d_out,
+                                 .diag = d_diag,
+                                 .lines = kLines,
+                                 .line_len = kLineLen,
                                  .per_line = per_line};
   // As a problem: row-major, lines are rows; per-line scaling is side LEFT.
   const Problem p = MakeProblem(kLines, kLineLen, t, Layout::kRowMajor,
@@ -276,14 +305,18 @@ void CheckEveryPolicy(cuda::CudaDevice* device, bool per_line) {
   for (int vec : {1, static_cast<int>(16 / sizeof(T))}) {
     for (int items : {1, 2, 4}) {
       for (int grid : {1, 7, 1000}) {
-        const cuda::LaunchPolicy policy{.block_threads = 256, .grid_blocks = grid,
-                                        .vector_width = vec, .items_per_thread = items};
+        const cuda::LaunchPolicy policy{.block_threads = 256,
+                                        .grid_blocks = grid,
+                                        .vector_width = vec,
+                                        .items_per_thread = items};
         ASSERT_EQ(cudaMemset(d_out, 0xff, n * sizeof(T)), cudaSuccess);  // NaN
         ASSERT_EQ(cuda::LaunchDgmmKernel(tile, policy, nullptr), cudaSuccess);
         std::vector<std::byte> out(a.size());
-        ASSERT_EQ(cudaMemcpy(out.data(), d_out, out.size(), cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        EXPECT_LE(MaxRelativeError(p, a.data(), d.data(), out.data()), Tolerance(t))
+        ASSERT_EQ(
+            cudaMemcpy(out.data(), d_out, out.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+        EXPECT_LE(MaxRelativeError(p, a.data(), d.data(), out.data()),
+                  Tolerance(t))
             << "vec " << vec << " items " << items << " grid " << grid;
       }
     }
@@ -312,16 +345,17 @@ TEST(CudaDevice, ConcurrentJobsOnOneDevice) {
   std::vector<Problem> problems;
   std::vector<std::thread> threads;
   for (int i = 0; i < kJobs; ++i) {
-    problems.push_back(MakeProblem(500 + 37 * i, 300 + 11 * i,
-                                   i % 2 ? DType::kFloat64 : DType::kFloat32,
-                                   i % 3 ? Layout::kRowMajor : Layout::kColMajor,
-                                   i % 4 < 2 ? Side::kRight : Side::kLeft));
+    problems.push_back(MakeProblem(
+        500 + 37 * i, 300 + 11 * i, i % 2 ? DType::kFloat64 : DType::kFloat32,
+        i % 3 ? Layout::kRowMajor : Layout::kColMajor,
+        i % 4 < 2 ? Side::kRight : Side::kLeft));
   }
   for (int i = 0; i < kJobs; ++i) {
     threads.emplace_back([&, i] {
-      const JobSpec spec{.backend = i % 2 ? BackendKind::kCublas : BackendKind::kCudaKernel,
-                         .mode = i % 3 ? JobMode::kStreamed : JobMode::kWhole,
-                         .block_lines = 64};
+      const JobSpec spec{
+          .backend = i % 2 ? BackendKind::kCublas : BackendKind::kCudaKernel,
+          .mode = i % 3 ? JobMode::kStreamed : JobMode::kWhole,
+          .block_lines = 64};
       for (int rep = 0; rep < 3 && errors[i].ok(); ++rep) {
         errors[i] = RunJob(device, problems[i], spec, 100 + i * 10 + rep);
         if (errors[i].ok() && *errors[i] > Tolerance(problems[i].dtype)) break;
@@ -338,14 +372,14 @@ TEST(CudaDevice, ConcurrentJobsOnOneDevice) {
 // ------------------------------------------------- cancellation and errors
 
 TEST(CudaDevice, CancelledBetweenPiecesEndsTheJobWithCancelled) {
-  const Problem p = MakeProblem(1000, 1000, DType::kFloat32, Layout::kRowMajor,
-                                Side::kRight);
+  const Problem p =
+      MakeProblem(1000, 1000, DType::kFloat32, Layout::kRowMajor, Side::kRight);
   GET_DEVICE_OR_SKIP(device, Options(64 << 10));
   const auto a = RandomElements(p.dtype, p.rows * p.cols, 3);
   const auto d = RandomElements(p.dtype, p.diag_len(), 4);
   std::vector<std::byte> out(a.size());
-  auto job = device->Begin(p, BackendKind::kCudaKernel, d.data(), JobMode::kWhole,
-                           p.matrix_bytes());
+  auto job = device->Begin(p, BackendKind::kCudaKernel, d.data(),
+                           JobMode::kWhole, p.matrix_bytes());
   ASSERT_TRUE(job.ok()) << job.status();
   int polls = 0;
   const absl::Status st = (*job)->Process(
@@ -365,15 +399,15 @@ TEST(CudaDevice, DeviceOutOfMemoryIsInternalAndLeavesTheDeviceInService) {
   const Problem huge = MakeProblem(200000, 200000, DType::kFloat32,
                                    Layout::kRowMajor, Side::kRight);
   const auto d = RandomElements(huge.dtype, huge.diag_len(), 5);
-  auto job = device->Begin(huge, BackendKind::kCudaKernel, d.data(), JobMode::kWhole,
-                           huge.matrix_bytes());
+  auto job = device->Begin(huge, BackendKind::kCudaKernel, d.data(),
+                           JobMode::kWhole, huge.matrix_bytes());
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInternal) << job.status();
   EXPECT_NE(job.status().message().find("out of memory"), std::string::npos)
       << job.status();
   EXPECT_TRUE(device->in_service());
-  const Problem small = MakeProblem(100, 100, DType::kFloat32, Layout::kRowMajor,
-                                    Side::kLeft);
+  const Problem small =
+      MakeProblem(100, 100, DType::kFloat32, Layout::kRowMajor, Side::kLeft);
   auto err = RunJob(device, small, {});
   ASSERT_TRUE(err.ok()) << err.status();
   EXPECT_LE(*err, Tolerance(small.dtype));
@@ -381,7 +415,8 @@ TEST(CudaDevice, DeviceOutOfMemoryIsInternalAndLeavesTheDeviceInService) {
 
 TEST(CudaDevice, BeginRejectsTheCpuBackend) {
   GET_DEVICE_OR_SKIP(device, Options(1 << 20));
-  const Problem p = MakeProblem(2, 2, DType::kFloat32, Layout::kRowMajor, Side::kLeft);
+  const Problem p =
+      MakeProblem(2, 2, DType::kFloat32, Layout::kRowMajor, Side::kLeft);
   const auto d = RandomElements(p.dtype, 2, 1);
   auto job = device->Begin(p, BackendKind::kCpu, d.data(), JobMode::kWhole, 16);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
@@ -389,14 +424,17 @@ TEST(CudaDevice, BeginRejectsTheCpuBackend) {
 
 TEST(CudaDevice, ProcessRejectsATileOutsideTheMatrix) {
   GET_DEVICE_OR_SKIP(device, Options(1 << 20));
-  const Problem p = MakeProblem(4, 4, DType::kFloat32, Layout::kRowMajor, Side::kLeft);
+  const Problem p =
+      MakeProblem(4, 4, DType::kFloat32, Layout::kRowMajor, Side::kLeft);
   const auto a = RandomElements(p.dtype, 16, 1);
   std::vector<std::byte> out(a.size());
-  auto job = device->Begin(p, BackendKind::kCudaKernel, a.data(), JobMode::kWhole,
-                           p.matrix_bytes());
+  auto job = device->Begin(p, BackendKind::kCudaKernel, a.data(),
+                           JobMode::kWhole, p.matrix_bytes());
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ((*job)
-                ->Process(Tile{.in = a.data(), .out = out.data(), .first_line = 2,
+                ->Process(Tile{.in = a.data(),
+                               .out = out.data(),
+                               .first_line = 2,
                                .lines = 3},
                           nullptr, nullptr)
                 .code(),
@@ -407,7 +445,8 @@ TEST(CudaDevice, ProcessRejectsATileOutsideTheMatrix) {
 
 TEST(CudaDevice, StreamedFootprintDoesNotGrowWithLines) {
   GET_DEVICE_OR_SKIP(device, Options(8 << 20));
-  Problem p = MakeProblem(10, 4096, DType::kFloat32, Layout::kRowMajor, Side::kRight);
+  Problem p =
+      MakeProblem(10, 4096, DType::kFloat32, Layout::kRowMajor, Side::kRight);
   const int64_t block = 64 * p.line_bytes();
   const int64_t small = device->Footprint(p, JobMode::kStreamed, block);
   p.rows = 1000000;
@@ -433,7 +472,8 @@ TEST(CudaDevice, DescribesItself) {
   }
   EXPECT_TRUE(device->in_service());
   std::printf("device %d: %s, %lld SMs, backends first=%s\n", device->index(),
-              device->name().c_str(), static_cast<long long>(device->multiprocessors()),
+              device->name().c_str(),
+              static_cast<long long>(device->multiprocessors()),
               b[0] == BackendKind::kCublas ? "cublas" : "cuda-kernel");
 }
 

@@ -18,12 +18,16 @@ namespace dgmm::cuda {
 namespace {
 
 Problem RowMajor(int64_t rows, int64_t cols, DType t = DType::kFloat32) {
-  return Problem{.rows = rows, .cols = cols, .dtype = t,
-                 .layout = Layout::kRowMajor, .side = Side::kRight};
+  return Problem{.rows = rows,
+                 .cols = cols,
+                 .dtype = t,
+                 .layout = Layout::kRowMajor,
+                 .side = Side::kRight};
 }
 
 // The pieces cover the tile exactly once, in order, within the limit.
-void ExpectCovers(const Problem& p, int64_t first, int64_t lines, int64_t limit) {
+void ExpectCovers(const Problem& p, int64_t first, int64_t lines,
+                  int64_t limit) {
   const auto pieces = SplitTile(p, first, lines, limit);
   int64_t offset = 0;
   const int64_t elem = static_cast<int64_t>(p.elem_size());
@@ -77,7 +81,8 @@ TEST(TileSplit, EmptyTileHasNoPieces) {
 
 TEST(CudaStatus, ErrorsBecomeInternalWithTheCudaText) {
   EXPECT_TRUE(CudaStatus(cudaSuccess, "x").ok());
-  const absl::Status st = CudaStatus(cudaErrorMemoryAllocation, "cudaMallocAsync");
+  const absl::Status st =
+      CudaStatus(cudaErrorMemoryAllocation, "cudaMallocAsync");
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
   EXPECT_NE(st.message().find("cudaMallocAsync"), std::string::npos) << st;
   EXPECT_NE(st.message().find(cudaGetErrorString(cudaErrorMemoryAllocation)),
@@ -85,7 +90,8 @@ TEST(CudaStatus, ErrorsBecomeInternalWithTheCudaText) {
       << st;
   const absl::Status cb = CublasStatus(CUBLAS_STATUS_INVALID_VALUE, "dgmm");
   EXPECT_EQ(cb.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(cb.message().find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos) << cb;
+  EXPECT_NE(cb.message().find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos)
+      << cb;
 }
 
 TEST(CudaStatus, OnlyContextCorruptingErrorsAreSticky) {
@@ -99,8 +105,12 @@ TEST(CudaStatus, OnlyContextCorruptingErrorsAreSticky) {
 
 TEST(LaunchPolicy, VectorizesOnlyAlignedWholeVectors) {
   const float* base = reinterpret_cast<const float*>(uintptr_t{1} << 20);
-  DeviceTile<float> tile{.in = base, .out = const_cast<float*>(base), .diag = base,
-                         .lines = 10, .line_len = 1024, .per_line = false};
+  DeviceTile<float> tile{.in = base,
+                         .out = const_cast<float*>(base),
+                         .diag = base,
+                         .lines = 10,
+                         .line_len = 1024,
+                         .per_line = false};
   EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 4);
   tile.line_len = 1022;
   EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 1);
@@ -111,10 +121,13 @@ TEST(LaunchPolicy, VectorizesOnlyAlignedWholeVectors) {
   EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 4);
   tile.in = base + 2;
   EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 1);
-  const DeviceTile<double> d{.in = reinterpret_cast<const double*>(base),
-                             .out = reinterpret_cast<double*>(uintptr_t{1} << 21),
-                             .diag = nullptr, .lines = 3, .line_len = 8,
-                             .per_line = true};
+  const DeviceTile<double> d{
+      .in = reinterpret_cast<const double*>(base),
+      .out = reinterpret_cast<double*>(uintptr_t{1} << 21),
+      .diag = nullptr,
+      .lines = 3,
+      .line_len = 8,
+      .per_line = true};
   const LaunchPolicy policy = ChooseLaunchPolicy(d, 132);
   EXPECT_EQ(policy.vector_width, 2);
   EXPECT_GE(policy.grid_blocks, 1);

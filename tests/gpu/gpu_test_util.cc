@@ -57,8 +57,8 @@ std::vector<std::byte> NaNElements(DType t, int64_t count) {
   return out;
 }
 
-double MaxRelativeError(const Problem& p, const std::byte* a, const std::byte* d,
-                        const std::byte* got) {
+double MaxRelativeError(const Problem& p, const std::byte* a,
+                        const std::byte* d, const std::byte* got) {
   double worst = 0;
   for (int64_t r = 0; r < p.rows; ++r) {
     for (int64_t c = 0; c < p.cols; ++c) {
@@ -88,9 +88,9 @@ cuda::CudaDevice* SharedDevice(const CudaOptions& options, std::string* why) {
     *why = *none_reason;
     return nullptr;
   }
-  const auto key = std::make_tuple(options.streams, options.tile_bytes,
-                                   options.staging_buffers,
-                                   options.measure_backend_order);
+  const auto key =
+      std::make_tuple(options.streams, options.tile_bytes,
+                      options.staging_buffers, options.measure_backend_order);
   if (auto it = cache->find(key); it != cache->end()) return it->second;
   std::string reason;
   auto devices = CreateCudaDevices(options, &reason);

@@ -26,8 +26,8 @@ std::vector<std::byte> NaNElements(DType t, int64_t count);
 // float64 from `a` and `d` by the definition: C[r][c] = A[r][c] · d[c] for
 // side RIGHT and d[r] · A[r][c] for LEFT, elements addressed by layout. NaN
 // anywhere in `got` yields +infinity.
-double MaxRelativeError(const Problem& p, const std::byte* a, const std::byte* d,
-                        const std::byte* got);
+double MaxRelativeError(const Problem& p, const std::byte* a,
+                        const std::byte* d, const std::byte* got);
 
 // Tolerance for MaxRelativeError: one rounding of the element type.
 double Tolerance(DType t);

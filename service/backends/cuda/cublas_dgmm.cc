@@ -11,24 +11,26 @@
 namespace dgmm::cuda {
 namespace {
 
-cublasStatus_t Dgmm(cublasHandle_t h, cublasSideMode_t side, int64_t m, int64_t n,
-                    const float* a, int64_t lda, const float* x, float* c,
-                    int64_t ldc) {
+cublasStatus_t Dgmm(cublasHandle_t h, cublasSideMode_t side, int64_t m,
+                    int64_t n, const float* a, int64_t lda, const float* x,
+                    float* c, int64_t ldc) {
   return cublasSdgmm_64(h, side, m, n, a, lda, x, 1, c, ldc);
 }
 
-cublasStatus_t Dgmm(cublasHandle_t h, cublasSideMode_t side, int64_t m, int64_t n,
-                    const double* a, int64_t lda, const double* x, double* c,
-                    int64_t ldc) {
+cublasStatus_t Dgmm(cublasHandle_t h, cublasSideMode_t side, int64_t m,
+                    int64_t n, const double* a, int64_t lda, const double* x,
+                    double* c, int64_t ldc) {
   return cublasDdgmm_64(h, side, m, n, a, lda, x, 1, c, ldc);
 }
 
 }  // namespace
 
 template <typename T>
-cublasStatus_t LaunchCublasDgmm(cublasHandle_t handle, const DeviceTile<T>& tile) {
+cublasStatus_t LaunchCublasDgmm(cublasHandle_t handle,
+                                const DeviceTile<T>& tile) {
   if (tile.lines <= 0 || tile.line_len <= 0) return CUBLAS_STATUS_SUCCESS;
-  const cublasSideMode_t side = tile.per_line ? CUBLAS_SIDE_RIGHT : CUBLAS_SIDE_LEFT;
+  const cublasSideMode_t side =
+      tile.per_line ? CUBLAS_SIDE_RIGHT : CUBLAS_SIDE_LEFT;
   return Dgmm(handle, side, tile.line_len, tile.lines, tile.in, tile.line_len,
               tile.diag, tile.out, tile.line_len);
 }

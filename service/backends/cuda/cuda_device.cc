@@ -45,8 +45,8 @@ absl::Duration EventGap(cudaEvent_t from, cudaEvent_t to) {
 
 // ---------------------------------------------------------------- StagingRing
 
-absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(int count,
-                                                                 int64_t bytes) {
+absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(
+    int count, int64_t bytes) {
   std::vector<std::byte*> buffers;
   for (int i = 0; i < count; ++i) {
     void* p = nullptr;
@@ -58,7 +58,8 @@ absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(int count,
     }
     buffers.push_back(static_cast<std::byte*>(p));
   }
-  return std::unique_ptr<StagingRing>(new StagingRing(std::move(buffers), bytes));
+  return std::unique_ptr<StagingRing>(
+      new StagingRing(std::move(buffers), bytes));
 }
 
 StagingRing::StagingRing(std::vector<std::byte*> buffers, int64_t bytes)
@@ -72,7 +73,8 @@ std::vector<std::byte*> StagingRing::Acquire(int want) {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](std::vector<std::byte*>* f) { return !f->empty(); }, &free_));
-  const int n = std::min<int>(std::max(want, 1), static_cast<int>(free_.size()));
+  const int n =
+      std::min<int>(std::max(want, 1), static_cast<int>(free_.size()));
   std::vector<std::byte*> taken(free_.end() - n, free_.end());
   free_.resize(free_.size() - n);
   return taken;
@@ -92,7 +94,10 @@ class CudaJobContext final : public JobContext {
  public:
   CudaJobContext(CudaDevice* device, const Problem& p, BackendKind backend,
                  JobMode mode, int64_t slot_bytes)
-      : device_(device), p_(p), backend_(backend), mode_(mode),
+      : device_(device),
+        p_(p),
+        backend_(backend),
+        mode_(mode),
         slot_bytes_(slot_bytes) {}
   ~CudaJobContext() override;
 
@@ -119,7 +124,8 @@ class CudaJobContext final : public JobContext {
                : int64_t{device_->pieces_in_flight()} * slot_bytes_;
   }
   // Device address of `piece`'s input (or output) in lane `lane`.
-  std::byte* DeviceAddress(std::byte* region, int lane, const Piece& piece) const;
+  std::byte* DeviceAddress(std::byte* region, int lane,
+                           const Piece& piece) const;
   absl::Status Launch(const Lane& lane, const Piece& piece, int lane_index);
   absl::Status Start(Lane& lane, int lane_index, const Piece& piece,
                      const Tile& tile, bool pinned_in, bool pinned_out,
@@ -149,7 +155,8 @@ CudaJobContext::~CudaJobContext() {
     if (p != nullptr) cudaFreeAsync(p, device_->setup_stream_);
   }
   for (Lane& lane : lanes_) {
-    for (cudaEvent_t e : {lane.start, lane.uploaded, lane.computed, lane.done}) {
+    for (cudaEvent_t e :
+         {lane.start, lane.uploaded, lane.computed, lane.done}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
   }
@@ -160,9 +167,10 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
   cudaStream_t s = device_->setup_stream_;
   auto alloc = [&](std::byte** out, int64_t bytes) {
     return device_->Check(
-        cudaMallocFromPoolAsync(reinterpret_cast<void**>(out),
-                                static_cast<size_t>(std::max<int64_t>(bytes, 1)),
-                                device_->pool_, s),
+        cudaMallocFromPoolAsync(
+            reinterpret_cast<void**>(out),
+            static_cast<size_t>(std::max<int64_t>(bytes, 1)), device_->pool_,
+            s),
         absl::StrFormat("cudaMallocFromPoolAsync(%d bytes)", bytes));
   };
   if (auto st = alloc(&d_diag_, p_.diag_bytes()); !st.ok()) return st;
@@ -175,14 +183,17 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
       !st.ok()) {
     return st;
   }
-  if (auto st = device_->Check(cudaStreamSynchronize(s), "diagonal upload sync");
+  if (auto st =
+          device_->Check(cudaStreamSynchronize(s), "diagonal upload sync");
       !st.ok()) {
     return st;
   }
   lanes_.resize(device_->pieces_in_flight());
   for (Lane& lane : lanes_) {
-    for (cudaEvent_t* e : {&lane.start, &lane.uploaded, &lane.computed, &lane.done}) {
-      if (auto st = device_->Check(cudaEventCreate(e), "cudaEventCreate"); !st.ok()) {
+    for (cudaEvent_t* e :
+         {&lane.start, &lane.uploaded, &lane.computed, &lane.done}) {
+      if (auto st = device_->Check(cudaEventCreate(e), "cudaEventCreate");
+          !st.ok()) {
         return st;
       }
     }
@@ -230,13 +241,15 @@ absl::Status CudaJobContext::Launch(const Lane& lane, const Piece& piece,
   return device_->Check(
       p_.dtype == DType::kFloat32
           ? LaunchDgmmKernel(MakeDeviceTile<float>(in, out, piece), sms, stream)
-          : LaunchDgmmKernel(MakeDeviceTile<double>(in, out, piece), sms, stream),
+          : LaunchDgmmKernel(MakeDeviceTile<double>(in, out, piece), sms,
+                             stream),
       "dgmm kernel launch");
 }
 
-absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piece,
-                                   const Tile& tile, bool pinned_in,
-                                   bool pinned_out, StageTimes* times) {
+absl::Status CudaJobContext::Start(Lane& lane, int lane_index,
+                                   const Piece& piece, const Tile& tile,
+                                   bool pinned_in, bool pinned_out,
+                                   StageTimes* times) {
   const std::byte* src = tile.in + piece.byte_offset;
   if (!pinned_in) {
     const absl::Time t0 = absl::Now();
@@ -249,7 +262,8 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piec
   const size_t n = static_cast<size_t>(piece.bytes);
   lane.piece = piece;
   lane.busy = true;
-  if (auto st = device_->Check(cudaEventRecord(lane.start, s), "cudaEventRecord");
+  if (auto st =
+          device_->Check(cudaEventRecord(lane.start, s), "cudaEventRecord");
       !st.ok()) {
     return st;
   }
@@ -260,12 +274,14 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piec
       !st.ok()) {
     return st;
   }
-  if (auto st = device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord");
+  if (auto st =
+          device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord");
       !st.ok()) {
     return st;
   }
   if (auto st = Launch(lane, piece, lane_index); !st.ok()) return st;
-  if (auto st = device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord");
+  if (auto st =
+          device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord");
       !st.ok()) {
     return st;
   }
@@ -279,10 +295,11 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piec
   return device_->Check(cudaEventRecord(lane.done, s), "cudaEventRecord");
 }
 
-absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile, bool pinned_out,
-                                    StageTimes* times) {
+absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile,
+                                    bool pinned_out, StageTimes* times) {
   lane.busy = false;
-  if (auto st = device_->Check(cudaEventSynchronize(lane.done), "pipeline wait");
+  if (auto st =
+          device_->Check(cudaEventSynchronize(lane.done), "pipeline wait");
       !st.ok()) {
     return st;
   }
@@ -300,14 +317,15 @@ absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile, bool pinned_ou
   return absl::OkStatus();
 }
 
-absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled,
+absl::Status CudaJobContext::Process(const Tile& tile,
+                                     const CancelFn& cancelled,
                                      StageTimes* times) {
   if (tile.lines == 0) return absl::OkStatus();
   if (tile.first_line < 0 || tile.lines < 0 ||
       tile.first_line + tile.lines > p_.lines()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "tile lines [%d, %d) lie outside the matrix's %d lines", tile.first_line,
-        tile.first_line + tile.lines, p_.lines()));
+        "tile lines [%d, %d) lie outside the matrix's %d lines",
+        tile.first_line, tile.first_line + tile.lines, p_.lines()));
   }
   if (!device_->in_service()) {
     return absl::UnavailableError(absl::StrFormat(
@@ -325,9 +343,10 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
   const int64_t pieces =
       line_bytes > piece_limit
           ? tile.lines * ((line_bytes + piece_limit - 1) / piece_limit)
-          : (tile.lines + piece_limit / line_bytes - 1) / (piece_limit / line_bytes);
-  const int want = static_cast<int>(
-      std::min<int64_t>(device_->pieces_in_flight(), std::max<int64_t>(pieces, 1)));
+          : (tile.lines + piece_limit / line_bytes - 1) /
+                (piece_limit / line_bytes);
+  const int want = static_cast<int>(std::min<int64_t>(
+      device_->pieces_in_flight(), std::max<int64_t>(pieces, 1)));
 
   std::vector<std::byte*> staging;
   if (!pinned_in || !pinned_out) staging = device_->ring_->Acquire(want);
@@ -335,7 +354,8 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
   const uint32_t first_stream = device_->next_stream_.fetch_add(1);
   for (int i = 0; i < depth; ++i) {
     lanes_[i].staging = staging.empty() ? nullptr : staging[i];
-    lanes_[i].stream = static_cast<int>((first_stream + i) % device_->streams());
+    lanes_[i].stream =
+        static_cast<int>((first_stream + i) % device_->streams());
     lanes_[i].busy = false;
   }
 
@@ -398,7 +418,8 @@ absl::Status CudaDevice::Init(int ordinal, const CudaOptions& options) {
   total_bytes_ = static_cast<int64_t>(prop.totalGlobalMem);
   multiprocessors_ = prop.multiProcessorCount;
   size_t free_bytes = 0, total = 0;
-  if (auto st = CudaStatus(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+  if (auto st =
+          CudaStatus(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
       !st.ok()) {
     return st;
   }
@@ -413,7 +434,8 @@ absl::Status CudaDevice::Init(int ordinal, const CudaOptions& options) {
         !st.ok()) {
       return st;
     }
-    if (auto st = CublasStatus(cublasCreate(&cublas_[i]), "cublasCreate"); !st.ok()) {
+    if (auto st = CublasStatus(cublasCreate(&cublas_[i]), "cublasCreate");
+        !st.ok()) {
       return st;
     }
     if (auto st = CublasStatus(cublasSetStream(cublas_[i], streams_[i]),
@@ -433,23 +455,24 @@ absl::Status CudaDevice::Init(int ordinal, const CudaOptions& options) {
   props.allocType = cudaMemAllocationTypePinned;
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = ordinal;
-  if (auto st = CudaStatus(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+  if (auto st =
+          CudaStatus(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
       !st.ok()) {
     return st;
   }
   // Keep freed memory in the pool: jobs come and go, the pool stays warm.
   uint64_t keep = std::numeric_limits<uint64_t>::max();
-  if (auto st = CudaStatus(
-          cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep),
-          "cudaMemPoolSetAttribute");
+  if (auto st = CudaStatus(cudaMemPoolSetAttribute(
+                               pool_, cudaMemPoolAttrReleaseThreshold, &keep),
+                           "cudaMemPoolSetAttribute");
       !st.ok()) {
     return st;
   }
 
   pieces_in_flight_ = options.pieces_in_flight > 0 ? options.pieces_in_flight
                                                    : 2 * options.streams;
-  const int buffers =
-      options.staging_buffers > 0 ? options.staging_buffers : 2 * pieces_in_flight_;
+  const int buffers = options.staging_buffers > 0 ? options.staging_buffers
+                                                  : 2 * pieces_in_flight_;
   auto ring = StagingRing::Create(buffers, options.tile_bytes);
   if (!ring.ok()) return ring.status();
   ring_ = std::move(*ring);
@@ -489,7 +512,8 @@ absl::Status CudaDevice::Check(cudaError_t err, std::string_view what) {
 }
 
 absl::Status CudaDevice::Check(cublasStatus_t st, std::string_view what) {
-  if (st == CUBLAS_STATUS_EXECUTION_FAILED || st == CUBLAS_STATUS_INTERNAL_ERROR) {
+  if (st == CUBLAS_STATUS_EXECUTION_FAILED ||
+      st == CUBLAS_STATUS_INTERNAL_ERROR) {
     // cuBLAS hides the CUDA error; see whether the context is still sound.
     const cudaError_t err = cudaPeekAtLastError();
     if (IsStickyError(err)) in_service_.store(false);
@@ -525,8 +549,8 @@ absl::StatusOr<std::unique_ptr<JobContext>> CudaDevice::Begin(
         ordinal_, name_));
   }
   if (auto st = Enter(); !st.ok()) return st;
-  auto job = std::make_unique<CudaJobContext>(this, p, backend, mode,
-                                              SlotBytes(mode, p, max_block_bytes));
+  auto job = std::make_unique<CudaJobContext>(
+      this, p, backend, mode, SlotBytes(mode, p, max_block_bytes));
   if (auto st = job->Init(diag); !st.ok()) return st;
   return job;
 }
@@ -558,13 +582,18 @@ absl::Status CudaDevice::OrderBackendsByTiming() {
   cudaStream_t s = streams_[0];
   void *in = nullptr, *out = nullptr, *diag = nullptr;
   cudaEvent_t t0 = nullptr, t1 = nullptr;
-  absl::Status status = Check(cudaMallocFromPoolAsync(&in, bytes, pool_, s), "alloc");
-  if (status.ok()) status = Check(cudaMallocFromPoolAsync(&out, bytes, pool_, s), "alloc");
+  absl::Status status =
+      Check(cudaMallocFromPoolAsync(&in, bytes, pool_, s), "alloc");
+  if (status.ok())
+    status = Check(cudaMallocFromPoolAsync(&out, bytes, pool_, s), "alloc");
   if (status.ok()) {
-    status = Check(cudaMallocFromPoolAsync(&diag, kLines * 4, pool_, s), "alloc");
+    status =
+        Check(cudaMallocFromPoolAsync(&diag, kLines * 4, pool_, s), "alloc");
   }
-  if (status.ok()) status = Check(cudaMemsetAsync(in, 0x3f, bytes, s), "memset");
-  if (status.ok()) status = Check(cudaMemsetAsync(diag, 0x3f, kLines * 4, s), "memset");
+  if (status.ok())
+    status = Check(cudaMemsetAsync(in, 0x3f, bytes, s), "memset");
+  if (status.ok())
+    status = Check(cudaMemsetAsync(diag, 0x3f, kLines * 4, s), "memset");
   if (status.ok()) status = Check(cudaEventCreate(&t0), "cudaEventCreate");
   if (status.ok()) status = Check(cudaEventCreate(&t1), "cudaEventCreate");
   float ms[2] = {0, 0};
@@ -579,13 +608,16 @@ absl::Status CudaDevice::OrderBackendsByTiming() {
                                      .line_len = per_line ? kLineLen : kLines,
                                      .per_line = per_line};
         if (!status.ok()) break;
-        status = b == 0 ? Check(LaunchDgmmKernel(tile, multiprocessors_, s), "kernel")
+        status = b == 0 ? Check(LaunchDgmmKernel(tile, multiprocessors_, s),
+                                "kernel")
                         : Check(LaunchCublasDgmm(cublas_[0], tile), "cublas");
       }
     }
     if (status.ok()) status = Check(cudaEventRecord(t1, s), "cudaEventRecord");
-    if (status.ok()) status = Check(cudaEventSynchronize(t1), "cudaEventSynchronize");
-    if (status.ok()) status = Check(cudaEventElapsedTime(&ms[b], t0, t1), "elapsed");
+    if (status.ok())
+      status = Check(cudaEventSynchronize(t1), "cudaEventSynchronize");
+    if (status.ok())
+      status = Check(cudaEventElapsedTime(&ms[b], t0, t1), "elapsed");
   }
   for (void* p : {in, out, diag}) {
     if (p != nullptr) cudaFreeAsync(p, s);

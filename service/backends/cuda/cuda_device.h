@@ -94,8 +94,8 @@ class CudaDevice final : public Device {
   // CUDA error (device memory exhausted included). The context must be
   // destroyed before the device.
   absl::StatusOr<std::unique_ptr<JobContext>> Begin(
-      const Problem& p, BackendKind backend, const std::byte* diag, JobMode mode,
-      int64_t max_block_bytes) override;
+      const Problem& p, BackendKind backend, const std::byte* diag,
+      JobMode mode, int64_t max_block_bytes) override;
 
   // Beyond Device, for tests and the benchmark.
   int64_t tile_bytes() const { return tile_bytes_; }
@@ -112,7 +112,8 @@ class CudaDevice final : public Device {
   CudaDevice() = default;
   absl::Status Init(int ordinal, const CudaOptions& options);
   absl::Status OrderBackendsByTiming();
-  int64_t SlotBytes(JobMode mode, const Problem& p, int64_t max_block_bytes) const;
+  int64_t SlotBytes(JobMode mode, const Problem& p,
+                    int64_t max_block_bytes) const;
 
   // Records `err` (and takes the device out of service if it is sticky);
   // returns CudaStatus(err, what).
@@ -129,7 +130,7 @@ class CudaDevice final : public Device {
   int64_t tile_bytes_ = 0;
   int pieces_in_flight_ = 0;
   std::vector<cudaStream_t> streams_;
-  std::vector<cublasHandle_t> cublas_;  // cublas_[i] is bound to streams_[i]
+  std::vector<cublasHandle_t> cublas_;   // cublas_[i] is bound to streams_[i]
   cudaStream_t setup_stream_ = nullptr;  // allocations and diagonal uploads
   cudaMemPool_t pool_ = nullptr;
   std::unique_ptr<StagingRing> ring_;

@@ -34,8 +34,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
   if (err != cudaSuccess) {
     cudaGetLastError();
     if (why_none != nullptr) {
-      *why_none = absl::StrFormat("no usable CUDA driver or device: %s (%s)",
-                                  cudaGetErrorString(err), cudaGetErrorName(err));
+      *why_none =
+          absl::StrFormat("no usable CUDA driver or device: %s (%s)",
+                          cudaGetErrorString(err), cudaGetErrorName(err));
     }
     return devices;
   }

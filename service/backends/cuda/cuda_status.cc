@@ -14,8 +14,8 @@ absl::Status CudaStatus(cudaError_t err, std::string_view what) {
 
 absl::Status CublasStatus(cublasStatus_t st, std::string_view what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrFormat("cuBLAS error in %s: %s (%s)", what,
-                                             cublasGetStatusString(st),
+  return absl::InternalError(absl::StrFormat("cuBLAS error in %s: %s (%s)",
+                                             what, cublasGetStatusString(st),
                                              cublasGetStatusName(st)));
 }
 

@@ -83,7 +83,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (i >= w.vectors) return;
   int64_t line, pos;
   if (i <= UINT32_MAX && w.vectors_per_line <= UINT32_MAX) {  // cheap division
-    const uint32_t q = static_cast<uint32_t>(i) / static_cast<uint32_t>(w.vectors_per_line);
+    const uint32_t q =
+        static_cast<uint32_t>(i) / static_cast<uint32_t>(w.vectors_per_line);
     line = q;
     pos = i - int64_t{q} * w.vectors_per_line;
   } else {
@@ -98,7 +99,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int k = 0; k < kItems; ++k) {
       lines[k] = k == 0 ? line : lines[k - 1];
       positions[k] = k == 0 ? pos : positions[k - 1];
-      if (k > 0) Advance(lines[k], positions[k], w.thread_step, w.vectors_per_line);
+      if (k > 0)
+        Advance(lines[k], positions[k], w.thread_step, w.vectors_per_line);
     }
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
@@ -144,8 +146,9 @@ cudaError_t LaunchShape(const DeviceTile<T>& tile, const LaunchPolicy& policy,
 template <typename T, int kVec, int kItems>
 cudaError_t DispatchMode(const DeviceTile<T>& tile, const LaunchPolicy& policy,
                          cudaStream_t stream) {
-  return tile.per_line ? LaunchShape<T, kVec, kItems, true>(tile, policy, stream)
-                       : LaunchShape<T, kVec, kItems, false>(tile, policy, stream);
+  return tile.per_line
+             ? LaunchShape<T, kVec, kItems, true>(tile, policy, stream)
+             : LaunchShape<T, kVec, kItems, false>(tile, policy, stream);
 }
 
 template <typename T, int kVec>
@@ -166,51 +169,58 @@ cudaError_t DispatchItems(const DeviceTile<T>& tile, const LaunchPolicy& policy,
 }  // namespace
 
 template <typename T>
-LaunchPolicy ChooseLaunchPolicy(const DeviceTile<T>& tile, int multiprocessors) {
+LaunchPolicy ChooseLaunchPolicy(const DeviceTile<T>& tile,
+                                int multiprocessors) {
   constexpr int kFullVector = kVectorBytes / sizeof(T);
-  const bool vectorizable =
-      tile.line_len % kFullVector == 0 && Aligned(tile.in) && Aligned(tile.out) &&
-      (tile.per_line || Aligned(tile.diag));
+  const bool vectorizable = tile.line_len % kFullVector == 0 &&
+                            Aligned(tile.in) && Aligned(tile.out) &&
+                            (tile.per_line || Aligned(tile.diag));
   LaunchPolicy policy;
   policy.block_threads = kBlockThreads;
   policy.vector_width = vectorizable ? kFullVector : 1;
   // Measured on an H200 (bench/results, launch-policy sweep): one vector per
   // thread and a grid that covers the tile in one pass beat fewer, longer-
   // lived blocks by 5-8% at N = 16384 (the block scheduler evens out the
-  // tail better than a grid-stride loop). The loop stays for tiles past the cap.
+  // tail better than a grid-stride loop). The loop stays for tiles past the
+  // cap.
   policy.items_per_thread = vectorizable ? 1 : 4;
   const int64_t vectors = tile.lines * tile.line_len / policy.vector_width;
   const int64_t per_block = int64_t{kBlockThreads} * policy.items_per_thread;
   const int64_t needed = (vectors + per_block - 1) / per_block;
   const int64_t cap = int64_t{std::max(multiprocessors, 1)} * kMaxBlocksPerSm;
-  policy.grid_blocks = static_cast<int>(std::max<int64_t>(1, std::min(needed, cap)));
+  policy.grid_blocks =
+      static_cast<int>(std::max<int64_t>(1, std::min(needed, cap)));
   return policy;
 }
 
 template <typename T>
-cudaError_t LaunchDgmmKernel(const DeviceTile<T>& tile, const LaunchPolicy& policy,
-                             cudaStream_t stream) {
+cudaError_t LaunchDgmmKernel(const DeviceTile<T>& tile,
+                             const LaunchPolicy& policy, cudaStream_t stream) {
   if (tile.lines <= 0 || tile.line_len <= 0) return cudaSuccess;
   constexpr int kFullVector = kVectorBytes / sizeof(T);
   if (policy.vector_width == kFullVector) {
     return DispatchItems<T, kFullVector>(tile, policy, stream);
   }
-  if (policy.vector_width == 1) return DispatchItems<T, 1>(tile, policy, stream);
+  if (policy.vector_width == 1)
+    return DispatchItems<T, 1>(tile, policy, stream);
   return cudaErrorInvalidConfiguration;
 }
 
 template <typename T>
 cudaError_t LaunchDgmmKernel(const DeviceTile<T>& tile, int multiprocessors,
                              cudaStream_t stream) {
-  return LaunchDgmmKernel(tile, ChooseLaunchPolicy(tile, multiprocessors), stream);
+  return LaunchDgmmKernel(tile, ChooseLaunchPolicy(tile, multiprocessors),
+                          stream);
 }
 
 template LaunchPolicy ChooseLaunchPolicy<float>(const DeviceTile<float>&, int);
-template LaunchPolicy ChooseLaunchPolicy<double>(const DeviceTile<double>&, int);
+template LaunchPolicy ChooseLaunchPolicy<double>(const DeviceTile<double>&,
+                                                 int);
 template cudaError_t LaunchDgmmKernel<float>(const DeviceTile<float>&,
                                              const LaunchPolicy&, cudaStream_t);
 template cudaError_t LaunchDgmmKernel<double>(const DeviceTile<double>&,
-                                              const LaunchPolicy&, cudaStream_t);
+                                              const LaunchPolicy&,
+                                              cudaStream_t);
 template cudaError_t LaunchDgmmKernel<float>(const DeviceTile<float>&, int,
                                              cudaStream_t);
 template cudaError_t LaunchDgmmKernel<double>(const DeviceTile<double>&, int,

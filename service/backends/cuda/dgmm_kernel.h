@@ -51,16 +51,18 @@ cudaError_t LaunchDgmmKernel(const DeviceTile<T>& tile, int multiprocessors,
 
 // As above with an explicit policy (the benchmark sweeps these). A policy's
 // vector width must be 1 or one that ChooseLaunchPolicy would allow for this
-// tile; items_per_thread must be 1, 2 or 4 (else cudaErrorInvalidConfiguration).
+// tile; items_per_thread must be 1, 2 or 4 (else
+// cudaErrorInvalidConfiguration).
 template <typename T>
-cudaError_t LaunchDgmmKernel(const DeviceTile<T>& tile, const LaunchPolicy& policy,
-                             cudaStream_t stream);
+cudaError_t LaunchDgmmKernel(const DeviceTile<T>& tile,
+                             const LaunchPolicy& policy, cudaStream_t stream);
 
 // Enqueues cuBLAS <t>dgmm on the handle's stream. The tile is a column-major
 // matrix of line_len rows by `lines` columns, so per-line scaling is
 // CUBLAS_SIDE_RIGHT and per-position scaling CUBLAS_SIDE_LEFT.
 template <typename T>
-cublasStatus_t LaunchCublasDgmm(cublasHandle_t handle, const DeviceTile<T>& tile);
+cublasStatus_t LaunchCublasDgmm(cublasHandle_t handle,
+                                const DeviceTile<T>& tile);
 
 }  // namespace dgmm::cuda
 

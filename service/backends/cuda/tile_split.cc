@@ -10,7 +10,8 @@ TileSplitter::TileSplitter(const Problem& p, int64_t first_line, int64_t lines,
       lines_(p.line_len() > 0 ? std::max<int64_t>(lines, 0) : 0),
       line_len_(p.line_len()),
       elem_(static_cast<int64_t>(p.elem_size())),
-      lines_per_piece_(p.line_bytes() > 0 ? max_piece_bytes / p.line_bytes() : 0) {
+      lines_per_piece_(p.line_bytes() > 0 ? max_piece_bytes / p.line_bytes()
+                                          : 0) {
   part_len_ = std::max<int64_t>(1, max_piece_bytes / elem_);
   const int64_t vector_elems = 16 / elem_;
   if (part_len_ >= vector_elems) part_len_ -= part_len_ % vector_elems;
@@ -45,8 +46,8 @@ bool TileSplitter::Next(Piece* piece) {
   return true;
 }
 
-std::vector<Piece> SplitTile(const Problem& p, int64_t first_line, int64_t lines,
-                             int64_t max_piece_bytes) {
+std::vector<Piece> SplitTile(const Problem& p, int64_t first_line,
+                             int64_t lines, int64_t max_piece_bytes) {
   std::vector<Piece> pieces;
   TileSplitter splitter(p, first_line, lines, max_piece_bytes);
   Piece piece;

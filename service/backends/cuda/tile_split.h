@@ -50,8 +50,8 @@ class TileSplitter {
 };
 
 // All pieces at once (for tests and small tiles).
-std::vector<Piece> SplitTile(const Problem& p, int64_t first_line, int64_t lines,
-                             int64_t max_piece_bytes);
+std::vector<Piece> SplitTile(const Problem& p, int64_t first_line,
+                             int64_t lines, int64_t max_piece_bytes);
 
 }  // namespace dgmm::cuda
 
