@@ -45,7 +45,7 @@ OTHER_TOOL_FLAGS = {
                "retries", "from", "format", "prefix", "strip", "install", "target", "build_arg",
                "read_only", "health_cmd"},
     "kubectl": {"namespace", "dry_run", "selector", "grace_period", "timeout", "for"},
-    "useradd": {"system", "uid", "user_group", "no_create_home", "shell"},
+    "useradd/groupadd": {"system", "uid", "gid", "no_create_home", "shell"},
     "grpcurl/curl": {"plaintext", "silent", "fail", "cacert", "insecure"},
     "docker/flags_table.py": {"check", "write", "doc"},
     "abseil (built into dgmm-server)": {"help", "helpfull", "version", "flagfile"},
