@@ -97,6 +97,18 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
     call_->response = response;
     call_->deadline = DeadlineOf(context);
     call_->reactor = this;
+    // The transport admits messages up to the larger of this limit and a
+    // stream block; hold unary requests to their own limit here.
+    const int64_t size = static_cast<int64_t>(request->ByteSizeLong());
+    if (size > engine->options().max_unary_message_bytes) {
+      absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
+          "Multiply request of ", size, " bytes exceeds this server's max unary message of ",
+          engine->options().max_unary_message_bytes,
+          " bytes (--max_unary_message_bytes); send it with MultiplyStream"));
+      engine->RecordRejected(too_big);
+      call_->Finish(too_big);
+      return;
+    }
     auto job = ValidateHeader(request->header(), engine->options().limits, /*streamed=*/false);
     absl::Status valid = job.ok() ? ValidateMatrixPayload(job->problem, request->matrix().size())
                                   : job.status();
@@ -198,12 +210,12 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
     writing_ = false;
     if (writing_block_) window_--;
     in_flight_write_.reset();
-    if (!ok) {
-      FailLocked(CancelledStatus(deadline_));
-      return;
-    }
     if (pending_error_.has_value()) {
       FinishLocked(*pending_error_);
+      return;
+    }
+    if (!ok) {
+      FailLocked(CancelledStatus(deadline_));
       return;
     }
     if (stats_sent_ && write_queue_.empty()) {
@@ -228,6 +240,10 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   enum class Phase { kHeader, kAdmission, kBlocks };
 
   void OnHeaderLocked(bool ok) {
+    if (!ok && context_->IsCancelled()) {
+      FailLocked(CancelledStatus(deadline_));
+      return;
+    }
     if (!ok) {
       FailLocked(absl::InvalidArgumentError(
           "stream closed before its header; send a JobHeader first"));
@@ -278,7 +294,11 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   }
 
   void OnBlockLocked(bool ok) {
-    if (!ok) {  // half-close
+    if (!ok) {  // half-close, or the call was cancelled under the read
+      if (context_->IsCancelled()) {
+        FailLocked(CancelledStatus(deadline_));
+        return;
+      }
       input_done_ = true;
       absl::Status s = assembler_->Finish();
       if (!s.ok()) {

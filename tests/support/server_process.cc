@@ -107,6 +107,19 @@ int ServerProcess::Signal(int sig, bool wait) {
   return status;
 }
 
+int ServerProcess::WaitForExit(int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  for (int waited = 0; waited <= timeout_ms; waited += 20) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
 std::string ServerProcess::Log() const { return ReadFile(dir_ + "/server.log"); }
 
 long ServerProcess::PeakRssBytes() const {

@@ -32,6 +32,9 @@ class ServerProcess {
   // Sends `sig`; with wait, reaps the process and returns its exit status
   // as from waitpid (or -1).
   int Signal(int sig, bool wait);
+  // Waits up to `timeout_ms` for the process to exit by itself; returns its
+  // waitpid status, or -1 if it is still running.
+  int WaitForExit(int timeout_ms);
   // Server's stderr so far (it is redirected to a file).
   std::string Log() const;
   // Peak resident set of the process so far, in bytes (VmHWM).

@@ -1,0 +1,48 @@
+// Helpers for integration tests that talk to the real dgmm-server with the
+// generated stubs directly (so that malformed requests can be sent too).
+#ifndef DGMM_TESTS_INTEGRATION_RPC_UTIL_H_
+#define DGMM_TESTS_INTEGRATION_RPC_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dgmm/v1/dgmm.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace dgmm::testing {
+
+// A random job: matrix and diagonal payloads with values in [0.5, 2), never
+// zero, in the header's dtype and layout.
+struct RandomJob {
+  v1::JobHeader header;
+  std::string matrix;
+};
+RandomJob MakeJob(int64_t rows, int64_t cols, v1::DType dtype, v1::Layout layout, v1::Side side,
+                  uint64_t seed);
+
+// Max relative error of `result` against a float64 reference computed here
+// from the definition; NaN (never written) counts as infinite error.
+double MaxRelError(const RandomJob& job, const std::string& result);
+
+std::unique_ptr<v1::Dgmm::Stub> Connect(const std::string& address);
+
+// Sends `job` over MultiplyStream in blocks of `block_lines` lines, reads
+// every reply, and returns the final status. Fills *result (poisoned with
+// NaN first) and *stats when given.
+grpc::Status StreamJob(v1::Dgmm::Stub* stub, const RandomJob& job, int64_t block_lines,
+                       std::string* result, v1::JobStats* stats,
+                       grpc::ClientContext* context = nullptr);
+
+grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
+                      grpc::ClientContext* context = nullptr);
+
+v1::GetServerInfoResponse Info(v1::Dgmm::Stub* stub);
+// Sum of reserved bytes over every device.
+int64_t Reserved(v1::Dgmm::Stub* stub);
+
+}  // namespace dgmm::testing
+
+#endif  // DGMM_TESTS_INTEGRATION_RPC_UTIL_H_
