@@ -26,8 +26,9 @@ using testing::RunCommand;
 using testing::ServerProcess;
 
 ServerProcess& SharedServer() {
-  static ServerProcess* server = new ServerProcess({"--threads=2"});
-  return *server;
+  // A static object, so that its destructor stops the server at exit.
+  static ServerProcess server({"--threads=2"});
+  return server;
 }
 
 // Output and exit code of one dgmm-cli run.

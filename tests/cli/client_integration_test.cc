@@ -20,10 +20,11 @@ namespace {
 using ::testing::HasSubstr;
 using testing::ServerProcess;
 
-// One server for the whole binary (started on first use).
+// One server for the whole binary, started on first use.
 ServerProcess& SharedServer() {
-  static ServerProcess* server = new ServerProcess({"--threads=2"});
-  return *server;
+  // A static object, so that its destructor stops the server at exit.
+  static ServerProcess server({"--threads=2"});
+  return server;
 }
 
 // Operands of a rows x cols job of element type T, in memory order of `layout`.
