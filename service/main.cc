@@ -58,8 +58,14 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT: seconds queued and running jobs get to finish before exit.");
 ABSL_FLAG(int, max_concurrent_streams, 64, "Most concurrent RPCs per client connection.");
-ABSL_FLAG(int, cuda_streams, 3, "CUDA streams per GPU.");
-ABSL_FLAG(std::string, cuda_tile_bytes, "8MiB", "Pipeline tile size on the GPU.");
+ABSL_FLAG(int, cuda_streams, 4,
+          "CUDA streams per GPU; a job's tiles round-robin over them so that copies in both "
+          "directions and kernels overlap.");
+ABSL_FLAG(int, cuda_pieces_in_flight, 0,
+          "Tiles of one job queued on the GPU at once; 0 = 2 x --cuda_streams. A streamed job "
+          "reserves 2 x this many tiles of device memory.");
+ABSL_FLAG(std::string, cuda_tile_bytes, "8MiB",
+          "Pipeline tile size on the GPU (one pinned staging buffer, one device slot).");
 
 namespace dgmm {
 namespace {
@@ -129,6 +135,7 @@ int Main(int argc, char** argv) {
     CudaOptions co;
     co.streams = absl::GetFlag(FLAGS_cuda_streams);
     co.tile_bytes = *tile;
+    co.pieces_in_flight = absl::GetFlag(FLAGS_cuda_pieces_in_flight);
     std::string why_none;
     auto found = CreateCudaDevices(co, &why_none);
     if (!found.ok()) {
@@ -184,6 +191,13 @@ int Main(int argc, char** argv) {
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   LogInfo("signal ", sig, ": draining (health NOT_SERVING, new jobs UNAVAILABLE, up to ",
           absl::FormatDuration(drain), " for jobs in flight)");
+  // A watchdog bounds the whole shutdown: a call that never finishes must
+  // not keep the process alive past the drain timeout and a grace period.
+  std::thread([drain] {
+    absl::SleepFor(drain + absl::Seconds(10));
+    LogInfo("shutdown did not finish within the drain timeout plus 10s; exiting");
+    std::_Exit(1);
+  }).detach();
   const bool clean = (*server)->Drain(drain);
   LogInfo(clean ? "drained; every job finished" : "drain timeout; unfinished jobs were ended");
   server->reset();

@@ -1,0 +1,161 @@
+// The real dgmm-server on the GPU: unary and streamed jobs through both GPU
+// kernels, the GPU budget (the original question's scenario), and, where the
+// host has several GPUs, jobs spread over all of them. Skips cleanly without
+// a GPU.
+#include <future>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/integration/rpc_util.h"
+#include "tests/support/server_process.h"
+
+namespace dgmm::testing {
+namespace {
+
+class ServerGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (SharedDevice(CudaOptions{}, &why) == nullptr) GTEST_SKIP() << kNoGpuSkip << why;
+  }
+};
+
+double Tol(v1::DType t) { return t == v1::DTYPE_FLOAT32 ? 1.2e-7 : 2.3e-16; }
+
+TEST_F(ServerGpuTest, BothKernelsMatchReferenceUnaryAndStreamedThroughTheServer) {
+  ServerProcess server({"--backend=auto", "--max_block_bytes=1MiB"});
+  auto stub = Connect(server.address());
+  const v1::GetServerInfoResponse info = Info(stub.get());
+  ASSERT_GE(info.devices_size(), 2) << "expected the CPU and at least one GPU";
+  EXPECT_EQ(info.devices(1).index(), 0);
+  EXPECT_FALSE(info.devices(1).name().empty());
+  EXPECT_GT(info.devices(1).budget_bytes(), 0);
+  EXPECT_GT(info.devices(1).streams(), 0);
+  EXPECT_NE(info.default_backend(), v1::BACKEND_CPU);
+  std::printf("GPU: %s, budget %lld bytes, %d streams, default backend %s\n",
+              info.devices(1).name().c_str(),
+              static_cast<long long>(info.devices(1).budget_bytes()), info.devices(1).streams(),
+              v1::Backend_Name(info.default_backend()).c_str());
+
+  uint64_t seed = 100;
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {1, 4097}, {3001, 1}, {517, 1031}};
+  for (auto backend : {v1::BACKEND_CUDA_KERNEL, v1::BACKEND_CUBLAS}) {
+    for (auto [rows, cols] : shapes) {
+      for (auto dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64}) {
+        for (auto layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
+          for (auto side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
+            RandomJob job = MakeJob(rows, cols, dtype, layout, side, seed++);
+            job.header.set_backend(backend);
+            SCOPED_TRACE(v1::Backend_Name(backend) + " " + std::to_string(rows) + "x" +
+                         std::to_string(cols) + " " + v1::DType_Name(dtype) + " " +
+                         v1::Layout_Name(layout) + " " + v1::Side_Name(side));
+            v1::MultiplyResponse resp;
+            grpc::Status s = UnaryJob(stub.get(), job, &resp);
+            ASSERT_TRUE(s.ok()) << s.error_message();
+            EXPECT_LE(MaxRelError(job, resp.result()), Tol(dtype));
+            EXPECT_EQ(resp.stats().backend(), backend);
+            EXPECT_GE(resp.stats().device_index(), 0);  // any GPU, never the CPU
+            const int64_t lines = layout == v1::LAYOUT_COL_MAJOR ? cols : rows;
+            const int64_t line_bytes = (layout == v1::LAYOUT_COL_MAJOR ? rows : cols) *
+                                       (dtype == v1::DTYPE_FLOAT32 ? 4 : 8);
+            const int64_t block_lines =
+                std::max<int64_t>(1, std::min<int64_t>(lines / 3 + 1, (1 << 20) / line_bytes));
+            std::string result;
+            v1::JobStats stats;
+            s = StreamJob(stub.get(), job, block_lines, &result, &stats);
+            ASSERT_TRUE(s.ok()) << s.error_message();
+            EXPECT_LE(MaxRelError(job, result), Tol(dtype));
+            EXPECT_EQ(stats.backend(), backend);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(Reserved(stub.get()), 0);
+}
+
+TEST_F(ServerGpuTest, LargeUnaryAndStreamedJobsOnTheGpuReportTransfers) {
+  ServerProcess server({"--backend=cuda", "--max_unary_message_bytes=1GiB"});
+  auto stub = Connect(server.address());
+  RandomJob job = MakeJob(6000, 5000, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 7);
+  v1::MultiplyResponse resp;
+  ASSERT_TRUE(UnaryJob(stub.get(), job, &resp).ok());
+  EXPECT_LE(MaxRelError(job, resp.result()), 1.2e-7);
+  EXPECT_GT(resp.stats().h2d_ns(), 0);
+  EXPECT_GT(resp.stats().d2h_ns(), 0);
+  EXPECT_GT(resp.stats().compute_ns(), 0);
+  std::printf("unary 6000x5000 f32 on %s: h2d %.2f ms, compute %.2f ms, d2h %.2f ms, total %.2f ms\n",
+              resp.stats().device().c_str(), resp.stats().h2d_ns() / 1e6,
+              resp.stats().compute_ns() / 1e6, resp.stats().d2h_ns() / 1e6,
+              resp.stats().total_ns() / 1e6);
+  std::string result;
+  v1::JobStats stats;
+  ASSERT_TRUE(StreamJob(stub.get(), job, 200, &result, &stats).ok());
+  EXPECT_LE(MaxRelError(job, result), 1.2e-7);
+  std::printf("streamed: total %.2f ms over %lld bytes each way\n", stats.total_ns() / 1e6,
+              static_cast<long long>(stats.bytes_in()));
+}
+
+TEST_F(ServerGpuTest, OriginalQuestionOnTheGpuBudget) {
+  ServerProcess server({"--backend=cuda", "--gpu_memory_budget=1GiB",
+                        "--max_unary_message_bytes=2GiB", "--host_memory_budget=16GiB"});
+  auto stub = Connect(server.address());
+  RandomJob ok = MakeJob(8000, 8000, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1);
+  v1::MultiplyResponse resp;
+  grpc::Status s = UnaryJob(stub.get(), ok, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LE(MaxRelError(ok, resp.result()), 1.2e-7);
+  EXPECT_GE(resp.stats().device_index(), 0);
+
+  RandomJob big = MakeJob(15000, 15000, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 2);
+  s = UnaryJob(stub.get(), big, &resp);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("of GPU memory"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("capacity is 1073741824 bytes"), std::string::npos);
+  EXPECT_NE(s.error_message().find("use MultiplyStream"), std::string::npos);
+  std::printf("rejection: %s\n", s.error_message().c_str());
+
+  std::string result;
+  v1::JobStats stats;
+  s = StreamJob(stub.get(), big, 64, &result, &stats);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LE(MaxRelError(big, result), 1.2e-7);
+  EXPECT_GE(stats.device_index(), 0);
+  EXPECT_EQ(Reserved(stub.get()), 0);
+}
+
+TEST_F(ServerGpuTest, JobsSpreadOverEveryGpu) {
+  ServerProcess server({"--backend=cuda"});
+  auto stub = Connect(server.address());
+  const v1::GetServerInfoResponse before = Info(stub.get());
+  const int gpus = before.devices_size() - 1;
+  if (gpus < 2) GTEST_SKIP() << "one GPU on this host: multi-GPU placement not exercised";
+  std::vector<std::future<bool>> done;
+  for (int c = 0; c < 4 * gpus; ++c) {
+    done.push_back(std::async(std::launch::async, [&, c] {
+      auto s = Connect(server.address());
+      bool all = true;
+      for (int i = 0; i < 8; ++i) {
+        RandomJob job = MakeJob(2000, 2000, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR,
+                                v1::SIDE_LEFT, c * 100 + i);
+        std::string result;
+        all &= StreamJob(s.get(), job, 100, &result, nullptr).ok() &&
+               MaxRelError(job, result) <= 1.2e-7;
+      }
+      return all;
+    }));
+  }
+  for (auto& f : done) EXPECT_TRUE(f.get());
+  const v1::GetServerInfoResponse after = Info(stub.get());
+  for (int g = 1; g <= gpus; ++g) {
+    std::printf("GPU %d (%s): %lld jobs completed\n", after.devices(g).index(),
+                after.devices(g).name().c_str(),
+                static_cast<long long>(after.devices(g).completed_jobs()));
+    EXPECT_GT(after.devices(g).completed_jobs(), 0) << "GPU " << g - 1 << " got no job";
+  }
+}
+
+}  // namespace
+}  // namespace dgmm::testing
