@@ -460,22 +460,45 @@ class StreamReactor final : public StreamReactorBase {
   std::shared_ptr<StreamCall> call_;
 };
 
+// Ends a stream at once with `status` (authentication failures).
+class RefusedStream final : public StreamReactorBase {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s, context));
+  return reactor;
+}
+
 }  // namespace
+
+absl::Status DgmmService::Authenticate(const grpc::CallbackServerContext* context) const {
+  if (!auth_.has_value()) return absl::OkStatus();
+  return auth_->Check(context->client_metadata());
+}
 
 grpc::ServerUnaryReactor* DgmmService::Multiply(grpc::CallbackServerContext* context,
                                                 const v1::MultiplyRequest* request,
                                                 v1::MultiplyResponse* response) {
+  if (absl::Status s = Authenticate(context); !s.ok()) return Refuse(context, s);
   return new UnaryReactor(engine_, context, request, response);
 }
 
 grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
 DgmmService::MultiplyStream(grpc::CallbackServerContext* context) {
+  if (absl::Status s = Authenticate(context); !s.ok()) {
+    return new RefusedStream(ToGrpcStatus(s, context));
+  }
   return new StreamReactor(engine_, context);
 }
 
 grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext* context,
                                                      const v1::GetServerInfoRequest* request,
                                                      v1::GetServerInfoResponse* response) {
+  if (absl::Status s = Authenticate(context); !s.ok()) return Refuse(context, s);
   *response = engine_->Info();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

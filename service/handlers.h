@@ -4,15 +4,20 @@
 #ifndef DGMM_SERVICE_HANDLERS_H_
 #define DGMM_SERVICE_HANDLERS_H_
 
+#include <optional>
+
 #include "dgmm/v1/dgmm.grpc.pb.h"
+#include "service/auth.h"
 #include "service/engine.h"
 
 namespace dgmm {
 
 class DgmmService final : public v1::Dgmm::CallbackService {
  public:
-  // `engine` must outlive the service.
-  explicit DgmmService(Engine* engine) : engine_(engine) {}
+  // `engine` must outlive the service. With `auth`, every RPC of this
+  // service needs the bearer token (UNAUTHENTICATED otherwise).
+  explicit DgmmService(Engine* engine, std::optional<TokenAuth> auth = std::nullopt)
+      : engine_(engine), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
                                      const v1::MultiplyRequest* request,
@@ -24,7 +29,10 @@ class DgmmService final : public v1::Dgmm::CallbackService {
                                           v1::GetServerInfoResponse* response) override;
 
  private:
+  absl::Status Authenticate(const grpc::CallbackServerContext* context) const;
+
   Engine* engine_;
+  std::optional<TokenAuth> auth_;
 };
 
 }  // namespace dgmm

@@ -58,6 +58,16 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT: seconds queued and running jobs get to finish before exit.");
 ABSL_FLAG(int, max_concurrent_streams, 64, "Most concurrent RPCs per client connection.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the server. With --tls_key, the server speaks TLS only.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: when set, clients must present a certificate signed by it (mutual "
+          "TLS); others fail the handshake.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token. When set, dgmm's RPCs need metadata 'authorization: "
+          "Bearer <token>' (UNAUTHENTICATED otherwise); health and reflection stay open for "
+          "probes.");
 ABSL_FLAG(int, cuda_streams, 4,
           "CUDA streams per GPU; a job's tiles round-robin over them so that copies in both "
           "directions and kernels overlap.");
@@ -160,6 +170,10 @@ int Main(int argc, char** argv) {
   so.listen = absl::GetFlag(FLAGS_listen);
   so.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   so.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  so.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  so.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  so.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  so.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   auto server = Server::Start(so, std::move(*engine));
   if (!server.ok()) {
     std::fprintf(stderr, "dgmm-server: %s\n", std::string(server.status().message()).c_str());
@@ -174,7 +188,11 @@ int Main(int argc, char** argv) {
               ? "jobs run on the GPU by default"
               : "jobs run on the CPU backend (no GPU in use)");
   LogInfo("dgmm-server ", DGMM_VERSION, " listening on ", so.listen, " (port ",
-          (*server)->port(), ")");
+          (*server)->port(), ", ",
+          so.tls_cert_file.empty() ? "plaintext"
+          : so.tls_client_ca_file.empty() ? "TLS"
+                                          : "mutual TLS",
+          so.auth_token_file.empty() ? "" : ", bearer token required", ")");
   if ((*server)->metrics_port() != 0) {
     LogInfo("metrics at http://", so.metrics_listen, "/metrics (port ", (*server)->metrics_port(),
             ")");

@@ -1,6 +1,9 @@
 #include "service/server.h"
 
 #include <algorithm>
+#include <fstream>
+#include <optional>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -9,16 +12,61 @@
 
 namespace dgmm {
 
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key must be given together");
+  }
+  if (o.tls_cert_file.empty()) {
+    if (!o.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  auto cert = ReadPem("tls_cert", o.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem("tls_key", o.tls_key_file);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!o.tls_client_ca_file.empty()) {
+    auto ca = ReadPem("tls_client_ca", o.tls_client_ca_file);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       std::unique_ptr<Engine> engine) {
   std::unique_ptr<Server> s(new Server());
   s->engine_ = std::move(engine);
-  s->service_ = std::make_unique<DgmmService>(s->engine_.get());
+  std::optional<TokenAuth> auth;
+  if (!options.auth_token_file.empty()) {
+    auto loaded = TokenAuth::FromFile(options.auth_token_file);
+    if (!loaded.ok()) return loaded.status();
+    auth = std::move(*loaded);
+  }
+  auto credentials = Credentials(options);
+  if (!credentials.ok()) return credentials.status();
+  s->service_ = std::make_unique<DgmmService>(s->engine_.get(), std::move(auth));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   const EngineOptions& eo = s->engine_->options();
   // Stream blocks travel in messages too: the limit must admit the largest block.

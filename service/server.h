@@ -24,6 +24,13 @@ struct ServerOptions {
   // Connections idle this long are closed (keepalive pings keep them alive).
   absl::Duration max_connection_idle = absl::Minutes(10);
   absl::Duration keepalive_time = absl::Minutes(1);
+  // TLS: PEM files. Both cert and key turn TLS on; a client CA also requires
+  // and verifies client certificates (mutual TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // If set, dgmm's RPCs need `authorization: Bearer <token from this file>`.
+  std::string auth_token_file;
 };
 
 class Server {
