@@ -276,7 +276,11 @@ void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {
     h.sum_seconds += seconds;
     h.count++;
   }
-  if (status.code() == absl::StatusCode::kInternal) NotifyServing();
+  // A device error may have taken the device out of service.
+  if (status.code() == absl::StatusCode::kInternal ||
+      status.code() == absl::StatusCode::kUnavailable) {
+    NotifyServing();
+  }
 }
 
 LatencyHistogram Engine::Latency(JobMode mode) const {
