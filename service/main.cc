@@ -76,6 +76,10 @@ ABSL_FLAG(int, cuda_pieces_in_flight, 0,
           "reserves 2 x this many tiles of device memory.");
 ABSL_FLAG(std::string, cuda_tile_bytes, "8MiB",
           "Pipeline tile size on the GPU (one pinned staging buffer, one device slot).");
+ABSL_FLAG(bool, enable_bench_echo, false,
+          "Also serve dgmm.bench.v1.Echo, a benchmark-only RPC with MultiplyStream's shape that "
+          "returns each block unchanged (the transport floor bench/stream_bench.sh compares "
+          "jobs with). Leave off in production.");
 
 namespace dgmm {
 namespace {
@@ -174,6 +178,7 @@ int Main(int argc, char** argv) {
   so.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   so.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   so.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  so.enable_bench_echo = absl::GetFlag(FLAGS_enable_bench_echo);
   auto server = Server::Start(so, std::move(*engine));
   if (!server.ok()) {
     std::fprintf(stderr, "dgmm-server: %s\n", std::string(server.status().message()).c_str());

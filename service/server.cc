@@ -68,6 +68,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
+  if (options.enable_bench_echo) {
+    s->echo_ = std::make_unique<EchoService>(s->engine_->options().limits);
+    builder.RegisterService(s->echo_.get());
+  }
   const EngineOptions& eo = s->engine_->options();
   // Stream blocks travel in messages too: the limit must admit the largest block.
   const int64_t max_message = std::max<int64_t>(eo.max_unary_message_bytes,

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "service/echo_service.h"
 #include "service/engine.h"
 #include "service/handlers.h"
 #include "service/metrics.h"
@@ -31,6 +32,8 @@ struct ServerOptions {
   std::string tls_client_ca_file;
   // If set, dgmm's RPCs need `authorization: Bearer <token from this file>`.
   std::string auth_token_file;
+  // Also serve the benchmark-only dgmm.bench.v1.Echo (service/echo_service.h).
+  bool enable_bench_echo = false;
 };
 
 class Server {
@@ -55,6 +58,7 @@ class Server {
 
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<DgmmService> service_;
+  std::unique_ptr<EchoService> echo_;  // null unless enable_bench_echo
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<MetricsServer> metrics_;
   int port_ = 0;
