@@ -1,6 +1,7 @@
 // dgmm-cli's subcommands and what they share: exit codes, error printing and
 // a Client built from the common flags (--server, --deadline, --chunk_bytes,
-// --max_unary_message_bytes, --load_balancing_policy).
+// --max_unary_message_bytes, --load_balancing_policy, --max_attempts, --tls*,
+// --auth_token_file).
 #ifndef DGMM_CLIENT_CPP_CLI_COMMANDS_H_
 #define DGMM_CLIENT_CPP_CLI_COMMANDS_H_
 
@@ -33,7 +34,8 @@ enum ExitCode : int {
 int ReportError(const absl::Status& status, int exit_code);
 
 // A client for --server with the common flags applied; INVALID_ARGUMENT for
-// a flag value that does not parse.
+// a flag value that does not parse or a file (--tls_*, --auth_token_file)
+// that cannot be read.
 absl::StatusOr<std::unique_ptr<Client>> MakeClient();
 
 // Lower-case names without the enum prefix: "cuda_kernel", "float32".

@@ -24,6 +24,26 @@ ABSL_FLAG(std::string, max_unary_message_bytes, "64MiB",
 ABSL_FLAG(std::string, load_balancing_policy, "",
           "gRPC load-balancing policy, e.g. round_robin over a DNS name with several "
           "replicas; empty for gRPC's default.");
+ABSL_FLAG(int, max_attempts, 4,
+          "Attempts per job, the first included: a job that fails with UNAVAILABLE (or "
+          "RESOURCE_EXHAUSTED with the server's retry-pushback hint) is tried again after a "
+          "backoff, within --deadline. 1 turns retries off.");
+ABSL_FLAG(bool, tls, false,
+          "Connect with TLS, trusting the system's root CAs unless --tls_ca is given. Implied "
+          "by --tls_ca, --tls_cert and --tls_key.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM file of the CA(s) that signed the server's certificate (server --tls_cert).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM file of this client's certificate chain, for a server that requires mutual TLS "
+          "(server --tls_client_ca); needs --tls_key.");
+ABSL_FLAG(std::string, tls_key, "", "PEM file of the private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name to check the server's certificate against instead of the --server host, e.g. "
+          "when a certificate for dgmm.example is reached by IP address.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token (surrounding whitespace ignored), sent as "
+          "'authorization: Bearer <token>' with every call (server --auth_token_file). Use "
+          "with TLS: without it the token crosses the network in clear text.");
 ABSL_FLAG(bool, quiet, false, "Print only errors (and what a subcommand exists to print).");
 
 namespace dgmm::cli {
@@ -33,6 +53,36 @@ int ReportError(const absl::Status& status, int exit_code) {
                std::string(status.message()).c_str());
   return exit_code;
 }
+
+namespace {
+
+// --tls*, --auth_token_file: TLS options and bearer token read from files.
+absl::Status ApplySecurityFlags(ClientOptions* options) {
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca);
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_tls_key);
+  const std::string server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (absl::GetFlag(FLAGS_tls) || !ca.empty() || !cert.empty() || !key.empty()) {
+    if (cert.empty() != key.empty()) {
+      return absl::InvalidArgumentError("--tls_cert and --tls_key go together (mutual TLS)");
+    }
+    absl::StatusOr<TlsOptions> tls = LoadTlsFiles(ca, cert, key);
+    if (!tls.ok()) return tls.status();
+    tls->server_name_override = server_name;
+    options->tls = *std::move(tls);
+  } else if (!server_name.empty()) {
+    return absl::InvalidArgumentError("--tls_server_name needs TLS (--tls or --tls_ca)");
+  }
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = LoadBearerToken(token_file);
+    if (!token.ok()) return token.status();
+    options->bearer_token = *std::move(token);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   ClientOptions options;
@@ -54,7 +104,12 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   }
   options.max_unary_message_bytes = *unary;
   options.load_balancing_policy = absl::GetFlag(FLAGS_load_balancing_policy);
-  return std::make_unique<Client>(absl::GetFlag(FLAGS_server), std::move(options));
+  options.retry.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  if (options.retry.max_attempts < 1) {
+    return absl::InvalidArgumentError("--max_attempts must be at least 1 (1: no retries)");
+  }
+  if (absl::Status security = ApplySecurityFlags(&options); !security.ok()) return security;
+  return Client::Create(absl::GetFlag(FLAGS_server), std::move(options));
 }
 
 namespace {

@@ -72,7 +72,26 @@ Common flags:
   --max_unary_message_bytes=BYTES
                        The server's unary message limit (default 64MiB).
   --load_balancing_policy=NAME
-                       gRPC load-balancing policy, e.g. round_robin.
+                       gRPC load-balancing policy: round_robin spreads jobs over
+                       every address of --server (a DNS name with several
+                       replicas, or ipv4:127.0.0.1:50051,127.0.0.1:50052).
+  --max_attempts=N     Attempts per job (default 4; 1 = no retries). A job that
+                       fails with UNAVAILABLE, or RESOURCE_EXHAUSTED with the
+                       server's grpc-retry-pushback-ms hint (queue full), is
+                       tried again after a backoff (or the hinted wait) within
+                       --deadline; a streamed job only before any result arrived.
+  --tls                Connect with TLS, trusting the system's root CAs. Implied
+                       by the other --tls_* flags.
+  --tls_ca=PEM         CA certificate(s) that signed the server's certificate
+                       (server --tls_cert/--tls_key).
+  --tls_cert=PEM       This client's certificate chain, for mutual TLS (server
+  --tls_key=PEM        --tls_client_ca), and its private key; both or neither.
+  --tls_server_name=NAME
+                       Check the server's certificate against NAME instead of
+                       the --server host.
+  --auth_token_file=PATH
+                       Send the token in PATH as "authorization: Bearer <token>"
+                       with every call (server --auth_token_file); use with TLS.
   --quiet              Print only errors (and health's state). A progress bar
                        (bytes, rate, ETA) is shown on a terminal for transfers
                        longer than a second unless --quiet.

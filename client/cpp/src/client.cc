@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "dgmm/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "src/retry.h"
 #include "src/stream_call.h"
 #include "src/wire.h"
 
@@ -29,9 +30,45 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   if (!options.load_balancing_policy.empty()) {
     args.SetLoadBalancingPolicyName(options.load_balancing_policy);
   }
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls.has_value()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls->root_ca_pem;
+    ssl.pem_cert_chain = options.tls->cert_chain_pem;
+    ssl.pem_private_key = options.tls->private_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls->server_name_override.empty()) {
+      args.SetSslTargetNameOverride(options.tls->server_name_override);
+    }
+  } else if (options.credentials != nullptr) {
+    credentials = options.credentials;
+  }
   return grpc::CreateCustomChannel(target, credentials, args);
+}
+
+// Runs `attempt` until it succeeds or RetryDelay says stop; a final error
+// after several attempts says how many.
+template <typename AttemptFn>
+absl::StatusOr<JobResult> WithRetries(const RetryPolicy& policy, absl::Time deadline,
+                                      AttemptFn attempt) {
+  for (int made = 1;; ++made) {
+    auto [result, retryable, pushback] = attempt();
+    if (result.ok()) {
+      result->attempts = made;
+      return result;
+    }
+    std::optional<absl::Duration> wait;
+    if (retryable) {
+      wait = RetryDelay(policy, made, result.status(), pushback, absl::Now(), deadline,
+                        RandomJitter());
+    }
+    if (!wait.has_value()) {
+      if (made == 1) return result.status();
+      return absl::Status(result.status().code(),
+                          absl::StrCat(result.status().message(), " (after ", made, " attempts)"));
+    }
+    absl::SleepFor(*wait);
+  }
 }
 
 v1::JobHeader MakeHeader(const Job& job) {
@@ -63,6 +100,40 @@ absl::StatusOr<size_t> CheckBuffers(const Job& job, const void* out, size_t out_
 }
 
 }  // namespace
+
+struct Client::Attempt {
+  absl::StatusOr<JobResult> result;
+  // False when the failure must not be retried whatever its code.
+  bool retryable = true;
+  std::optional<absl::Duration> pushback;
+};
+
+absl::Status CheckClientOptions(const ClientOptions& options) {
+  if (options.deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ClientOptions.deadline must be positive (or infinite)");
+  }
+  if (options.max_unary_message_bytes < 1 || options.chunk_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions: max_unary_message_bytes (", options.max_unary_message_bytes,
+                     ") and chunk_bytes (", options.chunk_bytes, ") must be at least 1"));
+  }
+  const RetryPolicy& retry = options.retry;
+  if (retry.max_attempts < 1 || retry.initial_backoff <= absl::ZeroDuration() ||
+      retry.max_backoff < retry.initial_backoff || !(retry.backoff_multiplier >= 1.0)) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.retry: max_attempts must be >= 1, initial_backoff > 0, max_backoff >= "
+        "initial_backoff and backoff_multiplier >= 1");
+  }
+  if (options.tls.has_value()) {
+    if (options.credentials != nullptr) {
+      return absl::InvalidArgumentError(
+          "ClientOptions: give tls or credentials, not both (tls builds the credentials)");
+    }
+    if (absl::Status tls = CheckTlsOptions(*options.tls); !tls.ok()) return tls;
+  }
+  if (!options.bearer_token.empty()) return CheckBearerToken(options.bearer_token);
+  return absl::OkStatus();
+}
 
 size_t ElementSize(v1::DType dtype) {
   switch (dtype) {
@@ -99,24 +170,34 @@ absl::StatusOr<size_t> MatrixBytes(const MatrixView& matrix) {
   return rows * cols * element;
 }
 
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
+                                                       ClientOptions options) {
+  if (absl::Status usable = CheckClientOptions(options); !usable.ok()) return usable;
+  return std::make_unique<Client>(target, std::move(options));
+}
+
 Client::Client(const std::string& target, ClientOptions options)
     : Client(MakeChannel(target, options), std::move(options)) {}
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(std::move(options)),
+      options_status_(CheckClientOptions(options_)),
       channel_(std::move(channel)),
       stub_(v1::Dgmm::NewStub(channel_)),
       generic_stub_(channel_) {}
 
-void Client::PrepareContext(grpc::ClientContext* context) const {
-  if (options_.deadline != absl::InfiniteDuration()) {
-    context->set_deadline(std::chrono::system_clock::now() +
-                          absl::ToChronoNanoseconds(options_.deadline));
+absl::Time Client::Deadline() const { return absl::Now() + options_.deadline; }
+
+void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline) const {
+  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
+  if (!options_.bearer_token.empty()) {
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
   }
 }
 
 absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out_bytes,
                                            const ProgressCallback& progress) {
+  if (!options_status_.ok()) return options_status_;
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   const int64_t threshold =
@@ -130,9 +211,20 @@ absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out
 
 absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_t out_bytes,
                                                 const ProgressCallback& progress) {
+  if (!options_status_.ok()) return options_status_;
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
+  const absl::Time deadline = Deadline();
+  return WithRetries(options_.retry, deadline, [&] {
+    return UnaryAttempt(job, *bytes, out, out_bytes, deadline, progress);
+  });
+}
+
+Client::Attempt Client::UnaryAttempt(const Job& job, size_t matrix_bytes, void* out,
+                                     size_t out_bytes, absl::Time deadline,
+                                     const ProgressCallback& progress) {
   const v1::JobHeader header = MakeHeader(job);
+  Attempt attempt;
   JobResult result;
   result.mode = TransferMode::kUnary;
   absl::Status outcome;
@@ -140,8 +232,9 @@ absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_
   wire::SliceLoans loans;
   {
     grpc::ClientContext context;
-    PrepareContext(&context);
-    grpc::ByteBuffer request = wire::EncodeMultiplyRequest(header, job.matrix.data, *bytes, &loans);
+    PrepareContext(&context, deadline);
+    grpc::ByteBuffer request =
+        wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
     absl::Mutex mu;
     bool done = false;
@@ -155,45 +248,73 @@ absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_
     mu.LockWhen(absl::Condition(&done));
     mu.Unlock();
     request.Clear();
-    outcome = status.ok() ? wire::DecodeMultiplyResponse(&response, out, out_bytes, &result.stats)
-                          : FromGrpcStatus(status);
+    if (status.ok()) {
+      outcome = wire::DecodeMultiplyResponse(&response, out, out_bytes, &result.stats);
+      // A response that does not decode came from a server that works: final.
+      attempt.retryable = false;
+    } else {
+      outcome = FromGrpcStatus(status);
+      attempt.pushback = RetryPushback(context);
+    }
   }
   loans.WaitUntilReturned();
-  if (!outcome.ok()) return outcome;
+  if (!outcome.ok()) {
+    attempt.result = outcome;
+    return attempt;
+  }
   if (progress) {
-    const int64_t total = static_cast<int64_t>(*bytes);
+    const int64_t total = static_cast<int64_t>(matrix_bytes);
     progress(total, total, total);
   }
-  return result;
+  attempt.result = result;
+  return attempt;
 }
 
 absl::StatusOr<JobResult> Client::MultiplyStream(const Job& job, void* out, size_t out_bytes,
                                                  const ProgressCallback& progress) {
+  if (!options_status_.ok()) return options_status_;
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
+  const absl::Time deadline = Deadline();
+  return WithRetries(options_.retry, deadline, [&] {
+    return StreamAttempt(job, *bytes, out, deadline, progress);
+  });
+}
+
+Client::Attempt Client::StreamAttempt(const Job& job, size_t matrix_bytes, void* out,
+                                      absl::Time deadline, const ProgressCallback& progress) {
   const v1::JobHeader header = MakeHeader(job);
-  const StreamPlan plan = PlanStream(job.matrix, *bytes, options_.chunk_bytes);
+  const StreamPlan plan = PlanStream(job.matrix, matrix_bytes, options_.chunk_bytes);
+  Attempt attempt;
   absl::StatusOr<v1::JobStats> stats;
   // Declared first so that it outlives the context and buffers holding its slices.
   wire::SliceLoans loans;
   {
     grpc::ClientContext context;
-    PrepareContext(&context);
+    PrepareContext(&context, deadline);
     StreamCall call(header, static_cast<const char*>(job.matrix.data), static_cast<char*>(out),
                     plan, progress, &loans);
     stats = call.Run(&generic_stub_, &context);
+    // Once part of the result has been delivered the job is not repeated.
+    attempt.retryable = !call.ReceivedResultBlock();
+    if (!stats.ok()) attempt.pushback = RetryPushback(context);
   }
   loans.WaitUntilReturned();
-  if (!stats.ok()) return stats.status();
+  if (!stats.ok()) {
+    attempt.result = stats.status();
+    return attempt;
+  }
   JobResult result;
   result.mode = TransferMode::kStream;
   result.stats = *std::move(stats);
-  return result;
+  attempt.result = std::move(result);
+  return attempt;
 }
 
 absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
+  if (!options_status_.ok()) return options_status_;
   grpc::ClientContext context;
-  PrepareContext(&context);
+  PrepareContext(&context, Deadline());
   v1::GetServerInfoResponse response;
   grpc::Status status = stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -201,8 +322,9 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
 }
 
 absl::StatusOr<HealthState> Client::Health(const std::string& service) {
+  if (!options_status_.ok()) return options_status_;
   grpc::ClientContext context;
-  PrepareContext(&context);
+  PrepareContext(&context, Deadline());
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;

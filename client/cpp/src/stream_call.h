@@ -45,6 +45,9 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   // Returns the job's stats, or the call's (or a protocol) error.
   absl::StatusOr<v1::JobStats> Run(grpc::GenericStub* stub, grpc::ClientContext* context);
 
+  // After Run: whether any result block arrived (and was written to `out`).
+  bool ReceivedResultBlock() const { return next_line_to_receive_ > 0; }
+
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;

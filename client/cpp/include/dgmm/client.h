@@ -11,7 +11,15 @@
 // Errors: every method returns an absl::Status whose code is the gRPC status
 // code of the call (see the status table in dgmm.proto) and whose message is
 // the server's. Problems the client detects itself (a buffer of the wrong
-// size, a server that breaks the protocol) are INVALID_ARGUMENT and INTERNAL.
+// size, unusable options, a server that breaks the protocol) are
+// INVALID_ARGUMENT and INTERNAL.
+//
+// Jobs that fail in a way that is safe to repeat are retried (RetryPolicy);
+// the job's deadline covers every attempt.
+//
+// Servers: one address ("127.0.0.1:50051"), a DNS name with several replicas
+// ("dns:///dgmm.svc:50051") or a list ("ipv4:127.0.0.1:50051,127.0.0.1:50052")
+// with load_balancing_policy "round_robin" to spread jobs over all of them.
 //
 // Thread safety: a Client is thread-safe; concurrent calls share one channel.
 #ifndef DGMM_CLIENT_CPP_INCLUDE_DGMM_CLIENT_H_
@@ -25,11 +33,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "dgmm/credentials.h"
 #include "dgmm/v1/dgmm.grpc.pb.h"
 #include "dgmm/v1/dgmm.pb.h"
 #include "grpc/health/v1/health.pb.h"
@@ -45,8 +55,29 @@ size_t ElementSize(v1::DType dtype);
 using ProgressCallback =
     std::function<void(int64_t bytes_sent, int64_t bytes_received, int64_t total_bytes)>;
 
+// Which failed jobs are tried again, how often and after how long. A job is
+// retried after
+//  - UNAVAILABLE (nothing listening, the connection lost, a server draining
+//    for shutdown), after an exponential backoff; with round_robin the next
+//    attempt goes to another server;
+//  - RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms` trailer
+//    (the server's admission queue was full), after the time it names.
+// Other errors are final, and so is any error of a streamed job once a
+// result block has arrived. No wait may end past the job's deadline.
+struct RetryPolicy {
+  // Attempts per job, the first included; 1 turns retries off.
+  int max_attempts = 4;
+  // The wait before the second attempt after UNAVAILABLE; each later wait is
+  // backoff_multiplier times longer, up to max_backoff. Waits are jittered
+  // by +-20% so that clients failed together do not retry together.
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(2);
+  double backoff_multiplier = 2.0;
+};
+
 struct ClientOptions {
-  // Per-call deadline; InfiniteDuration means none.
+  // Deadline of each call; for a job it covers all of its attempts.
+  // InfiniteDuration means none.
   absl::Duration deadline = absl::InfiniteDuration();
   // Largest Multiply request this client sends in one message. Match it to
   // the server's --max_unary_message_bytes (GetServerInfo.limits).
@@ -63,12 +94,27 @@ struct ClientOptions {
   // a single message from about 4 MiB up: 14.5 vs 17.3 ms at 4 MiB, 71 vs
   // 108 ms at 32 MiB).
   int64_t streaming_threshold_bytes = -1;
-  // Channel credentials; null means insecure (plaintext) transport.
+  // TLS (and mutual TLS with a client certificate); unset means plaintext.
+  std::optional<TlsOptions> tls;
+  // Other channel credentials, for what `tls` does not cover; at most one of
+  // `tls` and `credentials`. Both unset: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-  // gRPC load-balancing policy, e.g. "round_robin" for a DNS name that
-  // resolves to several replicas; empty keeps gRPC's default (pick_first).
+  // When not empty, sent as `authorization: Bearer <token>` metadata with
+  // every call (server --auth_token_file). Without TLS it crosses the network
+  // in clear text.
+  std::string bearer_token;
+  // gRPC load-balancing policy: "round_robin" spreads calls over every
+  // address of the target (a DNS name with several replicas, or an
+  // "ipv4:HOST:PORT,HOST:PORT" list); empty keeps gRPC's default
+  // (pick_first: one address at a time).
   std::string load_balancing_policy;
+  RetryPolicy retry;
 };
+
+// OK when `options` can be used: positive sizes, a sane retry policy, usable
+// TLS options and bearer token, not both `tls` and `credentials`.
+// INVALID_ARGUMENT naming the field otherwise.
+absl::Status CheckClientOptions(const ClientOptions& options);
 
 // The matrix A, read-only, in the caller's memory. `data` must hold
 // rows*cols elements of `dtype` in `layout` order (little-endian).
@@ -106,15 +152,22 @@ struct JobResult {
   v1::JobStats stats;
   // Which RPC carried the job.
   TransferMode mode = TransferMode::kUnary;
+  // Attempts the job took: 1 when the first succeeded (see RetryPolicy).
+  int attempts = 1;
 };
 
 class Client {
  public:
-  // Connects (lazily) to `target`, e.g. "127.0.0.1:50051" or
-  // "dns:///dgmm.svc:50051".
+  // A client of `target` (see the top of this file); INVALID_ARGUMENT when
+  // CheckClientOptions rejects `options`. Connects lazily, at the first call.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
+                                                        ClientOptions options = {});
+
+  // As Create, but options that CheckClientOptions rejects make every call
+  // return that error instead.
   explicit Client(const std::string& target, ClientOptions options = {});
-  // Uses an existing channel; options' credentials and load-balancing policy
-  // are ignored (they belong to the channel).
+  // Uses an existing channel; options' tls, credentials and load-balancing
+  // policy are ignored (they belong to the channel).
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options = {});
 
   Client(const Client&) = delete;
@@ -123,7 +176,7 @@ class Client {
   // Runs `job` and writes C into out[0, out_bytes), which must be exactly the
   // matrix's size; C has A's shape, dtype and layout. Uses Multiply when the
   // job is at most the streaming threshold (see ClientOptions), else
-  // MultiplyStream.
+  // MultiplyStream. Retries as RetryPolicy says.
   // On error the contents of `out` are unspecified.
   absl::StatusOr<JobResult> Multiply(const Job& job, void* out, size_t out_bytes,
                                      const ProgressCallback& progress = nullptr);
@@ -135,25 +188,37 @@ class Client {
   // Runs `job` over MultiplyStream, whatever its size: header, then blocks of
   // whole lines (rows of a row-major matrix, columns of a column-major one)
   // of at most chunk_bytes, while result blocks are placed into `out` as
-  // they arrive.
+  // they arrive. A retried job starts over: `progress` counts from 0 again.
   absl::StatusOr<JobResult> MultiplyStream(const Job& job, void* out, size_t out_bytes,
                                            const ProgressCallback& progress = nullptr);
 
-  // The server's version, devices, budgets, queue and limits.
+  // The server's version, devices, budgets, queue and limits (of the one
+  // server the call reached). Not retried.
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
 
   // Standard grpc.health.v1 Check of `service` ("" is the whole server):
   // SERVING, NOT_SERVING, ... An RPC failure is an error: UNAVAILABLE when
-  // nothing listens, NOT_FOUND for a service the server does not know.
+  // nothing listens, NOT_FOUND for a service the server does not know. Not
+  // retried, so that a probe sees the server as it is.
   absl::StatusOr<HealthState> Health(const std::string& service = "");
 
   const ClientOptions& options() const { return options_; }
 
  private:
-  // Applies the deadline option to a fresh context.
-  void PrepareContext(grpc::ClientContext* context) const;
+  // The deadline of a call or job starting now.
+  absl::Time Deadline() const;
+  // Applies `deadline` and the bearer token to a fresh context.
+  void PrepareContext(grpc::ClientContext* context, absl::Time deadline) const;
+  // One try of a job: its outcome, and what decides whether to try again.
+  struct Attempt;
+  Attempt UnaryAttempt(const Job& job, size_t matrix_bytes, void* out, size_t out_bytes,
+                       absl::Time deadline, const ProgressCallback& progress);
+  Attempt StreamAttempt(const Job& job, size_t matrix_bytes, void* out, absl::Time deadline,
+                        const ProgressCallback& progress);
 
   ClientOptions options_;
+  // CheckClientOptions(options_), returned by every call when not OK.
+  absl::Status options_status_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Dgmm::Stub> stub_;
   // For Multiply/MultiplyStream, whose payloads are sent from the caller's

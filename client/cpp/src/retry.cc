@@ -1,0 +1,63 @@
+#include "src/retry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/string_view.h"
+
+namespace dgmm {
+namespace {
+
+constexpr char kPushbackTrailer[] = "grpc-retry-pushback-ms";
+constexpr double kJitterFraction = 0.2;
+
+absl::Duration Backoff(const RetryPolicy& policy, int attempts_made, double jitter) {
+  const double growth = std::pow(policy.backoff_multiplier, attempts_made - 1);
+  const absl::Duration base = std::min(policy.initial_backoff * growth, policy.max_backoff);
+  return base * (1.0 + kJitterFraction * std::clamp(jitter, -1.0, 1.0));
+}
+
+}  // namespace
+
+std::optional<absl::Duration> RetryPushback(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  const auto found = trailers.find(kPushbackTrailer);
+  if (found == trailers.end()) return std::nullopt;
+  int64_t ms = 0;
+  if (!absl::SimpleAtoi(absl::string_view(found->second.data(), found->second.size()), &ms) ||
+      ms < 0) {
+    return std::nullopt;
+  }
+  return absl::Milliseconds(ms);
+}
+
+std::optional<absl::Duration> RetryDelay(const RetryPolicy& policy, int attempts_made,
+                                         const absl::Status& failure,
+                                         std::optional<absl::Duration> pushback, absl::Time now,
+                                         absl::Time deadline, double jitter) {
+  if (attempts_made >= policy.max_attempts) return std::nullopt;
+  std::optional<absl::Duration> wait;
+  switch (failure.code()) {
+    case absl::StatusCode::kUnavailable:
+      wait = Backoff(policy, attempts_made, jitter);
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      // Without the trailer the job itself is too large: retrying cannot help.
+      wait = pushback;
+      break;
+    default:
+      break;
+  }
+  if (!wait.has_value() || now + *wait >= deadline) return std::nullopt;
+  return wait;
+}
+
+double RandomJitter() {
+  thread_local std::mt19937 rng{std::random_device{}()};
+  return std::uniform_real_distribution<double>(-1.0, 1.0)(rng);
+}
+
+}  // namespace dgmm
