@@ -16,13 +16,12 @@
 
 namespace {
 
-#define FUZZ_CHECK(cond)                                              \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__,    \
-                   __LINE__, #cond);                                  \
-      std::abort();                                                   \
-    }                                                                 \
+#define FUZZ_CHECK(cond)                                                            \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)
 
 bool SameHeader(const dgmm::NpyHeader& a, const dgmm::NpyHeader& b) {

@@ -14,13 +14,12 @@
 
 namespace {
 
-#define FUZZ_CHECK(cond)                                              \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__,    \
-                   __LINE__, #cond);                                  \
-      std::abort();                                                   \
-    }                                                                 \
+#define FUZZ_CHECK(cond)                                                            \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)
 
 int64_t NextFirstLine(FuzzedDataProvider& in, int64_t expected) {
@@ -65,8 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   p.layout = in.ConsumeBool() ? dgmm::Layout::kColMajor : dgmm::Layout::kRowMajor;
   p.side = in.ConsumeBool() ? dgmm::Side::kLeft : dgmm::Side::kRight;
   // At least one line per block, as ValidateHeader guarantees for streams.
-  const int64_t max_block =
-      in.ConsumeIntegralInRange<int64_t>(p.line_bytes(), p.line_bytes() * 80);
+  const int64_t max_block = in.ConsumeIntegralInRange<int64_t>(p.line_bytes(), p.line_bytes() * 80);
   dgmm::StreamAssembler assembler(p, max_block);
 
   int64_t received = 0;  // the model: lines accepted so far
@@ -79,7 +77,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool valid = first_line == received && b > 0 && b <= max_block &&
                        b % p.line_bytes() == 0 && b / p.line_bytes() <= p.lines() - received;
     if (lines.ok() != valid) {
-      std::fprintf(stderr, "block first_line=%lld bytes=%zu on %lldx%lld (line %lld bytes, "
+      std::fprintf(stderr,
+                   "block first_line=%lld bytes=%zu on %lldx%lld (line %lld bytes, "
                    "max block %lld, %lld lines received): %s\n",
                    static_cast<long long>(first_line), bytes, static_cast<long long>(p.rows),
                    static_cast<long long>(p.cols), static_cast<long long>(p.line_bytes()),

@@ -14,13 +14,12 @@
 
 namespace {
 
-#define FUZZ_CHECK(cond)                                              \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__,    \
-                   __LINE__, #cond);                                  \
-      std::abort();                                                   \
-    }                                                                 \
+#define FUZZ_CHECK(cond)                                                            \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)
 
 bool IsRejection(const absl::Status& s) {
@@ -76,8 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dgmm::Problem p;
   p.rows = header.rows() & 0xffff;
   p.cols = header.cols() & 0xffff;
-  p.dtype = header.dtype() == dgmm::v1::DTYPE_FLOAT64 ? dgmm::DType::kFloat64
-                                                      : dgmm::DType::kFloat32;
+  p.dtype =
+      header.dtype() == dgmm::v1::DTYPE_FLOAT64 ? dgmm::DType::kFloat64 : dgmm::DType::kFloat32;
   const absl::Status s = dgmm::ValidateMatrixPayload(p, size);
   FUZZ_CHECK(s.ok() == (static_cast<int64_t>(size) == p.matrix_bytes()));
   return 0;
