@@ -4,6 +4,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "absl/time/clock.h"
 #include "service/device.h"
@@ -15,20 +17,25 @@ namespace {
 using EchoReactorBase =
     grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>;
 
-// One Echo call. Mirrors the MultiplyStream reactor's flow (service/handlers.cc)
-// minus admission and compute: a block read is moved into a response and
-// queued for writing; reading stops while kStreamWindowBlocks blocks are
-// held. Every field is guarded by mu_.
-class EchoReactor final : public EchoReactorBase {
+// One Echo call: the MultiplyStream reactor's flow (service/handlers.cc)
+// minus admission and compute. A block read is queued, handed to an engine
+// worker in order, one at a time (where a job computes it; here nothing is
+// done to it), and its bytes are moved into a response and written from the
+// worker, as a computed block is. Reading stops while kStreamWindowBlocks
+// blocks are held. Shared by the reactor and the worker tasks; every field
+// is guarded by mu_.
+class EchoCall : public std::enable_shared_from_this<EchoCall> {
  public:
-  EchoReactor(grpc::CallbackServerContext* context, const RequestLimits& limits)
-      : context_(context), limits_(limits), arrived_(absl::Now()) {
+  EchoCall(Engine* engine, grpc::CallbackServerContext* context, EchoReactorBase* reactor)
+      : engine_(engine), context_(context), reactor_(reactor), arrived_(absl::Now()) {}
+
+  void Begin() {
     std::lock_guard lock(mu_);
     reading_ = true;
-    StartRead(&request_);
+    reactor_->StartRead(&request_);
   }
 
-  void OnReadDone(bool ok) override {
+  void OnReadDone(bool ok) {
     std::lock_guard lock(mu_);
     reading_ = false;
     if (finished_ || pending_error_.has_value()) return;
@@ -39,7 +46,7 @@ class EchoReactor final : public EchoReactorBase {
     }
   }
 
-  void OnWriteDone(bool ok) override {
+  void OnWriteDone(bool ok) {
     std::lock_guard lock(mu_);
     writing_ = false;
     if (writing_block_) window_--;
@@ -59,14 +66,23 @@ class EchoReactor final : public EchoReactorBase {
     PumpLocked();
   }
 
-  void OnCancel() override {
+  void OnCancel() {
     std::lock_guard lock(mu_);
     FailLocked(absl::CancelledError("the client cancelled the call"));
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() {
+    std::lock_guard lock(mu_);
+    reactor_ = nullptr;
+    finished_ = true;
+  }
 
  private:
+  struct Block {
+    int64_t first_line = 0;
+    std::string data;
+  };
+
   void OnHeaderLocked(bool ok) {
     if (!ok) {
       FailLocked(absl::InvalidArgumentError(
@@ -78,15 +94,16 @@ class EchoReactor final : public EchoReactorBase {
           "the first message of Echo must be a header, got a block"));
       return;
     }
-    auto job = ValidateHeader(request_.header(), limits_, /*streamed=*/true);
+    const RequestLimits& limits = engine_->options().limits;
+    auto job = ValidateHeader(request_.header(), limits, /*streamed=*/true);
     if (!job.ok()) {
       FailLocked(job.status());
       return;
     }
-    assembler_.emplace(job->problem, limits_.max_block_bytes);
+    assembler_.emplace(job->problem, limits.max_block_bytes);
     request_.Clear();
     auto accepted = std::make_unique<v1::MultiplyStreamResponse>();
-    accepted->mutable_accepted()->set_max_block_bytes(limits_.max_block_bytes);
+    accepted->mutable_accepted()->set_max_block_bytes(limits.max_block_bytes);
     write_queue_.push_back({std::move(accepted), false});
     PumpLocked();
   }
@@ -114,23 +131,21 @@ class EchoReactor final : public EchoReactorBase {
       return;
     }
     bytes_ += static_cast<int64_t>(block->data().size());
-    auto out = std::make_unique<v1::MultiplyStreamResponse>();
-    out->mutable_block()->set_first_line(block->first_line());
-    out->mutable_block()->set_data(std::move(*block->mutable_data()));
+    forward_queue_.push_back(Block{block->first_line(), std::move(*block->mutable_data())});
     request_.Clear();
-    write_queue_.push_back({std::move(out), true});
     window_++;
     PumpLocked();
   }
 
-  // Starts the next read and the next write if they may start, and queues
-  // the stats once every block has gone out.
+  // Starts whatever can start: the next read, the next hand-off to a
+  // worker, the next write, or the final stats.
   void PumpLocked() {
     if (finished_ || pending_error_.has_value()) return;
     if (!reading_ && !input_done_ && window_ < kStreamWindowBlocks) {
       reading_ = true;
-      StartRead(&request_);
+      reactor_->StartRead(&request_);
     }
+    if (!forwarding_ && !forward_queue_.empty()) StartForwardLocked();
     if (input_done_ && !stats_sent_ && window_ == 0) {
       auto stats = std::make_unique<v1::MultiplyStreamResponse>();
       stats->mutable_stats()->set_device("echo");
@@ -146,13 +161,30 @@ class EchoReactor final : public EchoReactorBase {
       in_flight_ = std::move(write_queue_.front().first);
       writing_block_ = write_queue_.front().second;
       write_queue_.pop_front();
-      StartWrite(in_flight_.get());
+      reactor_->StartWrite(in_flight_.get());
     }
+  }
+
+  void StartForwardLocked() {
+    forwarding_ = true;
+    auto block = std::make_shared<Block>(std::move(forward_queue_.front()));
+    forward_queue_.pop_front();
+    engine_->Post([self = shared_from_this(), block] {
+      auto out = std::make_unique<v1::MultiplyStreamResponse>();
+      out->mutable_block()->set_first_line(block->first_line);
+      out->mutable_block()->set_data(std::move(block->data));
+      std::lock_guard lock(self->mu_);
+      self->forwarding_ = false;
+      if (self->finished_ || self->pending_error_.has_value()) return;
+      self->write_queue_.push_back({std::move(out), true});
+      self->PumpLocked();
+    });
   }
 
   // Ends the call with `s` once, after the write in flight if there is one.
   void FailLocked(const absl::Status& s) {
     if (finished_ || pending_error_.has_value()) return;
+    forward_queue_.clear();
     write_queue_.clear();
     if (writing_) {
       pending_error_ = s;
@@ -164,19 +196,22 @@ class EchoReactor final : public EchoReactorBase {
   void FinishLocked(const absl::Status& s) {
     if (finished_) return;
     finished_ = true;
-    Finish(ToGrpcStatus(s, context_));
+    if (reactor_ != nullptr) reactor_->Finish(ToGrpcStatus(s, context_));
   }
 
+  Engine* const engine_;
   grpc::CallbackServerContext* const context_;
-  const RequestLimits limits_;
-  const absl::Time arrived_;
   std::mutex mu_;
+  EchoReactorBase* reactor_;  // null once the call is done
+  const absl::Time arrived_;
   v1::MultiplyStreamRequest request_;
   std::optional<StreamAssembler> assembler_;
+  std::deque<Block> forward_queue_;
   std::deque<std::pair<std::unique_ptr<v1::MultiplyStreamResponse>, bool>> write_queue_;
   std::unique_ptr<v1::MultiplyStreamResponse> in_flight_;
   bool writing_block_ = false;
   bool reading_ = false;
+  bool forwarding_ = false;
   bool writing_ = false;
   bool input_done_ = false;
   bool stats_sent_ = false;
@@ -186,11 +221,29 @@ class EchoReactor final : public EchoReactorBase {
   int64_t bytes_ = 0;
 };
 
+class EchoReactor final : public EchoReactorBase {
+ public:
+  EchoReactor(Engine* engine, grpc::CallbackServerContext* context)
+      : call_(std::make_shared<EchoCall>(engine, context, this)) {
+    call_->Begin();
+  }
+  void OnReadDone(bool ok) override { call_->OnReadDone(ok); }
+  void OnWriteDone(bool ok) override { call_->OnWriteDone(ok); }
+  void OnCancel() override { call_->OnCancel(); }
+  void OnDone() override {
+    call_->OnDone();
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<EchoCall> call_;
+};
+
 }  // namespace
 
 grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
 EchoService::Echo(grpc::CallbackServerContext* context) {
-  return new EchoReactor(context, limits_);
+  return new EchoReactor(engine_, context);
 }
 
 }  // namespace dgmm

@@ -6,14 +6,16 @@
 #define DGMM_SERVICE_ECHO_SERVICE_H_
 
 #include "dgmm/bench/v1/echo.grpc.pb.h"
-#include "service/validator.h"
+#include "service/engine.h"
 
 namespace dgmm {
 
 class EchoService final : public bench::v1::Echo::CallbackService {
  public:
-  // Headers and blocks are held to the same limits as MultiplyStream's.
-  explicit EchoService(const RequestLimits& limits) : limits_(limits) {}
+  // Headers and blocks are held to the engine's limits, like
+  // MultiplyStream's, and blocks hop through the engine's workers the way
+  // computed blocks do. `engine` must outlive the service.
+  explicit EchoService(Engine* engine) : engine_(engine) {}
 
   // Header, accepted, then each block back as it came, then stats. The same
   // protocol checks as MultiplyStream (INVALID_ARGUMENT); no admission, no
@@ -22,7 +24,7 @@ class EchoService final : public bench::v1::Echo::CallbackService {
       grpc::CallbackServerContext* context) override;
 
  private:
-  const RequestLimits limits_;
+  Engine* const engine_;
 };
 
 }  // namespace dgmm

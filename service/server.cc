@@ -69,7 +69,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   if (options.enable_bench_echo) {
-    s->echo_ = std::make_unique<EchoService>(s->engine_->options().limits);
+    s->echo_ = std::make_unique<EchoService>(s->engine_.get());
     builder.RegisterService(s->echo_.get());
   }
   const EngineOptions& eo = s->engine_->options();
