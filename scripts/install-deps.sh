@@ -13,6 +13,7 @@ build_pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   grpc-proto libcivetweb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang-14 libclang-rt-14-dev
   python3 python3-grpcio python3-numpy python3-protobuf python3-yaml
   iperf3 nginx-light openssl curl
 )
@@ -25,6 +26,8 @@ esac
 # Ubuntu 24.04 (the Docker image's base) names some packages differently: t64
 # suffixes on runtime libraries, and plain `nginx` where Debian 12 has the
 # nginx-light flavour. Map them; Debian's lists above stay as they are.
+# clang-14 and libclang-rt-14-dev (libFuzzer, for scripts/fuzz.sh) have the
+# same names in both.
 if grep -q 'ID=ubuntu' /etc/os-release 2>/dev/null; then
   case "$mode" in
     runtime) want=(libgrpc++1.51t64 libprotobuf32t64 libcivetweb1) ;;
