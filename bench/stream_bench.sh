@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# End-to-end streaming benchmark over loopback (issue 5): for each N, a dgmm
+# multiply and an echo of the same bytes through the same streaming RPC shape,
+# against the raw TCP loopback bandwidth measured in the same run; then the
+# server's peak RSS during one streamed N=40000 job. Prints a Markdown table
+# with every target MET or MISSED and writes it, the raw CSV and the log to
+# the output folder.
+#
+#   bench/stream_bench.sh [options] [-- extra dgmm-server flags]
+#     --build DIR      build tree with service/dgmm-server and bench/stream_bench
+#                      (default build-stream)
+#     --backend B      dgmm-server --backend (default auto: the GPU if any)
+#     --sizes LIST     N values (default 1000,4000,10000,20000)
+#     --reps R         calls per N and mode, median reported (default 3)
+#     --rss_n N        N of the memory check (default 40000; 0 skips it)
+#     --tcp_seconds S  length of each iperf3 test (default 5)
+#     --out DIR        where results go (default $OUT, else bench/results/stream/latest)
+#     --commit SHA     commit to record (default: git rev-parse HEAD, with +dirty)
+#
+# iperf3 is looked up in PATH, then next to stream_bench (the bench's CMake
+# copies this machine's iperf3 there, so a packed build tree carries it to a
+# machine that cannot install it). Without it the TCP ceiling is measured
+# with a Python socket pair instead, and the table says so.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+command_line="bench/stream_bench.sh $*"
+build=build-stream
+backend=auto
+sizes=1000,4000,10000,20000
+reps=3
+rss_n=40000
+tcp_seconds=5
+out=${OUT:-}
+commit=
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --backend) backend=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
+    --rss_n) rss_n=$2; shift 2 ;;
+    --tcp_seconds) tcp_seconds=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --commit) commit=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "stream_bench.sh: unknown option $1 (see the comment at the top)" >&2; exit 2 ;;
+  esac
+done
+server_flags=("$@")
+cd "$root"
+out=${out:-bench/results/stream/latest}
+mkdir -p "$out"
+server_bin=$build/service/dgmm-server
+bench_bin=$build/bench/stream_bench
+for b in "$server_bin" "$bench_bin"; do
+  [[ -x $b ]] || { echo "stream_bench.sh: $b not built (cmake --build $build --target dgmm-server stream_bench)" >&2; exit 2; }
+done
+if [[ -z $commit ]]; then
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && commit="$commit+dirty"
+fi
+
+tmp=$(mktemp -d)
+server_pid=
+iperf_pid=
+cleanup() {
+  [[ -n $iperf_pid ]] && kill "$iperf_pid" 2>/dev/null
+  [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+log=$out/stream_bench.log
+: > "$log"
+say() { echo "$*" | tee -a "$log" >&2; }
+
+# ---------------------------------------------------------------- machine
+cpu_model=$(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)
+mem_gib=$(awk '/^MemTotal/{printf "%.0f", $2/1048576}' /proc/meminfo)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+{
+  echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "machine=$(nproc) cores ($cpu_model), ${mem_gib} GiB${gpu:+, GPU: $gpu}"
+  echo "load=$(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "commit=$commit"
+  echo "command=$command_line"
+  echo "server_flags=--backend=$backend --enable_bench_echo ${server_flags[*]}"
+} > "$tmp/meta"
+cat "$tmp/meta" | tee -a "$log" >&2
+
+# ---------------------------------------------------------- TCP ceiling
+iperf=$(command -v iperf3 || true)
+[[ -z $iperf && -x $build/bench/iperf3 ]] && iperf=$build/bench/iperf3
+if [[ -n $iperf ]] && ! "$iperf" --version >/dev/null 2>&1; then
+  say "iperf3 at $iperf does not run here (missing libraries?); falling back"
+  iperf=
+fi
+tcp_port=$(( 20000 + RANDOM % 20000 ))
+iperf_rate() {  # $1: extra iperf3 client flags; prints GB/s received (sum of both ways for --bidir)
+  "$iperf" -c 127.0.0.1 -p "$tcp_port" -t "$tcp_seconds" -J $1 > "$tmp/iperf.json" 2>>"$log" || return 1
+  python3 - "$tmp/iperf.json" <<'PY'
+import json, sys
+end = json.load(open(sys.argv[1]))["end"]
+bps = end["sum_received"]["bits_per_second"] + end.get("sum_received_bidir_reverse", {}).get("bits_per_second", 0)
+print(f"{bps / 8e9:.3f}")
+PY
+}
+python_rate() {  # $1: "uni" or "bidir"; prints GB/s received
+  python3 - "$1" "$tcp_seconds" <<'PY'
+import socket, sys, threading, time
+mode, seconds = sys.argv[1], float(sys.argv[2])
+chunk = 1 << 20
+def pair():
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+    c = socket.create_connection(srv.getsockname()); s, _ = srv.accept(); srv.close()
+    return c, s
+def send(sock, stop):
+    buf = b"\0" * chunk
+    while not stop.is_set():
+        sock.sendall(buf)
+    sock.shutdown(socket.SHUT_WR)
+def recv(sock, total):
+    buf = bytearray(chunk); view = memoryview(buf); n = 0
+    while True:
+        k = sock.recv_into(view)
+        if k == 0: break
+        n += k
+    total.append(n)
+stop, totals, threads = threading.Event(), [], []
+for _ in range(2 if mode == "bidir" else 1):
+    c, s = pair()
+    threads += [threading.Thread(target=send, args=(c, stop)), threading.Thread(target=recv, args=(s, totals))]
+t0 = time.time()
+for t in threads: t.start()
+time.sleep(seconds); stop.set()
+for t in threads: t.join()
+print(f"{sum(totals) / (time.time() - t0) / 1e9:.3f}")
+PY
+}
+measure_tcp() {  # $1: label; appends label, tool, uni, bidir (tab-separated) to $tmp/tcp
+  local uni bidir tool
+  if [[ -n $iperf ]]; then
+    tool="iperf3 (single TCP stream, loopback)"
+    uni=$(iperf_rate "") || uni=
+    bidir=$(iperf_rate "--bidir") || bidir=
+  fi
+  if [[ -z ${uni:-} ]]; then
+    tool="python3 socket pair (iperf3 not available; not comparable with iperf3 figures)"
+    uni=$(python_rate uni)
+    bidir=$(python_rate bidir)
+  fi
+  printf '%s\t%s\t%s\t%s\n' "$1" "$tool" "$uni" "$bidir" >> "$tmp/tcp"
+  say "TCP loopback ($1): $uni GB/s one way, $bidir GB/s both ways together [$tool]"
+}
+: > "$tmp/tcp"
+if [[ -n $iperf ]]; then
+  "$iperf" -s -p "$tcp_port" > "$tmp/iperf-server.log" 2>&1 &
+  iperf_pid=$!
+  sleep 0.5
+else
+  say "iperf3 not found (PATH or $build/bench/iperf3): measuring the TCP ceiling with Python sockets"
+fi
+measure_tcp before
+
+# ----------------------------------------------------------------- server
+"$server_bin" --listen=127.0.0.1:0 --port_file="$tmp/port" --backend="$backend" \
+  --enable_bench_echo "${server_flags[@]}" > "$tmp/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 300); do [[ -s $tmp/port ]] && break; sleep 0.1; done
+[[ -s $tmp/port ]] || { cat "$tmp/server.log" >&2; echo "stream_bench.sh: the server did not start" >&2; exit 1; }
+target=127.0.0.1:$(cat "$tmp/port")
+say "dgmm-server pid $server_pid at $target"
+
+hwm_reset() { echo 5 > "/proc/$server_pid/clear_refs" 2>/dev/null || say "cannot reset VmHWM; peaks are since server start"; }
+hwm_kib() { awk '/^VmHWM/{print $2}' "/proc/$server_pid/status"; }
+
+failed=0
+echo "mode,n,bytes_each_way,block_bytes,wall_s,server_total_s,backend,device,bad_blocks" > "$tmp/runs.csv"
+echo "n,phase,server_peak_rss_kib" > "$tmp/rss.csv"
+IFS=, read -ra size_list <<< "$sizes"
+for n in "${size_list[@]}"; do
+  hwm_reset
+  "$bench_bin" --target="$target" --sizes="$n" --reps="$reps" --header=false \
+    >> "$tmp/runs.csv" 2>> "$log" || { failed=1; say "stream_bench failed for N=$n"; }
+  echo "$n,sweep,$(hwm_kib)" >> "$tmp/rss.csv"
+  say "N=$n done; server VmHWM $(hwm_kib) KiB"
+done
+if [[ $rss_n -gt 0 ]]; then
+  hwm_reset
+  "$bench_bin" --target="$target" --sizes="$rss_n" --modes=multiply --reps=1 --warmup=false \
+    --header=false >> "$tmp/runs.csv" 2>> "$log" || { failed=1; say "stream_bench failed for N=$rss_n"; }
+  echo "$rss_n,rss_check,$(hwm_kib)" >> "$tmp/rss.csv"
+  say "N=$rss_n multiply done; server VmHWM $(hwm_kib) KiB"
+fi
+kill "$server_pid" && wait "$server_pid"
+server_pid=
+cat "$tmp/server.log" >> "$log"
+
+measure_tcp after
+cp "$tmp/runs.csv" "$out/stream_bench.csv"
+cp "$tmp/rss.csv" "$out/stream_bench_rss.csv"
+
+# ------------------------------------------------------------------ table
+python3 - "$tmp/meta" "$tmp/tcp" "$tmp/runs.csv" "$tmp/rss.csv" "$rss_n" > "$out/stream_bench.md" <<'PY'
+import csv, statistics, sys
+meta = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[1]) if "=" in l)
+tcp = [l.rstrip("\n").split("\t") for l in open(sys.argv[2]) if l.strip()]
+runs = list(csv.DictReader(open(sys.argv[3])))
+rss = list(csv.DictReader(open(sys.argv[4])))
+rss_n = int(sys.argv[5])
+RATIO_MAX, SHARE_MIN, RSS_MAX_MIB, RATIO_FROM_N = 1.15, 0.50, 512, 4000
+
+def verdict(ok): return "MET" if ok else "MISSED"
+def wall(mode, n):
+    w = [float(r["wall_s"]) for r in runs if r["mode"] == mode and int(r["n"]) == n]
+    return statistics.median(w) if w else None
+
+rates = [float(t[2]) for t in tcp if t[2]]
+ceiling = max(rates) if rates else None
+tool = tcp[0][1] if tcp else "none"
+print(f"# Streaming end to end over loopback\n")
+for k in ("date", "machine", "load", "commit", "command", "server_flags"):
+    print(f"- {k}: `{meta.get(k, '')}`")
+print(f"- backend that ran the multiplies: {', '.join(sorted({r['backend'] + ' on ' + r['device'] for r in runs if r['mode'] == 'multiply'})) or 'none'}")
+print(f"- every returned block compared with the expected bytes: {sum(int(r['bad_blocks']) for r in runs)} wrong blocks")
+print(f"- TCP loopback ceiling: {tool}")
+for t in tcp:
+    print(f"  - {t[0]} the gRPC runs: {t[2] or '?'} GB/s one way, {t[3] or '?'} GB/s both ways together")
+print(f"  - ceiling used below: the larger one-way figure, {ceiling if ceiling else 'n/a'} GB/s\n")
+
+print("| N | MB each way | echo s | multiply s | multiply / echo | ≤ 1.15 (N ≥ 4000) | in+out GB/s | share of TCP | ≥ 50% (N ≥ 4000) | server peak RSS MiB |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+worst_ratio, worst_share = None, None
+ns = sorted({int(r["n"]) for r in runs if r["mode"] == "echo"})
+for n in ns:
+    e, m = wall("echo", n), wall("multiply", n)
+    nbytes = 4 * n * n
+    ratio = m / e if e and m else None
+    gbps = 2 * nbytes / m / 1e9 if m else None
+    share = gbps / ceiling if gbps and ceiling else None
+    peak = next((int(r["server_peak_rss_kib"]) / 1024 for r in rss if int(r["n"]) == n and r["phase"] == "sweep"), None)
+    gated = n >= RATIO_FROM_N
+    if gated and ratio is not None and (worst_ratio is None or ratio > worst_ratio[0]): worst_ratio = (ratio, n, m, e)
+    if gated and share is not None and (worst_share is None or share < worst_share[0]): worst_share = (share, n, gbps)
+    f = lambda x, p=3: "n/a" if x is None else f"{x:.{p}f}"
+    print(f"| {n} | {nbytes / 1e6:.0f} | {f(e)} | {f(m)} | {f(ratio)} | {verdict(ratio <= RATIO_MAX) if gated and ratio else '—'} "
+          f"| {f(gbps)} | {f(share)} | {verdict(share >= SHARE_MIN) if gated and share else '—'} | {f(peak, 0)} |")
+print()
+print("Times are the median of the calls' wall time on the client (header to final status);")
+print("in+out GB/s = 2 × bytes each way / multiply time. Server peak RSS: VmHWM, reset before each N")
+print("(echo and multiply calls of that N together).\n")
+
+print("| target | measured | ratio | verdict |\n|---|---|---|---|")
+if worst_ratio:
+    r, n, m, e = worst_ratio
+    print(f"| multiply ≤ 1.15 × echo, N ≥ 4000 | worst N={n}: {m:.3f} s vs {e:.3f} s | {r:.3f} | {verdict(r <= RATIO_MAX)} |")
+else:
+    print("| multiply ≤ 1.15 × echo, N ≥ 4000 | no run | | MISSED |")
+if worst_share:
+    s, n, g = worst_share
+    print(f"| in+out throughput ≥ 50% of TCP loopback, N ≥ 4000 | worst N={n}: {g:.3f} vs {ceiling:.3f} GB/s | {s:.3f} | {verdict(s >= SHARE_MIN)} |")
+else:
+    print("| in+out throughput ≥ 50% of TCP loopback, N ≥ 4000 | TCP ceiling not measured | | n/a |")
+chk = next((r for r in rss if r["phase"] == "rss_check"), None)
+if chk:
+    mib = int(chk["server_peak_rss_kib"]) / 1024
+    m = wall("multiply", rss_n)
+    extra = f", job {m:.2f} s, {2 * 4 * rss_n * rss_n / m / 1e9:.3f} GB/s in+out" if m else ", job failed"
+    print(f"| server peak RSS ≤ 512 MiB, streamed N={rss_n} float32 ({4 * rss_n * rss_n / 1e9:.1f} GB each way) | {mib:.0f} MiB{extra} | {mib / RSS_MAX_MIB:.3f} | {verdict(mib <= RSS_MAX_MIB and m is not None)} |")
+PY
+cat "$out/stream_bench.md"
+exit $failed
