@@ -176,8 +176,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
   return std::make_unique<Client>(target, std::move(options));
 }
 
+// `options` is copied, not moved: the order in which the two arguments are
+// evaluated is unspecified, and MakeChannel must see the caller's options.
 Client::Client(const std::string& target, ClientOptions options)
-    : Client(MakeChannel(target, options), std::move(options)) {}
+    : Client(MakeChannel(target, options), options) {}
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(std::move(options)),

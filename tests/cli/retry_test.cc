@@ -1,0 +1,334 @@
+// dgmm::Client's retries, against an in-process fake dgmm service whose
+// failures the test scripts: which codes are retried, how long it waits, when
+// it gives up, and that a streamed job is not repeated once results arrived.
+// Also RetryDelay's backoff arithmetic.
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "dgmm/client.h"
+#include "dgmm/v1/dgmm.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/retry.h"
+
+namespace dgmm {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A Dgmm service for float32 row-major SIDE_RIGHT jobs. FailNext scripts the
+// next calls' failures; a failing stream either refuses the job at once or,
+// with after_first_block, sends StreamAccepted and one result line first.
+class FlakyDgmm final : public v1::Dgmm::Service {
+ public:
+  void FailNext(int calls, grpc::Status status, std::string pushback_ms = "",
+                bool after_first_block = false) {
+    absl::MutexLock lock(&mu_);
+    failures_left_ = calls;
+    failure_ = std::move(status);
+    pushback_ms_ = std::move(pushback_ms);
+    after_first_block_ = after_first_block;
+  }
+  int calls() const { return calls_.load(); }
+  std::string last_authorization() {
+    absl::MutexLock lock(&mu_);
+    return last_authorization_;
+  }
+
+  grpc::Status Multiply(grpc::ServerContext* context, const v1::MultiplyRequest* request,
+                        v1::MultiplyResponse* response) override {
+    if (std::optional<grpc::Status> failure = NextFailure(context, nullptr)) return *failure;
+    *response->mutable_result() = Scale(request->header(), request->matrix());
+    response->mutable_stats()->set_device("fake");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status MultiplyStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::MultiplyStreamResponse, v1::MultiplyStreamRequest>* stream)
+      override {
+    v1::MultiplyStreamRequest request;
+    if (!stream->Read(&request) || !request.has_header()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no header");
+    }
+    const v1::JobHeader header = request.header();
+    bool fail_after_block = false;
+    if (std::optional<grpc::Status> failure = NextFailure(context, &fail_after_block);
+        failure.has_value() && !fail_after_block) {
+      return *failure;
+    }
+    std::string matrix;
+    while (stream->Read(&request)) matrix += request.block().data();
+    v1::MultiplyStreamResponse response;
+    response.mutable_accepted()->set_job_id(1);
+    stream->Write(response);
+    const std::string result = Scale(header, matrix);
+    const size_t line_bytes = static_cast<size_t>(header.cols()) * sizeof(float);
+    const size_t first_block = fail_after_block ? line_bytes : result.size();
+    response.mutable_block()->set_first_line(0);
+    response.mutable_block()->set_data(result.substr(0, first_block));
+    stream->Write(response);
+    if (fail_after_block) return failure_copy();
+    response.mutable_stats()->set_device("fake");
+    stream->Write(response);
+    return grpc::Status::OK;
+  }
+
+ private:
+  // Counts the call and returns its scripted failure, if any (adding the
+  // pushback trailer); *after_block says whether a stream fails late.
+  std::optional<grpc::Status> NextFailure(grpc::ServerContext* context, bool* after_block) {
+    calls_.fetch_add(1);
+    absl::MutexLock lock(&mu_);
+    const auto auth = context->client_metadata().find("authorization");
+    last_authorization_ = auth == context->client_metadata().end()
+                              ? ""
+                              : std::string(auth->second.data(), auth->second.size());
+    if (failures_left_ == 0) return std::nullopt;
+    --failures_left_;
+    if (!pushback_ms_.empty()) context->AddTrailingMetadata("grpc-retry-pushback-ms", pushback_ms_);
+    if (after_block != nullptr) *after_block = after_first_block_;
+    return failure_;
+  }
+  grpc::Status failure_copy() {
+    absl::MutexLock lock(&mu_);
+    return failure_;
+  }
+  static std::string Scale(const v1::JobHeader& header, const std::string& matrix) {
+    std::vector<float> a(matrix.size() / sizeof(float)), d(header.diagonal().size() / 4);
+    std::memcpy(a.data(), matrix.data(), matrix.size());
+    std::memcpy(d.data(), header.diagonal().data(), header.diagonal().size());
+    for (size_t k = 0; k < a.size(); ++k) a[k] *= d[k % d.size()];
+    return std::string(reinterpret_cast<const char*>(a.data()), matrix.size());
+  }
+
+  std::atomic<int> calls_{0};
+  absl::Mutex mu_;
+  int failures_left_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::string pushback_ms_ ABSL_GUARDED_BY(mu_);
+  bool after_first_block_ ABSL_GUARDED_BY(mu_) = false;
+  std::string last_authorization_ ABSL_GUARDED_BY(mu_);
+};
+
+class RetryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = "127.0.0.1:" + std::to_string(port);
+    for (int k = 0; k < kRows * kCols; ++k) a_[k] = static_cast<float>(k % 5) + 1;
+    for (int j = 0; j < kCols; ++j) d_[j] = static_cast<float>(j) - 1.5f;
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  ClientOptions FastRetries() const {
+    ClientOptions options;
+    options.deadline = absl::Seconds(20);
+    options.retry.initial_backoff = absl::Milliseconds(5);
+    options.retry.max_backoff = absl::Milliseconds(20);
+    return options;
+  }
+  Job MakeJob() const {
+    Job job;
+    job.matrix = {a_, kRows, kCols, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR};
+    job.diagonal = d_;
+    job.diagonal_bytes = sizeof(d_);
+    return job;
+  }
+  absl::StatusOr<JobResult> Run(Client& client, TransferMode mode) {
+    std::fill(std::begin(c_), std::end(c_), -1.0f);
+    return mode == TransferMode::kUnary ? client.MultiplyUnary(MakeJob(), c_, sizeof(c_))
+                                        : client.MultiplyStream(MakeJob(), c_, sizeof(c_));
+  }
+  bool ResultIsRight() const {
+    for (int k = 0; k < kRows * kCols; ++k) {
+      if (c_[k] != a_[k] * d_[k % kCols]) return false;
+    }
+    return true;
+  }
+
+  static constexpr int kRows = 6, kCols = 4;
+  FlakyDgmm service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  float a_[kRows * kCols], d_[kCols], c_[kRows * kCols];
+};
+
+TEST_F(RetryTest, UnavailableIsRetriedUntilTheJobSucceedsInBothModes) {
+  Client client(address_, FastRetries());
+  for (TransferMode mode : {TransferMode::kUnary, TransferMode::kStream}) {
+    const int before = service_.calls();
+    service_.FailNext(2, grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining"));
+    absl::StatusOr<JobResult> r = Run(client, mode);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->attempts, 3);
+    EXPECT_EQ(service_.calls() - before, 3);
+    EXPECT_TRUE(ResultIsRight());
+  }
+}
+
+TEST_F(RetryTest, GivesUpAfterMaxAttemptsAndSaysHowMany) {
+  ClientOptions options = FastRetries();
+  options.retry.max_attempts = 3;
+  Client client(address_, options);
+  service_.FailNext(100, grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"));
+  absl::StatusOr<JobResult> r = Run(client, TransferMode::kUnary);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr("down (after 3 attempts)"));
+  EXPECT_EQ(service_.calls(), 3);
+}
+
+TEST_F(RetryTest, OneAttemptTurnsRetriesOff) {
+  ClientOptions options = FastRetries();
+  options.retry.max_attempts = 1;
+  Client client(address_, options);
+  service_.FailNext(1, grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"));
+  EXPECT_EQ(Run(client, TransferMode::kUnary).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(service_.calls(), 1);
+}
+
+TEST_F(RetryTest, FullQueueWithPushbackIsRetriedAfterTheHintedWait) {
+  Client client(address_, FastRetries());
+  for (TransferMode mode : {TransferMode::kUnary, TransferMode::kStream}) {
+    service_.FailNext(1, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full"), "300");
+    const absl::Time start = absl::Now();
+    absl::StatusOr<JobResult> r = Run(client, mode);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+    EXPECT_EQ(r->attempts, 2);
+    EXPECT_TRUE(ResultIsRight());
+  }
+}
+
+TEST_F(RetryTest, ResourceExhaustedWithoutPushbackIsFinal) {
+  Client client(address_, FastRetries());
+  service_.FailNext(1, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "over the budget"));
+  absl::StatusOr<JobResult> r = Run(client, TransferMode::kUnary);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(r.status().message(), "over the budget");
+  EXPECT_EQ(service_.calls(), 1);
+}
+
+TEST_F(RetryTest, PushbackPastTheDeadlineIsNotWaitedFor) {
+  ClientOptions options = FastRetries();
+  options.deadline = absl::Seconds(1);
+  Client client(address_, options);
+  service_.FailNext(1, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full"), "5000");
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Run(client, TransferMode::kUnary).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(service_.calls(), 1);
+}
+
+TEST_F(RetryTest, OtherCodesAreFinal) {
+  Client client(address_, FastRetries());
+  for (grpc::StatusCode code : {grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::INTERNAL,
+                                grpc::StatusCode::UNAUTHENTICATED}) {
+    const int before = service_.calls();
+    service_.FailNext(1, grpc::Status(code, "no"));
+    EXPECT_EQ(static_cast<int>(Run(client, TransferMode::kUnary).status().code()),
+              static_cast<int>(code));
+    EXPECT_EQ(service_.calls() - before, 1);
+  }
+}
+
+TEST_F(RetryTest, StreamIsNotRepeatedOnceAResultBlockArrived) {
+  Client client(address_, FastRetries());
+  service_.FailNext(1, grpc::Status(grpc::StatusCode::UNAVAILABLE, "lost"), "",
+                    /*after_first_block=*/true);
+  absl::StatusOr<JobResult> r = Run(client, TransferMode::kStream);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_EQ(service_.calls(), 1);
+}
+
+TEST_F(RetryTest, BearerTokenTravelsWithEveryAttempt) {
+  ClientOptions options = FastRetries();
+  options.bearer_token = "tok-123";
+  Client client(address_, options);
+  service_.FailNext(1, grpc::Status(grpc::StatusCode::UNAVAILABLE, "once"));
+  ASSERT_TRUE(Run(client, TransferMode::kStream).ok());
+  EXPECT_EQ(service_.last_authorization(), "Bearer tok-123");
+  ASSERT_TRUE(Run(client, TransferMode::kUnary).ok());
+  EXPECT_EQ(service_.last_authorization(), "Bearer tok-123");
+}
+
+TEST(RetryDelayTest, BackoffGrowsByTheMultiplierUpToTheCapWithBoundedJitter) {
+  RetryPolicy policy;
+  policy.max_attempts = 10;
+  policy.initial_backoff = absl::Milliseconds(100);
+  policy.max_backoff = absl::Milliseconds(350);
+  policy.backoff_multiplier = 2;
+  const absl::Status unavailable = absl::UnavailableError("x");
+  const absl::Time now = absl::Now();
+  // In ms; -1 for no retry.
+  auto delay = [&](int made, double jitter) {
+    std::optional<absl::Duration> wait = RetryDelay(policy, made, unavailable, std::nullopt, now,
+                                                    absl::InfiniteFuture(), jitter);
+    return wait.has_value() ? absl::ToDoubleMilliseconds(*wait) : -1.0;
+  };
+  EXPECT_NEAR(delay(1, 0), 100, 1e-6);
+  EXPECT_NEAR(delay(2, 0), 200, 1e-6);
+  EXPECT_NEAR(delay(3, 0), 350, 1e-6);
+  EXPECT_NEAR(delay(9, 0), 350, 1e-6);
+  EXPECT_NEAR(delay(1, 1), 120, 1e-6);
+  EXPECT_NEAR(delay(1, -1), 80, 1e-6);
+  EXPECT_NEAR(delay(3, 1), 420, 1e-6);
+  EXPECT_EQ(delay(10, 0), -1);  // no attempts left
+}
+
+TEST(RetryDelayTest, OnlyUnavailableAndHintedResourceExhaustedAreRetried) {
+  const RetryPolicy policy;
+  const absl::Time now = absl::Now();
+  const absl::Time never = absl::InfiniteFuture();
+  EXPECT_EQ(RetryDelay(policy, 1, absl::ResourceExhaustedError("q"), absl::Milliseconds(42), now,
+                       never, 0),
+            absl::Milliseconds(42));
+  EXPECT_EQ(RetryDelay(policy, 1, absl::ResourceExhaustedError("q"), std::nullopt, now, never, 0),
+            std::nullopt);
+  EXPECT_EQ(RetryDelay(policy, 1, absl::DeadlineExceededError("d"), std::nullopt, now, never, 0),
+            std::nullopt);
+  EXPECT_EQ(RetryDelay(policy, 1, absl::UnavailableError("u"), std::nullopt, now,
+                       now + absl::Milliseconds(50), 0),
+            std::nullopt);  // the wait would pass the deadline
+}
+
+TEST(ClientOptionsTest, CreateRejectsUnusableOptionsNamingThem) {
+  ClientOptions cert_without_key;
+  cert_without_key.tls.emplace();
+  cert_without_key.tls->cert_chain_pem = "-----BEGIN CERTIFICATE-----";
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Create("127.0.0.1:1", cert_without_key);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("private key"));
+
+  ClientOptions spaced_token;
+  spaced_token.bearer_token = "two words";
+  EXPECT_THAT(Client::Create("127.0.0.1:1", spaced_token).status().message(),
+              HasSubstr("visible ASCII"));
+
+  ClientOptions no_attempts;
+  no_attempts.retry.max_attempts = 0;
+  EXPECT_THAT(Client::Create("127.0.0.1:1", no_attempts).status().message(),
+              HasSubstr("max_attempts"));
+  // The constructor defers the same error to every call.
+  Client deferred("127.0.0.1:1", no_attempts);
+  EXPECT_EQ(deferred.GetServerInfo().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dgmm
