@@ -56,6 +56,19 @@ if ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { r
   exit 77
 fi
 
+# The commit the harnesses were built from, and whether the files they
+# compile differ from it. A `git archive` export names it in .commit.
+commit() {
+  local inputs=(service/validator.h service/validator.cc service/problem.h service/problem.cc
+                client/cpp/include/dgmm/npy.h client/cpp/src/npy.cc proto tests/fuzz)
+  if git -C "$root" rev-parse HEAD >/dev/null 2>&1; then
+    echo "$(git -C "$root" rev-parse HEAD)$(git -C "$root" diff --quiet HEAD -- "${inputs[@]}" ||
+      echo ' (+ uncommitted changes to the fuzzed sources)')"
+  else
+    echo "$(cat "$root/.commit" 2>/dev/null || echo unknown) (exported tree)"
+  fi
+}
+
 start=$(date +%s)
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGMM_CUDA=OFF -DDGMM_FUZZ=ON -DDGMM_WERROR=OFF \
@@ -82,7 +95,7 @@ for h in "${harnesses[@]}"; do
     runner=(nice -n 10)
     {
       echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-      echo "# commit: $(git -C "$root" rev-parse HEAD)$(git -C "$root" diff --quiet HEAD -- service client tests/fuzz || echo ' (+ uncommitted changes)')"
+      echo "# commit: $(commit)"
       echo "# command: ${runner[*]} $bin ${args[*]} -artifact_prefix=$work/$h- $work/$h $seeds"
       echo "# compiler: $("$cxx" --version | head -1)"
     } >"$log"
