@@ -47,8 +47,8 @@ TEST(MultiplyExampleTest, NothingListeningFailsWithUnavailable) {
 }
 
 TEST(MultiplyExampleTest, ProtocolDocQuotesTheExampleVerbatim) {
-  const std::string example(absl::StripAsciiWhitespace(ReadSource(
-      "client/cpp/examples/multiply_example.cc")));
+  const std::string example(
+      absl::StripAsciiWhitespace(ReadSource("client/cpp/examples/multiply_example.cc")));
   ASSERT_FALSE(example.empty());
   EXPECT_THAT(ReadSource("docs/protocol.md"), HasSubstr("```cpp\n" + example + "\n```"))
       << "docs/protocol.md must quote client/cpp/examples/multiply_example.cc verbatim";

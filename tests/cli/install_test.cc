@@ -52,18 +52,15 @@ TEST(InstallTest, InstalledPackageBuildsAConsumerThatRunsJobs) {
   EXPECT_FALSE(std::filesystem::exists(prefix + "/bin"));
 
   ASSERT_EQ(RunCommand(std::string(DGMM_CMAKE) + " -S " + Quote(DGMM_CONSUMER_DIR) + " -B " +
-                           Quote(build) + " -DCMAKE_BUILD_TYPE=Release" +
-                           " -DCMAKE_CXX_COMPILER=" + Quote(DGMM_CXX) +
-                           " -DCMAKE_PREFIX_PATH=" + Quote(prefix),
+                           Quote(build) + " -DCMAKE_BUILD_TYPE=Release" + " -DCMAKE_CXX_COMPILER=" +
+                           Quote(DGMM_CXX) + " -DCMAKE_PREFIX_PATH=" + Quote(prefix),
                        &output),
             0)
       << output;
-  ASSERT_EQ(RunCommand(std::string(DGMM_CMAKE) + " --build " + Quote(build), &output), 0)
-      << output;
+  ASSERT_EQ(RunCommand(std::string(DGMM_CMAKE) + " --build " + Quote(build), &output), 0) << output;
 
   ServerProcess server({"--threads=1"});
-  ASSERT_EQ(RunCommand(Quote(build + "/consumer") + " " + server.address(), &output), 0)
-      << output;
+  ASSERT_EQ(RunCommand(Quote(build + "/consumer") + " " + server.address(), &output), 0) << output;
   EXPECT_THAT(output, HasSubstr("consumer ok"));
 }
 

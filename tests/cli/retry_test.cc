@@ -2,6 +2,8 @@
 // failures the test scripts: which codes are retried, how long it waits, when
 // it gives up, and that a streamed job is not repeated once results arrived.
 // Also RetryDelay's backoff arithmetic.
+#include "src/retry.h"
+
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -17,7 +19,6 @@
 #include "dgmm/v1/dgmm.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "src/retry.h"
 
 namespace dgmm {
 namespace {
@@ -278,8 +279,8 @@ TEST(RetryDelayTest, BackoffGrowsByTheMultiplierUpToTheCapWithBoundedJitter) {
   const absl::Time now = absl::Now();
   // In ms; -1 for no retry.
   auto delay = [&](int made, double jitter) {
-    std::optional<absl::Duration> wait = RetryDelay(policy, made, unavailable, std::nullopt, now,
-                                                    absl::InfiniteFuture(), jitter);
+    std::optional<absl::Duration> wait =
+        RetryDelay(policy, made, unavailable, std::nullopt, now, absl::InfiniteFuture(), jitter);
     return wait.has_value() ? absl::ToDoubleMilliseconds(*wait) : -1.0;
   };
   EXPECT_NEAR(delay(1, 0), 100, 1e-6);

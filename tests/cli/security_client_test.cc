@@ -64,10 +64,10 @@ TestPki& Pki() {
 
 // A server that speaks mutual TLS with Pki's CA and wants its bearer token.
 ServerProcess& SecureServer() {
-  static ServerProcess server(
-      {"--threads=1", "--tls_cert=" + Pki().path("server.pem"),
-       "--tls_key=" + Pki().path("server.key"), "--tls_client_ca=" + Pki().path("ca.pem"),
-       "--auth_token_file=" + Pki().path("token")});
+  static ServerProcess server({"--threads=1", "--tls_cert=" + Pki().path("server.pem"),
+                               "--tls_key=" + Pki().path("server.key"),
+                               "--tls_client_ca=" + Pki().path("ca.pem"),
+                               "--auth_token_file=" + Pki().path("token")});
   return server;
 }
 
@@ -159,15 +159,14 @@ TEST(SecurityClientTest, ServerNameOverrideAcceptsACertificateIssuedToADnsName) 
 }
 
 TEST(SecurityClientTest, CliFlagsCarryTlsClientCertificateAndToken) {
-  const std::string common = " --server=" + SecureServer().address() +
-                             " --tls_ca=" + Pki().path("ca.pem") +
-                             " --tls_cert=" + Pki().path("client.pem") +
-                             " --tls_key=" + Pki().path("client.key");
+  const std::string common =
+      " --server=" + SecureServer().address() + " --tls_ca=" + Pki().path("ca.pem") +
+      " --tls_cert=" + Pki().path("client.pem") + " --tls_key=" + Pki().path("client.key");
   const std::string token = " --auth_token_file=" + Pki().path("token");
   std::string output;
-  EXPECT_EQ(RunCommand(testing::CliBinary() + " multiply --random=64 --check" + common + token,
-                       &output),
-            0)
+  EXPECT_EQ(
+      RunCommand(testing::CliBinary() + " multiply --random=64 --check" + common + token, &output),
+      0)
       << output;
   EXPECT_THAT(output, HasSubstr("OK"));
   EXPECT_EQ(RunCommand(testing::CliBinary() + " info" + common + token, &output), 0) << output;

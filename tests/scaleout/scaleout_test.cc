@@ -89,13 +89,12 @@ void RunTypedJob(Client& client, std::mt19937_64& rng, Tally* tally) {
   const double tolerance = sizeof(T) == 4 ? 1e-6 : 1e-15;
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
-      const size_t k = static_cast<size_t>(layout == v1::LAYOUT_ROW_MAJOR ? i * cols + j
-                                                                          : j * rows + i);
-      const double reference = static_cast<double>(a[k]) *
-                               static_cast<double>(d[static_cast<size_t>(
-                                   side == v1::SIDE_RIGHT ? j : i)]);
-      if (!(std::fabs(static_cast<double>(c[k]) - reference) <=
-            tolerance * std::fabs(reference))) {
+      const size_t k =
+          static_cast<size_t>(layout == v1::LAYOUT_ROW_MAJOR ? i * cols + j : j * rows + i);
+      const double reference =
+          static_cast<double>(a[k]) *
+          static_cast<double>(d[static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i)]);
+      if (!(std::fabs(static_cast<double>(c[k]) - reference) <= tolerance * std::fabs(reference))) {
         tally->wrong.fetch_add(1);
         tally->Error(absl::StrCat("wrong C[", i, "][", j, "] of a ", rows, "x", cols, " job"));
         return;
@@ -201,16 +200,17 @@ TEST(ScaleOutTest, RoundRobinSpreadsJobsOverThreeServersAndRetriesAroundAKilledO
   for (int s : {0, 2}) {
     EXPECT_GT(CompletedJobs(addresses[s]), shares[s]) << addresses[s] << " took no more jobs";
   }
-  std::printf("round_robin: first 90 jobs split %s; server 2 killed after %d of 210 more, %d "
-              "jobs retried\n",
-              absl::StrJoin(shares, "/").c_str(), killed_at.load(), around_kill.retried.load());
+  std::printf(
+      "round_robin: first 90 jobs split %s; server 2 killed after %d of 210 more, %d "
+      "jobs retried\n",
+      absl::StrJoin(shares, "/").c_str(), killed_at.load(), around_kill.retried.load());
 }
 
 // Where nginx is installed, or "" (DGMM_NGINX overrides).
 std::string NginxBinary() {
   if (const char* env = std::getenv("DGMM_NGINX"); env != nullptr && *env != '\0') return env;
-  for (const char* path : {"/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx",
-                           "/usr/bin/nginx"}) {
+  for (const char* path : {"/usr/sbin/nginx", "/usr/local/sbin/nginx",
+                           "/usr/local/nginx/sbin/nginx", "/usr/bin/nginx"}) {
     if (access(path, X_OK) == 0) return path;
   }
   return "";
@@ -379,10 +379,11 @@ TEST(ScaleOutTest, NginxGrpcPassBalancesTwoServersAndRetriesAroundAKilledOne) {
   EXPECT_GE(around_kill.retried.load(), 1) << "jobs in flight on the killed server";
   EXPECT_LT(killed_at.load(), 140) << "the kill came after the last job";
   EXPECT_GT(CompletedJobs(first.address()), first_share) << "the survivor took no more jobs";
-  std::printf("nginx: first 60 jobs split %lld/%lld; backend 2 killed after %d of 140 more, %d "
-              "jobs retried\n",
-              static_cast<long long>(first_share), static_cast<long long>(second_share),
-              killed_at.load(), around_kill.retried.load());
+  std::printf(
+      "nginx: first 60 jobs split %lld/%lld; backend 2 killed after %d of 140 more, %d "
+      "jobs retried\n",
+      static_cast<long long>(first_share), static_cast<long long>(second_share), killed_at.load(),
+      around_kill.retried.load());
 }
 
 }  // namespace

@@ -217,9 +217,8 @@ absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   const absl::Time deadline = Deadline();
-  return WithRetries(options_.retry, deadline, [&] {
-    return UnaryAttempt(job, *bytes, out, out_bytes, deadline, progress);
-  });
+  return WithRetries(options_.retry, deadline,
+                     [&] { return UnaryAttempt(job, *bytes, out, out_bytes, deadline, progress); });
 }
 
 Client::Attempt Client::UnaryAttempt(const Job& job, size_t matrix_bytes, void* out,
@@ -278,9 +277,8 @@ absl::StatusOr<JobResult> Client::MultiplyStream(const Job& job, void* out, size
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   const absl::Time deadline = Deadline();
-  return WithRetries(options_.retry, deadline, [&] {
-    return StreamAttempt(job, *bytes, out, deadline, progress);
-  });
+  return WithRetries(options_.retry, deadline,
+                     [&] { return StreamAttempt(job, *bytes, out, deadline, progress); });
 }
 
 Client::Attempt Client::StreamAttempt(const Job& job, size_t matrix_bytes, void* out,
