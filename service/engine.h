@@ -33,6 +33,8 @@ struct EngineOptions {
   int max_queue = 64;
   absl::Duration max_head_wait = absl::Seconds(2);
   int job_threads = 0;  // 0: enough for every device's streams
+  // A MultiplyStream that sends no header within this time is ended.
+  absl::Duration stream_header_timeout = absl::Seconds(30);
   RequestLimits limits;
   int64_t max_unary_message_bytes = int64_t{64} << 20;
 };

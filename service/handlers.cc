@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/alarm.h"
 #include "service/status_map.h"
 #include "service/validator.h"
 
@@ -187,6 +188,19 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
     std::lock_guard lock(mu_);
     reading_ = true;
     reactor_->StartRead(&request_);
+    // A stream that never sends its header must not hold a connection slot
+    // forever.
+    header_alarm_.Set(absl::ToChronoTime(arrived_ + engine_->options().stream_header_timeout),
+                      [weak = weak_from_this()](bool fired) {
+                        auto self = weak.lock();
+                        if (!fired || self == nullptr) return;
+                        std::lock_guard lock(self->mu_);
+                        if (self->phase_ != Phase::kHeader) return;
+                        self->FailLocked(absl::DeadlineExceededError(absl::StrCat(
+                            "no header within ",
+                            absl::FormatDuration(self->engine_->options().stream_header_timeout),
+                            " of the stream's start (--stream_header_timeout_s)")));
+                      });
   }
 
   void OnReadDone(bool ok) {
@@ -240,6 +254,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   enum class Phase { kHeader, kAdmission, kBlocks };
 
   void OnHeaderLocked(bool ok) {
+    header_alarm_.Cancel();
     if (!ok && context_->IsCancelled()) {
       FailLocked(CancelledStatus(deadline_));
       return;
@@ -418,6 +433,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   const absl::Time arrived_;
   const absl::Time deadline_;
   std::atomic<bool> cancelled_{false};
+  grpc::Alarm header_alarm_;
 
   Phase phase_ = Phase::kHeader;
   v1::MultiplyStreamRequest request_;

@@ -57,7 +57,19 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "If set (HOST:PORT), serve Prometheus metrics at http://HOST:PORT/metrics.");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT: seconds queued and running jobs get to finish before exit.");
-ABSL_FLAG(int, max_concurrent_streams, 64, "Most concurrent RPCs per client connection.");
+ABSL_FLAG(int, max_concurrent_streams, 64,
+          "Most concurrent RPCs per client connection; further calls wait on the client side.");
+ABSL_FLAG(int, stream_header_timeout_s, 30,
+          "A MultiplyStream that sends no header within this many seconds is ended with "
+          "DEADLINE_EXCEEDED.");
+ABSL_FLAG(int, max_connection_idle_s, 600,
+          "Connections with no call for this long are closed (clients reconnect on demand).");
+ABSL_FLAG(int, keepalive_time_s, 60,
+          "Interval of the server's keepalive pings on idle-but-open connections; a peer that "
+          "does not answer is dropped.");
+ABSL_FLAG(int, keepalive_timeout_s, 20,
+          "How long the server waits for a keepalive ping's answer before it drops the "
+          "connection and cancels its jobs (a frozen or vanished client).");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of the server. With --tls_key, the server speaks TLS only.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
@@ -131,6 +143,7 @@ int Main(int argc, char** argv) {
   eo.max_queue = absl::GetFlag(FLAGS_max_queue);
   eo.max_head_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_head_wait_ms));
   eo.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
+  eo.stream_header_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_header_timeout_s));
   auto unary = BytesFlag("max_unary_message_bytes", absl::GetFlag(FLAGS_max_unary_message_bytes));
   auto block = BytesFlag("max_block_bytes", absl::GetFlag(FLAGS_max_block_bytes));
   auto tile = BytesFlag("cuda_tile_bytes", absl::GetFlag(FLAGS_cuda_tile_bytes));
@@ -174,6 +187,9 @@ int Main(int argc, char** argv) {
   so.listen = absl::GetFlag(FLAGS_listen);
   so.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   so.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  so.max_connection_idle = absl::Seconds(absl::GetFlag(FLAGS_max_connection_idle_s));
+  so.keepalive_time = absl::Seconds(absl::GetFlag(FLAGS_keepalive_time_s));
+  so.keepalive_timeout = absl::Seconds(absl::GetFlag(FLAGS_keepalive_timeout_s));
   so.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   so.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   so.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

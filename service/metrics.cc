@@ -93,10 +93,16 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   const char* options[] = {"listening_ports", address.c_str(), "num_threads", "2", nullptr};
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->engine_ = engine;
-  mg_context* ctx = mg_start(nullptr, nullptr, options);
+  char error[256] = "";
+  mg_init_data init{};
+  init.configuration_options = options;
+  mg_error_data err{};
+  err.text = error;
+  err.text_buffer_size = sizeof error;
+  mg_context* ctx = mg_start2(&init, &err);
   if (ctx == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "--metrics_listen=", address, ": cannot listen there (in use, or not HOST:PORT)"));
+    return absl::UnavailableError(absl::StrCat("--metrics_listen=", address,
+                                               ": cannot serve metrics there: ", error));
   }
   server->context_ = ctx;
   mg_set_request_handler(ctx, "/metrics", HandleMetrics, const_cast<Engine*>(engine));

@@ -83,7 +83,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                              static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_idle)));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  // Keepalive must keep probing a peer that stopped reading, data or not.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   s->grpc_ = builder.BuildAndStart();
   if (s->grpc_ == nullptr || s->port_ == 0) {

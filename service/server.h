@@ -25,6 +25,7 @@ struct ServerOptions {
   // Connections idle this long are closed (keepalive pings keep them alive).
   absl::Duration max_connection_idle = absl::Minutes(10);
   absl::Duration keepalive_time = absl::Minutes(1);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
   // TLS: PEM files. Both cert and key turn TLS on; a client CA also requires
   // and verifies client certificates (mutual TLS).
   std::string tls_cert_file;

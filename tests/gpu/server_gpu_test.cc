@@ -2,7 +2,10 @@
 // kernels, the GPU budget (the original question's scenario), and, where the
 // host has several GPUs, jobs spread over all of them. Skips cleanly without
 // a GPU.
+#include <chrono>
+#include <functional>
 #include <future>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -155,6 +158,112 @@ TEST_F(ServerGpuTest, JobsSpreadOverEveryGpu) {
                 static_cast<long long>(after.devices(g).completed_jobs()));
     EXPECT_GT(after.devices(g).completed_jobs(), 0) << "GPU " << g - 1 << " got no job";
   }
+}
+
+}  // namespace
+}  // namespace dgmm::testing
+
+namespace dgmm::testing {
+namespace {
+
+// The admission scenarios of tests/integration/admission_test.cc, with the
+// GPU budget as the scarce one. With 1 MiB tiles and 8 pieces in flight a
+// streamed job holds 2 x 8 x 1 MiB + diagonal of device memory; a unary
+// 1500x1500 float32 job holds 18 MB + diagonal. A 20 MiB GPU budget takes
+// one of them at a time.
+const std::vector<std::string> kTightGpu = {
+    "--backend=cuda", "--cuda_tile_bytes=1MiB", "--cuda_pieces_in_flight=8",
+    "--max_block_bytes=1MiB", "--gpu_memory_budget=20MiB", "--max_queue=2"};
+
+int64_t QueuedJobs(v1::Dgmm::Stub* stub) {
+  int64_t n = 0;
+  const v1::GetServerInfoResponse info = Info(stub);
+  for (const auto& d : info.devices()) n += d.queued_jobs();
+  return n;
+}
+
+bool Eventually(const std::function<bool()>& pred) {
+  for (int i = 0; i < 500; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TEST_F(ServerGpuTest, GpuBudgetQueuesInFifoOrderRejectsWhenFullAndHonoursDeadlines) {
+  ServerProcess server(kTightGpu);
+  auto stub = Connect(server.address());
+  HeldStream holder(stub.get(), 4, 4);
+  ASSERT_TRUE(holder.accepted());
+  std::vector<RandomJob> jobs;
+  std::vector<std::future<std::pair<grpc::Status, v1::MultiplyResponse>>> replies;
+  for (int i = 0; i < 2; ++i) {
+    jobs.push_back(MakeJob(1500, 1500, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT,
+                           40 + i));
+  }
+  for (int i = 0; i < 2; ++i) {
+    replies.push_back(std::async(std::launch::async, [&, i] {
+      v1::MultiplyResponse r;
+      grpc::Status s = UnaryJob(stub.get(), jobs[i], &r);
+      return std::make_pair(s, r);
+    }));
+    ASSERT_TRUE(Eventually([&] { return QueuedJobs(stub.get()) == i + 1; }));
+  }
+  grpc::ClientContext ctx;
+  v1::MultiplyResponse r;
+  grpc::Status full = UnaryJob(stub.get(), jobs[0], &r, &ctx);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.error_message();
+  EXPECT_NE(ctx.GetServerTrailingMetadata().count("grpc-retry-pushback-ms"), 0u);
+  ASSERT_TRUE(holder.Finish().ok());
+  uint64_t last = 0;
+  for (int i = 0; i < 2; ++i) {
+    auto [s, resp] = replies[i].get();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LE(MaxRelError(jobs[i], resp.result()), 1.2e-7);
+    EXPECT_GT(resp.stats().job_id(), last);
+    last = resp.stats().job_id();
+  }
+  // A deadline that expires while queued behind a holder.
+  HeldStream again(stub.get(), 4, 4);
+  ASSERT_TRUE(again.accepted());
+  auto expired = std::async(std::launch::async, [&] {
+    grpc::ClientContext short_ctx;
+    short_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::MultiplyResponse r2;
+    return UnaryJob(stub.get(), jobs[1], &r2, &short_ctx).error_code();
+  });
+  ASSERT_TRUE(Eventually([&] { return QueuedJobs(stub.get()) == 1; }));
+  EXPECT_EQ(expired.get(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(again.Finish().ok());
+  EXPECT_TRUE(Eventually([&] { return Reserved(stub.get()) == 0; }));
+}
+
+TEST_F(ServerGpuTest, CancelledGpuStreamsReturnTheirReservations) {
+  ServerProcess server(kTightGpu);
+  auto stub = Connect(server.address());
+  RandomJob big = MakeJob(4000, 3000, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 5);
+  for (int round = 0; round < 10; ++round) {
+    grpc::ClientContext ctx;
+    auto stream = stub->MultiplyStream(&ctx);
+    v1::MultiplyStreamRequest h;
+    *h.mutable_header() = big.header;
+    ASSERT_TRUE(stream->Write(h));
+    v1::MultiplyStreamResponse resp;
+    ASSERT_TRUE(stream->Read(&resp));
+    const int64_t row = 3000 * 4;
+    for (int64_t first = 0; first < 80 * (round + 1); first += 80) {
+      v1::MultiplyStreamRequest b;
+      b.mutable_block()->set_first_line(first);
+      b.mutable_block()->set_data(big.matrix.substr(first * row, 80 * row));
+      if (!stream->Write(b)) break;
+    }
+    ctx.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(Eventually([&] { return Reserved(stub.get()) == 0; }));
+  std::string result;
+  ASSERT_TRUE(StreamJob(stub.get(), big, 80, &result, nullptr).ok());
+  EXPECT_LE(MaxRelError(big, result), 1.2e-7);
 }
 
 }  // namespace

@@ -21,41 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A streamed job that has been admitted and then holds its reservation until
-// Finish or Cancel: a deterministic way to keep budget busy.
-class HeldStream {
- public:
-  HeldStream(v1::Dgmm::Stub* stub, int64_t rows, int64_t cols)
-      : job_(MakeJob(rows, cols, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 99)) {
-    stream_ = stub->MultiplyStream(&ctx_);
-    v1::MultiplyStreamRequest h;
-    *h.mutable_header() = job_.header;
-    EXPECT_TRUE(stream_->Write(h));
-    v1::MultiplyStreamResponse resp;
-    EXPECT_TRUE(stream_->Read(&resp));
-    EXPECT_TRUE(resp.has_accepted());
-  }
-  // Sends the rows and reads everything back.
-  grpc::Status Finish() {
-    v1::MultiplyStreamRequest b;
-    b.mutable_block()->set_first_line(0);
-    b.mutable_block()->set_data(job_.matrix);
-    EXPECT_TRUE(stream_->Write(b));
-    stream_->WritesDone();
-    v1::MultiplyStreamResponse resp;
-    while (stream_->Read(&resp)) {
-    }
-    return stream_->Finish();
-  }
-  void Cancel() { ctx_.TryCancel(); }
-
- private:
-  RandomJob job_;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>>
-      stream_;
-};
-
 bool WaitUntil(const std::function<bool()>& pred, int ms = 10000) {
   const auto end = Clock::now() + std::chrono::milliseconds(ms);
   while (Clock::now() < end) {
@@ -146,6 +111,7 @@ TEST(AdmissionServer, QueueIsFifoAndAFullQueueAnswersAtOnceWithRetryPushback) {
   ServerProcess server(flags);
   auto stub = Connect(server.address());
   auto holder = std::make_unique<HeldStream>(stub.get(), 4, 4);
+  ASSERT_TRUE(holder->accepted());
   ASSERT_EQ(Reserved(stub.get()), 2 * 4 * 65536 + 16);
 
   std::vector<RandomJob> jobs;
@@ -192,12 +158,18 @@ TEST(AdmissionServer, DeadlineExpiringWhileQueuedEndsJobWithDeadlineExceeded) {
   ServerProcess server(kTightBudget);
   auto stub = Connect(server.address());
   HeldStream holder(stub.get(), 4, 4);
+  ASSERT_TRUE(holder.accepted());
   RandomJob job = MakeJob(200, 200, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 4);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
-  v1::MultiplyResponse resp;
-  EXPECT_EQ(UnaryJob(stub.get(), job, &resp, &ctx).error_code(),
-            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Long enough to be seen queued on a loaded machine, short enough to expire
+  // behind the holder.
+  auto reply = std::async(std::launch::async, [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::MultiplyResponse resp;
+    return UnaryJob(stub.get(), job, &resp, &ctx).error_code();
+  });
+  ASSERT_TRUE(WaitUntil([&] { return Queued(stub.get()) == 1; }));
+  EXPECT_EQ(reply.get(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(WaitUntil([&] { return Rejected(stub.get(), "deadline") == 1; }));
   EXPECT_EQ(Queued(stub.get()), 0);
   ASSERT_TRUE(holder.Finish().ok());
@@ -209,6 +181,7 @@ TEST(AdmissionServer, CancellingQueuedAndMidStreamJobsReturnsTheirReservations) 
   auto stub = Connect(server.address());
   {
     HeldStream holder(stub.get(), 4, 4);
+    ASSERT_TRUE(holder.accepted());
     // A second stream waits for admission behind the holder; cancel it.
     grpc::ClientContext ctx;
     auto queued = stub->MultiplyStream(&ctx);
@@ -395,6 +368,7 @@ TEST(AdmissionServer, SigtermDrainsQueuedAndRunningJobsThenExitsZero) {
   ServerProcess server(flags);
   auto stub = Connect(server.address());
   auto holder = std::make_unique<HeldStream>(stub.get(), 4, 4);
+  ASSERT_TRUE(holder->accepted());
   RandomJob job = MakeJob(200, 200, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 8);
   auto queued = std::async(std::launch::async, [&] {
     v1::MultiplyResponse r;

@@ -148,4 +148,26 @@ int64_t Reserved(v1::Dgmm::Stub* stub) {
   return sum;
 }
 
+HeldStream::HeldStream(v1::Dgmm::Stub* stub, int64_t rows, int64_t cols)
+    : job_(MakeJob(rows, cols, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 99)) {
+  stream_ = stub->MultiplyStream(&ctx_);
+  v1::MultiplyStreamRequest h;
+  *h.mutable_header() = job_.header;
+  if (!stream_->Write(h)) return;
+  v1::MultiplyStreamResponse resp;
+  accepted_ = stream_->Read(&resp) && resp.has_accepted();
+}
+
+grpc::Status HeldStream::Finish() {
+  v1::MultiplyStreamRequest b;
+  b.mutable_block()->set_first_line(0);
+  b.mutable_block()->set_data(job_.matrix);
+  stream_->Write(b);
+  stream_->WritesDone();
+  v1::MultiplyStreamResponse resp;
+  while (stream_->Read(&resp)) {
+  }
+  return stream_->Finish();
+}
+
 }  // namespace dgmm::testing

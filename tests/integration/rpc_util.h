@@ -40,6 +40,25 @@ grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyRe
                       grpc::ClientContext* context = nullptr);
 
 v1::GetServerInfoResponse Info(v1::Dgmm::Stub* stub);
+
+// A streamed job that has been admitted and then holds its reservation until
+// Finish or Cancel: a deterministic way to keep budget busy.
+class HeldStream {
+ public:
+  // Sends the header of a rows x cols float32 job and waits for acceptance.
+  HeldStream(v1::Dgmm::Stub* stub, int64_t rows, int64_t cols);
+  // Sends the rows, reads everything back, returns the final status.
+  grpc::Status Finish();
+  void Cancel() { ctx_.TryCancel(); }
+  bool accepted() const { return accepted_; }
+
+ private:
+  RandomJob job_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>>
+      stream_;
+  bool accepted_ = false;
+};
 // Sum of reserved bytes over every device.
 int64_t Reserved(v1::Dgmm::Stub* stub);
 
