@@ -14,6 +14,10 @@
 #     --reps R         calls per N and mode, median reported (default 3)
 #     --rss_n N        N of the memory check (default 40000; 0 skips it)
 #     --tcp_seconds S  length of each iperf3 test (default 5)
+#     --copy_n N       N of the copy count (default 10000; 0 skips it): one
+#                      multiply and one echo against a second server run under
+#                      bench/stream_bench_copycount.cc's LD_PRELOAD shim, which
+#                      counts the bytes the server copies with memcpy/memmove
 #     --out DIR        where results go (default $OUT, else bench/results/stream/latest)
 #     --commit SHA     commit to record (default: git rev-parse HEAD, with +dirty)
 #
@@ -31,6 +35,7 @@ sizes=1000,4000,10000,20000
 reps=3
 rss_n=40000
 tcp_seconds=5
+copy_n=10000
 out=${OUT:-}
 commit=
 while [[ $# -gt 0 ]]; do
@@ -41,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --reps) reps=$2; shift 2 ;;
     --rss_n) rss_n=$2; shift 2 ;;
     --tcp_seconds) tcp_seconds=$2; shift 2 ;;
+    --copy_n) copy_n=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --commit) commit=$2; shift 2 ;;
     --) shift; break ;;
@@ -164,13 +170,21 @@ fi
 measure_tcp before
 
 # ----------------------------------------------------------------- server
-"$server_bin" --listen=127.0.0.1:0 --port_file="$tmp/port" --backend="$backend" \
-  --enable_bench_echo "${server_flags[@]}" > "$tmp/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 300); do [[ -s $tmp/port ]] && break; sleep 0.1; done
-[[ -s $tmp/port ]] || { cat "$tmp/server.log" >&2; echo "stream_bench.sh: the server did not start" >&2; exit 1; }
-target=127.0.0.1:$(cat "$tmp/port")
-say "dgmm-server pid $server_pid at $target"
+start_server() {  # sets server_pid and target; extra environment as arguments (NAME=VALUE)
+  rm -f "$tmp/port"
+  env "$@" "$server_bin" --listen=127.0.0.1:0 --port_file="$tmp/port" --backend="$backend" \
+    --enable_bench_echo "${server_flags[@]}" >> "$tmp/server.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 300); do [[ -s $tmp/port ]] && break; sleep 0.1; done
+  [[ -s $tmp/port ]] || { cat "$tmp/server.log" >&2; echo "stream_bench.sh: the server did not start" >&2; exit 1; }
+  target=127.0.0.1:$(cat "$tmp/port")
+  say "dgmm-server pid $server_pid at $target"
+}
+stop_server() {
+  kill "$server_pid" && wait "$server_pid"
+  server_pid=
+}
+start_server
 
 hwm_reset() { echo 5 > "/proc/$server_pid/clear_refs" 2>/dev/null || say "cannot reset VmHWM; peaks are since server start"; }
 hwm_kib() { awk '/^VmHWM/{print $2}' "/proc/$server_pid/status"; }
@@ -193,16 +207,34 @@ if [[ $rss_n -gt 0 ]]; then
   echo "$rss_n,rss_check,$(hwm_kib)" >> "$tmp/rss.csv"
   say "N=$rss_n multiply done; server VmHWM $(hwm_kib) KiB"
 fi
-kill "$server_pid" && wait "$server_pid"
-server_pid=
+stop_server
+
+# Copies: the server's memcpy/memmove bytes for one call of each mode.
+shim=$build/bench/libstream_bench_copycount.so
+echo "mode,n,bytes_each_way,copied_bytes,copied_bytes_large" > "$tmp/copies.csv"
+if [[ $copy_n -gt 0 && -f $shim ]]; then
+  for mode in multiply echo; do
+    : > "$tmp/copycount.txt"
+    start_server DGMM_COPYCOUNT_OUT="$tmp/copycount.txt" LD_PRELOAD="$(realpath "$shim")"
+    "$bench_bin" --target="$target" --sizes="$copy_n" --modes="$mode" --reps=1 --warmup=false \
+      --header=false > /dev/null 2>> "$log" || { failed=1; say "copy count: $mode failed"; }
+    stop_server
+    read -r all large < <(sed -n 's/.*large_bytes=\([0-9]*\).*all_bytes=\([0-9]*\).*/\2 \1/p' "$tmp/copycount.txt")
+    echo "$mode,$copy_n,$((4 * copy_n * copy_n)),${all:-},${large:-}" >> "$tmp/copies.csv"
+    say "copy count ($mode, N=$copy_n): server copied ${all:-?} bytes (${large:-?} in copies of 64 KiB or more)"
+  done
+elif [[ $copy_n -gt 0 ]]; then
+  say "no $shim: copy count skipped (cmake --build $build --target stream_bench_copycount)"
+fi
 cat "$tmp/server.log" >> "$log"
 
 measure_tcp after
 cp "$tmp/runs.csv" "$out/stream_bench.csv"
 cp "$tmp/rss.csv" "$out/stream_bench_rss.csv"
+cp "$tmp/copies.csv" "$out/stream_bench_copies.csv"
 
 # ------------------------------------------------------------------ table
-python3 - "$tmp/meta" "$tmp/tcp" "$tmp/runs.csv" "$tmp/rss.csv" "$rss_n" > "$out/stream_bench.md" <<'PY'
+python3 - "$tmp/meta" "$tmp/tcp" "$tmp/runs.csv" "$tmp/rss.csv" "$rss_n" "$tmp/copies.csv" > "$out/stream_bench.md" <<'PY'
 import csv, statistics, sys
 meta = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[1]) if "=" in l)
 tcp = [l.rstrip("\n").split("\t") for l in open(sys.argv[2]) if l.strip()]
@@ -256,18 +288,28 @@ if worst_ratio:
     r, n, m, e = worst_ratio
     print(f"| multiply ≤ 1.15 × echo, N ≥ 4000 | worst N={n}: {m:.3f} s vs {e:.3f} s | {r:.3f} | {verdict(r <= RATIO_MAX)} |")
 else:
-    print("| multiply ≤ 1.15 × echo, N ≥ 4000 | no run | | MISSED |")
+    print("| multiply ≤ 1.15 × echo, N ≥ 4000 | no run with N ≥ 4000 | | n/a |")
 if worst_share:
     s, n, g = worst_share
     print(f"| in+out throughput ≥ 50% of TCP loopback, N ≥ 4000 | worst N={n}: {g:.3f} vs {ceiling:.3f} GB/s | {s:.3f} | {verdict(s >= SHARE_MIN)} |")
 else:
-    print("| in+out throughput ≥ 50% of TCP loopback, N ≥ 4000 | TCP ceiling not measured | | n/a |")
+    why = "no run with N ≥ 4000" if ceiling else "TCP ceiling not measured"
+    print(f"| in+out throughput ≥ 50% of TCP loopback, N ≥ 4000 | {why} | | n/a |")
 chk = next((r for r in rss if r["phase"] == "rss_check"), None)
 if chk:
     mib = int(chk["server_peak_rss_kib"]) / 1024
     m = wall("multiply", rss_n)
     extra = f", job {m:.2f} s, {2 * 4 * rss_n * rss_n / m / 1e9:.3f} GB/s in+out" if m else ", job failed"
     print(f"| server peak RSS ≤ 512 MiB, streamed N={rss_n} float32 ({4 * rss_n * rss_n / 1e9:.1f} GB each way) | {mib:.0f} MiB{extra} | {mib / RSS_MAX_MIB:.3f} | {verdict(mib <= RSS_MAX_MIB and m is not None)} |")
+copies = [r for r in csv.DictReader(open(sys.argv[6])) if r["copied_bytes"]]
+if copies:
+    print("\nServer-side user-space copies (memcpy/memmove bytes counted by bench/stream_bench_copycount.cc,")
+    print("one call on a fresh server; kernel socket copies and DMA not included):\n")
+    print("| mode | N | bytes each way | bytes copied | copies per payload byte (in + out) | of which in copies ≥ 64 KiB |")
+    print("|---|---|---|---|---|---|")
+    for r in copies:
+        b = int(r["bytes_each_way"])
+        print(f"| {r['mode']} | {r['n']} | {b} | {r['copied_bytes']} | {int(r['copied_bytes']) / b:.2f} | {int(r['copied_bytes_large']) / b:.2f} |")
 PY
 cat "$out/stream_bench.md"
 exit $failed
