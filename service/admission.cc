@@ -146,14 +146,13 @@ void Admission::PumpLocked(Fired* fired) {
   }
 }
 
-void Admission::Cancel(Ticket t) {
+void Admission::Cancel(Ticket t, absl::Status why) {
   Fired fired;
   {
     std::lock_guard lock(mu_);
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       if (it->ticket == t) {
-        fired.emplace_back(std::move(it->cb),
-                           absl::CancelledError("job cancelled by the client while queued"));
+        fired.emplace_back(std::move(it->cb), std::move(why));
         queue_.erase(it);
         break;
       }

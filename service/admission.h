@@ -99,9 +99,11 @@ class Admission {
   // admitted, its deadline passes while queued, or it is cancelled.
   absl::StatusOr<Ticket> Submit(const Need& need, absl::Time deadline, Callback cb);
 
-  // Ends a queued job with CANCELLED; no effect if it was already admitted or
-  // ended.
-  void Cancel(Ticket t);
+  // Ends a queued job with `why` (CANCELLED, or DEADLINE_EXCEEDED when the
+  // caller's deadline is what ended it); no effect if it was already admitted
+  // or ended.
+  void Cancel(Ticket t, absl::Status why = absl::CancelledError(
+                            "job cancelled by the client while queued"));
 
   // Refuses new jobs with UNAVAILABLE; queued ones stay queued (drain).
   void StopAccepting();

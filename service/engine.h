@@ -98,7 +98,9 @@ class Engine {
   absl::StatusOr<Admission::Ticket> Start(const JobRequest& job, JobMode mode,
                                           absl::Time arrived, absl::Time deadline,
                                           StartCallback done);
-  void Cancel(Admission::Ticket ticket) { admission_->Cancel(ticket); }
+  void Cancel(Admission::Ticket ticket, absl::Status why) {
+    admission_->Cancel(ticket, std::move(why));
+  }
 
   // Runs fn on a job worker thread (for work that blocks: compute, copies).
   void Post(std::function<void()> fn) { workers_->Post(std::move(fn)); }

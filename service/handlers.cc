@@ -141,7 +141,7 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
       std::lock_guard lock(call_->mu);
       ticket = call_->ticket;
     }
-    if (ticket) call_->engine->Cancel(*ticket);
+    if (ticket) call_->engine->Cancel(*ticket, CancelledStatus(call_->deadline));
   }
 
   void OnDone() override {
@@ -408,7 +408,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   void FailLocked(const absl::Status& s) {
     if (finished_ || pending_error_.has_value()) return;
     cancelled_ = true;
-    if (phase_ == Phase::kAdmission && ticket_.has_value()) engine_->Cancel(*ticket_);
+    if (phase_ == Phase::kAdmission && ticket_.has_value()) engine_->Cancel(*ticket_, s);
     if (job_ != nullptr) job_->End(s);
     compute_queue_.clear();
     write_queue_.clear();
