@@ -108,6 +108,7 @@ void RunTypedJob(Client& client, std::mt19937_64& rng, Tally* tally) {
 void RunJobs(Client& client, int first, int count, Tally* tally) {
   std::atomic<int> next{first};
   std::vector<std::thread> workers;
+  workers.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     workers.emplace_back([&] {
       for (int id = next++; id < first + count; id = next++) {
@@ -353,7 +354,7 @@ TEST(ScaleOutTest, NginxGrpcPassBalancesTwoServersAndRetriesAroundAKilledOne) {
   EXPECT_GT(second_share, 0) << "nginx sent no jobs to " << second.address();
 
   // Larger messages through the proxy: a 4 MiB job in one message and streamed.
-  std::vector<float> a(1024 * 1024), d(1024), c(a.size());
+  std::vector<float> a(size_t{1024} * 1024), d(1024), c(a.size());
   for (size_t k = 0; k < a.size(); ++k) a[k] = static_cast<float>(k % 13) - 6;
   for (size_t j = 0; j < d.size(); ++j) d[j] = 0.25f * static_cast<float>(j % 9);
   Job big;

@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
     return absl::InvalidArgumentError("--max_attempts must be at least 1 (1: no retries)");
   }
   if (absl::Status security = ApplySecurityFlags(&options); !security.ok()) return security;
-  return Client::Create(absl::GetFlag(FLAGS_server), std::move(options));
+  return Client::Create(absl::GetFlag(FLAGS_server), options);
 }
 
 namespace {

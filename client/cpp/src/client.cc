@@ -171,14 +171,12 @@ absl::StatusOr<size_t> MatrixBytes(const MatrixView& matrix) {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
-                                                       ClientOptions options) {
+                                                       const ClientOptions& options) {
   if (absl::Status usable = CheckClientOptions(options); !usable.ok()) return usable;
-  return std::make_unique<Client>(target, std::move(options));
+  return std::make_unique<Client>(target, options);
 }
 
-// `options` is copied, not moved: the order in which the two arguments are
-// evaluated is unspecified, and MakeChannel must see the caller's options.
-Client::Client(const std::string& target, ClientOptions options)
+Client::Client(const std::string& target, const ClientOptions& options)
     : Client(MakeChannel(target, options), options) {}
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)

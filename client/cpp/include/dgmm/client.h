@@ -161,11 +161,11 @@ class Client {
   // A client of `target` (see the top of this file); INVALID_ARGUMENT when
   // CheckClientOptions rejects `options`. Connects lazily, at the first call.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
-                                                        ClientOptions options = {});
+                                                        const ClientOptions& options = {});
 
   // As Create, but options that CheckClientOptions rejects make every call
   // return that error instead.
-  explicit Client(const std::string& target, ClientOptions options = {});
+  explicit Client(const std::string& target, const ClientOptions& options = {});
   // Uses an existing channel; options' tls, credentials and load-balancing
   // policy are ignored (they belong to the channel).
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options = {});
