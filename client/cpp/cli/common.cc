@@ -13,8 +13,8 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",
           "Server address HOST:PORT, or any gRPC target such as dns:///dgmm.example:50051.");
 ABSL_FLAG(double, deadline, 0,
-          "Deadline of each RPC in seconds; 0 means none. An expired job fails with "
-          "DEADLINE_EXCEEDED.");
+          "Deadline of each RPC in seconds, for a job covering all of its attempts; 0 means "
+          "none. An expired job fails with DEADLINE_EXCEEDED.");
 ABSL_FLAG(std::string, chunk_bytes, "4MiB",
           "Largest block sent over MultiplyStream (whole rows or columns per block); at most "
           "the server's --max_block_bytes. Accepts 4194304, 4MiB, 1GiB, ...");

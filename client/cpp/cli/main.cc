@@ -65,8 +65,9 @@ health flags:
 Common flags:
   --server=HOST:PORT   Server address or gRPC target (default 127.0.0.1:50051;
                        e.g. dns:///dgmm.example:50051 with round_robin).
-  --deadline=SECONDS   Deadline of each RPC (default none); an expired job fails
-                       with DEADLINE_EXCEEDED.
+  --deadline=SECONDS   Deadline of each RPC (default none), for a job covering all
+                       of its attempts; an expired job fails with
+                       DEADLINE_EXCEEDED.
   --chunk_bytes=BYTES  Largest streamed block (default 4MiB; at most the server's
                        max_block_bytes, see `info`). Accepts 4194304, 4MiB, 1GiB.
   --max_unary_message_bytes=BYTES
