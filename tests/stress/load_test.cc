@@ -339,10 +339,6 @@ int Run(const std::string& command) {
     sum.stop_status = !status              ? "still running after 60 s: SIGKILLed"
                       : WIFEXITED(*status) ? absl::StrCat("exit code ", WEXITSTATUS(*status))
                                            : absl::StrCat("killed by signal ", WTERMSIG(*status));
-    if (!sum.Verdicts().empty()) {
-      server->KeepLogs();
-      sum.problems.push_back("server logs kept in " + server->log_dir());
-    }
   }
 
   std::vector<double> all_ms, unary_ms, streamed_ms;
@@ -382,6 +378,10 @@ int Run(const std::string& command) {
     const double ms = absl::ToDoubleMilliseconds(r.latency);
     all_ms.push_back(ms);
     (plan[i].streamed ? streamed_ms : unary_ms).push_back(ms);
+  }
+  if (server != nullptr && !sum.Verdicts().empty()) {
+    server->KeepLogs();
+    sum.kept_logs = server->log_dir();
   }
   sum.all = Percentiles(all_ms);
   sum.unary = Percentiles(unary_ms);

@@ -57,6 +57,7 @@ std::string RenderReport(const RunSummary& s) {
                   "\n- Server: `", s.server, "`\n- Command:\n\n```\n", s.command, "\n```\n\n");
   absl::StrAppend(&out, "## Result: ", verdicts.empty() ? "PASS" : "FAIL", "\n\n");
   for (const std::string& v : verdicts) absl::StrAppend(&out, "- ", v, "\n");
+  if (!s.kept_logs.empty()) absl::StrAppend(&out, "- Server logs kept in ", s.kept_logs, "\n");
   if (!verdicts.empty()) out += "\n";
 
   out += "| | |\n|---|---:|\n";

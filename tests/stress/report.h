@@ -52,6 +52,8 @@ struct RunSummary {
   std::string final_counters;
   std::string stop_status;
   bool stop_clean = true;
+  // Where the server logs were kept (a failed run keeps them).
+  std::string kept_logs;
 
   // Other failures found by the run (a restart that failed, a kill that
   // never happened).
