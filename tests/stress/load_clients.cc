@@ -40,11 +40,9 @@ std::optional<absl::Duration> Pushback(const grpc::ClientContext& context) {
 // must not be retried.
 std::optional<absl::Duration> RetryWait(const grpc::Status& status,
                                         const grpc::ClientContext& context, int attempt,
-                                        const RetryPolicy& policy, std::mt19937_64* rng,
-                                        JobResult* result) {
+                                        const RetryPolicy& policy, std::mt19937_64* rng) {
   const double jitter = std::uniform_real_distribution<double>(0.8, 1.2)(*rng);
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    ++result->unavailable_retries;
     const absl::Duration backoff = std::min(
         policy.initial_backoff * std::pow(2.0, std::min(attempt - 1, 20)), policy.max_backoff);
     return backoff * jitter;
@@ -52,8 +50,7 @@ std::optional<absl::Duration> RetryWait(const grpc::Status& status,
   if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
     const std::optional<absl::Duration> pushback = Pushback(context);
     if (!pushback) return std::nullopt;  // too large: retrying cannot help
-    ++result->pushback_retries;
-    return *pushback * jitter;
+    return *pushback * (jitter + 0.2);   // never sooner than the server asked
   }
   return std::nullopt;
 }
@@ -199,12 +196,14 @@ JobResult RunJob(Connection* connection, const JobSpec& spec, const RetryPolicy&
       r.bytes_moved = static_cast<int64_t>(job.matrix.size() + result.size());
       return r;
     }
-    const std::optional<absl::Duration> pause = RetryWait(status, ctx, attempt, policy, rng, &r);
+    const std::optional<absl::Duration> pause = RetryWait(status, ctx, attempt, policy, rng);
     if (!pause || attempt >= policy.max_attempts || absl::Now() + *pause > start + policy.window) {
       r.latency = absl::Now() - start;
       r.verdict = JobResult::Verdict::kLost;
       return r;
     }
+    ++(status.error_code() == grpc::StatusCode::UNAVAILABLE ? r.unavailable_retries
+                                                            : r.pushback_retries);
     absl::SleepFor(*pause);
     // A fresh channel connects at once; the old one would wait out gRPC's
     // reconnect backoff, which grows while the server is down.

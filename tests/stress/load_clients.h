@@ -67,7 +67,8 @@ struct JobResult {
 
 // Runs `spec` until it succeeds or fails for good. Retries UNAVAILABLE (the
 // server is down or restarting) with backoff, and RESOURCE_EXHAUSTED that
-// carries a grpc-retry-pushback-ms trailer (queue full) after that long;
+// carries a grpc-retry-pushback-ms trailer (queue full) after at least that
+// long;
 // any other error, or running out of `policy`, makes the job lost. A reply is
 // checked against a float64 reference (streamed results are poisoned with
 // NaN first, so a block never written counts as wrong). After UNAVAILABLE
