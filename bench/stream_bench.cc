@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, modes, "echo,multiply",
 ABSL_FLAG(int, reps, 3, "Calls per (N, mode).");
 ABSL_FLAG(int64_t, block_bytes, int64_t{4} << 20,
           "Block payload size (whole rows); at most the server's --max_block_bytes.");
-ABSL_FLAG(std::string, backend, "auto", "Backend hint for multiply: auto, cpu, cuda-kernel, cublas.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Backend hint for multiply: auto, cpu, cuda-kernel, cublas.");
 ABSL_FLAG(bool, verify, true, "Compare every returned block with the expected bytes.");
 ABSL_FLAG(bool, warmup, true, "Run one small echo/multiply first (not reported).");
 ABSL_FLAG(bool, header, true, "Print the CSV header line.");
@@ -90,8 +91,7 @@ Workload MakeWorkload(int64_t n, int64_t block_bytes) {
   Workload w;
   w.n = n;
   w.line_bytes = static_cast<size_t>(n) * sizeof(float);
-  w.lines_per_block =
-      std::clamp<int64_t>(block_bytes / static_cast<int64_t>(w.line_bytes), 1, n);
+  w.lines_per_block = std::clamp<int64_t>(block_bytes / static_cast<int64_t>(w.line_bytes), 1, n);
   w.diagonal.resize(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) {
     w.diagonal[static_cast<size_t>(j)] = 0.5f + 1.5f * (Value(~static_cast<uint64_t>(j)) + 1) / 2;
@@ -153,8 +153,8 @@ class BenchCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     } else if (!status_.ok()) {
       r.status = FromGrpcStatus(status_);
     } else if (!have_stats_ || next_line_in_ != w_.n) {
-      r.status = absl::InternalError(absl::StrCat("the call ended after ", next_line_in_, " of ",
-                                                  w_.n, " result lines"));
+      r.status = absl::InternalError(
+          absl::StrCat("the call ended after ", next_line_in_, " of ", w_.n, " result lines"));
     }
     r.stats = stats_;
     r.bad_blocks = bad_blocks_;
@@ -169,8 +169,8 @@ class BenchCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     }
     const int64_t lines = std::min(w_.lines_per_block, w_.n - next_line_out_);
     const auto& block = w_.in[static_cast<size_t>(next_line_out_ / w_.lines_per_block) % kRing];
-    write_buffer_ = wire::EncodeStreamBlock(next_line_out_, block.data(), w_.block_bytes(lines),
-                                            &loans_);
+    write_buffer_ =
+        wire::EncodeStreamBlock(next_line_out_, block.data(), w_.block_bytes(lines), &loans_);
     next_line_out_ += lines;
     StartWrite(&write_buffer_);
   }
@@ -199,9 +199,9 @@ class BenchCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
         &read_buffer_, [this](int64_t first_line, size_t size) -> absl::StatusOr<void*> {
           if (first_line != next_line_in_ || size == 0 || size % w_.line_bytes != 0 ||
               size > scratch_.size()) {
-            return absl::InternalError(
-                absl::StrCat("unexpected result block at line ", first_line, " of ", size,
-                             " bytes; expected line ", next_line_in_));
+            return absl::InternalError(absl::StrCat("unexpected result block at line ", first_line,
+                                                    " of ", size, " bytes; expected line ",
+                                                    next_line_in_));
           }
           return scratch_.data();
         });
@@ -245,7 +245,8 @@ absl::StatusOr<v1::Backend> ParseBackend(const std::string& name) {
   if (name == "cpu") return v1::BACKEND_CPU;
   if (name == "cuda-kernel") return v1::BACKEND_CUDA_KERNEL;
   if (name == "cublas") return v1::BACKEND_CUBLAS;
-  return absl::InvalidArgumentError(absl::StrCat("--backend=", name, ": use auto, cpu, cuda-kernel or cublas"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend=", name, ": use auto, cpu, cuda-kernel or cublas"));
 }
 
 const char* ShortBackend(v1::Backend b) {
@@ -280,7 +281,8 @@ int Main(int argc, char** argv) {
     }
     sizes.push_back(n);
   }
-  std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
+  std::vector<std::string> modes =
+      absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
   for (const std::string& m : modes) {
     if (m != "echo" && m != "multiply") {
       std::fprintf(stderr, "stream_bench: bad mode '%s' in --modes (echo, multiply)\n", m.c_str());
@@ -312,7 +314,8 @@ int Main(int argc, char** argv) {
     }
   }
   if (absl::GetFlag(FLAGS_header)) {
-    std::printf("mode,n,bytes_each_way,block_bytes,wall_s,server_total_s,backend,device,bad_blocks\n");
+    std::printf(
+        "mode,n,bytes_each_way,block_bytes,wall_s,server_total_s,backend,device,bad_blocks\n");
   }
   int failures = 0;
   for (int64_t n : sizes) {
@@ -333,8 +336,7 @@ int Main(int argc, char** argv) {
                     static_cast<long long>(n), static_cast<long long>(n * n * 4),
                     static_cast<long long>(w.block_bytes(w.lines_per_block)), r.wall_s,
                     static_cast<double>(r.stats.total_ns()) * 1e-9,
-                    mode == "echo" ? "-" : ShortBackend(r.stats.backend()),
-                    device.c_str(),
+                    mode == "echo" ? "-" : ShortBackend(r.stats.backend()), device.c_str(),
                     static_cast<long long>(r.bad_blocks));
         std::fflush(stdout);
       }

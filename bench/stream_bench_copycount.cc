@@ -12,12 +12,12 @@
 // fields are not) and all counts every copy. Copies made inside libc itself
 // (realloc, stdio) and by the kernel (socket reads and writes) are not seen.
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 
 namespace {
 
@@ -70,12 +70,8 @@ void* memmove(void* dst, const void* src, size_t n) {
   return real(dst, src, n);
 }
 
-void* __memcpy_chk(void* dst, const void* src, size_t n, size_t) {
-  return memcpy(dst, src, n);
-}
+void* __memcpy_chk(void* dst, const void* src, size_t n, size_t) { return memcpy(dst, src, n); }
 
-void* __memmove_chk(void* dst, const void* src, size_t n, size_t) {
-  return memmove(dst, src, n);
-}
+void* __memmove_chk(void* dst, const void* src, size_t n, size_t) { return memmove(dst, src, n); }
 
 }  // extern "C"

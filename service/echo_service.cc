@@ -85,13 +85,13 @@ class EchoCall : public std::enable_shared_from_this<EchoCall> {
 
   void OnHeaderLocked(bool ok) {
     if (!ok) {
-      FailLocked(absl::InvalidArgumentError(
-          "stream closed before its header; send a JobHeader first"));
+      FailLocked(
+          absl::InvalidArgumentError("stream closed before its header; send a JobHeader first"));
       return;
     }
     if (!request_.has_header()) {
-      FailLocked(absl::InvalidArgumentError(
-          "the first message of Echo must be a header, got a block"));
+      FailLocked(
+          absl::InvalidArgumentError("the first message of Echo must be a header, got a block"));
       return;
     }
     const RequestLimits& limits = engine_->options().limits;
@@ -241,8 +241,8 @@ class EchoReactor final : public EchoReactorBase {
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
-EchoService::Echo(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>* EchoService::Echo(
+    grpc::CallbackServerContext* context) {
   return new EchoReactor(engine_, context);
 }
 

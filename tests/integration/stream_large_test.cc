@@ -33,8 +33,8 @@ uint64_t Mix(uint64_t x) {
 
 // Element (i, j) of A: a multiple of 2^-20 in [-4, 4), exact in float32.
 float AValue(int64_t i, int64_t j) {
-  const uint64_t h = Mix(static_cast<uint64_t>(i) * static_cast<uint64_t>(kN) +
-                         static_cast<uint64_t>(j));
+  const uint64_t h =
+      Mix(static_cast<uint64_t>(i) * static_cast<uint64_t>(kN) + static_cast<uint64_t>(j));
   return static_cast<float>(static_cast<int64_t>(h >> 41) - (int64_t{1} << 22)) /
          static_cast<float>(int64_t{1} << 20);
 }
@@ -73,7 +73,8 @@ TEST(StreamLargeTest, StreamedN20000Float32MatchesFloat64ReferenceInBoundedServe
     for (int64_t first = 0; first < kN; first += lines_per_block) {
       const int64_t lines = std::min(lines_per_block, kN - first);
       for (int64_t i = 0; i < lines; ++i) {
-        for (int64_t j = 0; j < kN; ++j) rows[static_cast<size_t>(i * kN + j)] = AValue(first + i, j);
+        for (int64_t j = 0; j < kN; ++j)
+          rows[static_cast<size_t>(i * kN + j)] = AValue(first + i, j);
       }
       v1::MultiplyStreamRequest block;
       block.mutable_block()->set_first_line(first);
