@@ -215,9 +215,9 @@ int Run(const std::string& command) {
     return 2;
   }
   for (const v1::DeviceInfo& d : info.devices()) {
-    sum.devices.push_back(absl::StrCat(DeviceName(d), " ", d.name(), " (budget ",
-                                       d.budget_bytes() >> 20, " MiB, ", d.streams(),
-                                       d.index() < 0 ? " threads)" : " streams)"));
+    sum.devices.push_back(
+        absl::StrCat(DeviceName(d), ": ", d.name(), ", budget ", d.budget_bytes() >> 20, " MiB",
+                     d.index() < 0 ? std::string() : absl::StrCat(", ", d.streams(), " streams")));
   }
   sum.devices.push_back(absl::StrCat("default backend ", v1::Backend_Name(info.default_backend())));
 
