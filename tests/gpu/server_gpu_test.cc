@@ -193,8 +193,17 @@ bool Eventually(const std::function<bool()>& pred) {
 TEST_F(ServerGpuTest, GpuBudgetQueuesInFifoOrderRejectsWhenFullAndHonoursDeadlines) {
   ServerProcess server(kTightGpu);
   auto stub = Connect(server.address());
-  HeldStream holder(stub.get(), 4, 4);
-  ASSERT_TRUE(holder.accepted());
+  // Jobs go to the GPU with the most free budget, so hold every GPU's.
+  const int gpus = Info(stub.get()).devices_size() - 1;
+  auto hold_all = [&] {
+    std::vector<std::unique_ptr<HeldStream>> held;
+    for (int g = 0; g < gpus; ++g) {
+      held.push_back(std::make_unique<HeldStream>(stub.get(), 4, 4));
+      EXPECT_TRUE(held.back()->accepted());
+    }
+    return held;
+  };
+  auto holders = hold_all();
   std::vector<RandomJob> jobs;
   std::vector<std::future<std::pair<grpc::Status, v1::MultiplyResponse>>> replies;
   for (int i = 0; i < 2; ++i) {
@@ -214,7 +223,7 @@ TEST_F(ServerGpuTest, GpuBudgetQueuesInFifoOrderRejectsWhenFullAndHonoursDeadlin
   grpc::Status full = UnaryJob(stub.get(), jobs[0], &r, &ctx);
   EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.error_message();
   EXPECT_NE(ctx.GetServerTrailingMetadata().count("grpc-retry-pushback-ms"), 0u);
-  ASSERT_TRUE(holder.Finish().ok());
+  for (auto& h : holders) ASSERT_TRUE(h->Finish().ok());
   uint64_t last = 0;
   for (int i = 0; i < 2; ++i) {
     auto [s, resp] = replies[i].get();
@@ -223,9 +232,8 @@ TEST_F(ServerGpuTest, GpuBudgetQueuesInFifoOrderRejectsWhenFullAndHonoursDeadlin
     EXPECT_GT(resp.stats().job_id(), last);
     last = resp.stats().job_id();
   }
-  // A deadline that expires while queued behind a holder.
-  HeldStream again(stub.get(), 4, 4);
-  ASSERT_TRUE(again.accepted());
+  // A deadline that expires while queued behind the holders.
+  auto again = hold_all();
   auto expired = std::async(std::launch::async, [&] {
     grpc::ClientContext short_ctx;
     short_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -234,7 +242,7 @@ TEST_F(ServerGpuTest, GpuBudgetQueuesInFifoOrderRejectsWhenFullAndHonoursDeadlin
   });
   ASSERT_TRUE(Eventually([&] { return QueuedJobs(stub.get()) == 1; }));
   EXPECT_EQ(expired.get(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  ASSERT_TRUE(again.Finish().ok());
+  for (auto& h : again) ASSERT_TRUE(h->Finish().ok());
   EXPECT_TRUE(Eventually([&] { return Reserved(stub.get()) == 0; }));
 }
 
