@@ -24,9 +24,15 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
 }
 
 // A cancelled call ends with DEADLINE_EXCEEDED when its deadline is what
-// ended it, else with CANCELLED.
+// ended it, else with CANCELLED. The client's own deadline timer fires a
+// little before the server's copy of the deadline (which is the remaining
+// time on arrival, so it includes the transit), and its cancellation can
+// reach the server first: a cancel within this margin of the deadline counts
+// as the deadline.
+constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(250);
+
 absl::Status CancelledStatus(absl::Time deadline) {
-  if (absl::Now() >= deadline) {
+  if (absl::Now() + kDeadlineMargin >= deadline) {
     return absl::DeadlineExceededError("the client's deadline expired while the job ran");
   }
   return absl::CancelledError("the client cancelled the call");
@@ -177,10 +183,15 @@ struct PendingBlock {
 // overlap.
 class StreamCall : public std::enable_shared_from_this<StreamCall> {
  public:
-  StreamCall(Engine* engine, grpc::CallbackServerContext* context, StreamReactorBase* reactor)
+  // With `echo`, admission and compute are left out and each block goes back
+  // as it came (the streaming benchmark's Echo service); everything else, the
+  // protocol checks and the pipeline, is the same.
+  StreamCall(Engine* engine, grpc::CallbackServerContext* context, StreamReactorBase* reactor,
+             bool echo)
       : engine_(engine),
         context_(context),
         reactor_(reactor),
+        echo_(echo),
         arrived_(absl::Now()),
         deadline_(DeadlineOf(context)) {}
 
@@ -271,12 +282,16 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
     }
     auto job = ValidateHeader(request_.header(), engine_->options().limits, /*streamed=*/true);
     if (!job.ok()) {
-      engine_->RecordRejected(job.status());
+      if (!echo_) engine_->RecordRejected(job.status());
       FailLocked(job.status());
       return;
     }
     problem_ = job->problem;
     assembler_.emplace(problem_, engine_->options().limits.max_block_bytes);
+    if (echo_) {
+      AcceptLocked(0);
+      return;
+    }
     phase_ = Phase::kAdmission;
     auto ticket = engine_->Start(
         *job, JobMode::kStreamed, arrived_, deadline_,
@@ -298,9 +313,14 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
     }
     job_ = std::move(*admitted);
     if (finished_) return;  // destroying job_ later returns its reservation
+    AcceptLocked(job_->stats().job_id());
+  }
+
+  // Tells the client the job is admitted and starts reading blocks.
+  void AcceptLocked(uint64_t job_id) {
     phase_ = Phase::kBlocks;
     auto accepted = std::make_unique<v1::MultiplyStreamResponse>();
-    accepted->mutable_accepted()->set_job_id(job_->stats().job_id());
+    accepted->mutable_accepted()->set_job_id(job_id);
     accepted->mutable_accepted()->set_max_block_bytes(engine_->options().limits.max_block_bytes);
     accepted->mutable_accepted()->set_queue_wait_ns(
         absl::ToInt64Nanoseconds(absl::Now() - arrived_));
@@ -358,11 +378,20 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
     if (!writing_ && !write_queue_.empty()) StartWriteLocked();
     if (input_done_ && !computing_ && compute_queue_.empty() && !writing_ &&
         write_queue_.empty() && !stats_sent_) {
-      job_->stats().set_bytes_in(bytes_in_);
-      job_->stats().set_bytes_out(bytes_out_);
-      job_->End(absl::OkStatus());
       auto stats = std::make_unique<v1::MultiplyStreamResponse>();
-      *stats->mutable_stats() = job_->stats();
+      v1::JobStats* out = stats->mutable_stats();
+      if (job_ != nullptr) {
+        job_->stats().set_bytes_in(bytes_in_);
+        job_->stats().set_bytes_out(bytes_out_);
+        job_->End(absl::OkStatus());
+        *out = job_->stats();
+      } else {  // echo
+        out->set_device("echo");
+        out->set_device_index(-1);
+        out->set_bytes_in(bytes_in_);
+        out->set_bytes_out(bytes_out_);
+        out->set_total_ns(absl::ToInt64Nanoseconds(absl::Now() - arrived_));
+      }
       stats_sent_ = true;
       write_queue_.push_back({std::move(stats), false});
       StartWriteLocked();
@@ -373,11 +402,13 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
     computing_ = true;
     auto block = std::make_shared<PendingBlock>(std::move(compute_queue_.front()));
     compute_queue_.pop_front();
-    ActiveJob* job = job_.get();  // lives as long as this StreamCall
+    ActiveJob* job = job_.get();  // lives as long as this StreamCall; null for echo
     engine_->Post([self = shared_from_this(), job, block] {
       std::byte* data = reinterpret_cast<std::byte*>(block->data.data());
-      absl::Status s = job->Process(Tile{data, data, block->first_line, block->lines},
-                                    [self] { return self->cancelled_.load(); });
+      absl::Status s = job == nullptr
+                           ? absl::OkStatus()
+                           : job->Process(Tile{data, data, block->first_line, block->lines},
+                                          [self] { return self->cancelled_.load(); });
       std::lock_guard lock(self->mu_);
       self->computing_ = false;
       if (!s.ok()) {
@@ -430,6 +461,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   grpc::CallbackServerContext* const context_;
   std::mutex mu_;
   StreamReactorBase* reactor_;
+  const bool echo_;
   const absl::Time arrived_;
   const absl::Time deadline_;
   std::atomic<bool> cancelled_{false};
@@ -460,8 +492,8 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
 
 class StreamReactor final : public StreamReactorBase {
  public:
-  StreamReactor(Engine* engine, grpc::CallbackServerContext* context)
-      : call_(std::make_shared<StreamCall>(engine, context, this)) {
+  StreamReactor(Engine* engine, grpc::CallbackServerContext* context, bool echo)
+      : call_(std::make_shared<StreamCall>(engine, context, this, echo)) {
     call_->Begin();
   }
   void OnReadDone(bool ok) override { call_->OnReadDone(ok); }
@@ -508,7 +540,12 @@ DgmmService::MultiplyStream(grpc::CallbackServerContext* context) {
   if (absl::Status s = Authenticate(context); !s.ok()) {
     return new RefusedStream(ToGrpcStatus(s, context));
   }
-  return new StreamReactor(engine_, context);
+  return new StreamReactor(engine_, context, /*echo=*/false);
+}
+
+grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
+NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context) {
+  return new StreamReactor(engine, context, /*echo=*/true);
 }
 
 grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext* context,

@@ -35,6 +35,12 @@ class DgmmService final : public v1::Dgmm::CallbackService {
   std::optional<TokenAuth> auth_;
 };
 
+// The MultiplyStream reactor with admission and compute left out: the same
+// protocol checks, window and worker hand-off, each block sent back as it
+// came. Only for the streaming benchmark's Echo service (echo_service.h).
+grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
+NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context);
+
 }  // namespace dgmm
 
 #endif  // DGMM_SERVICE_HANDLERS_H_
