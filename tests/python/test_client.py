@@ -277,6 +277,68 @@ class ConstrainedServerTest(unittest.TestCase):
         self.assertIn("4096", raised.exception.details)
 
 
+class SecureServerTest(unittest.TestCase):
+    """Mutual TLS and a bearer token, with certificates made by openssl here."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pki = tempfile.TemporaryDirectory(prefix="dgmm-py-pki-")
+        d = cls.pki.name
+        script = """set -e
+cd "%s"
+o() { openssl "$@" >/dev/null 2>&1; }
+o req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "/CN=py test ca"
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ext
+o req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=localhost"
+o x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile ext
+o req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj "/CN=py client"
+o x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2
+printf 'py-token-%%s' "$RANDOM$RANDOM" > token
+""" % d
+        subprocess.run(["bash", "-c", script], check=True)
+        cls.read = staticmethod(lambda name: open(os.path.join(d, name), "rb").read())
+        cls.server = Server("--tls_cert=" + os.path.join(d, "server.pem"),
+                            "--tls_key=" + os.path.join(d, "server.key"),
+                            "--tls_client_ca=" + os.path.join(d, "ca.pem"),
+                            "--auth_token_file=" + os.path.join(d, "token"))
+        cls.address = "localhost:" + cls.server.address.split(":")[1]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.pki.cleanup()
+
+    def credentials(self, with_client_cert=True):
+        if not with_client_cert:
+            return grpc.ssl_channel_credentials(self.read("ca.pem"))
+        return grpc.ssl_channel_credentials(self.read("ca.pem"), self.read("client.key"),
+                                            self.read("client.pem"))
+
+    def test_mutual_tls_with_token_computes(self):
+        token = self.read("token").decode()
+        with dgmm.Client(self.address, credentials=self.credentials(), token=token) as client:
+            a = np.random.default_rng(8).random((40, 30)).astype(np.float32)
+            d = np.random.default_rng(9).random(30).astype(np.float32)
+            np.testing.assert_allclose(client.multiply(a, d), reference(a, d, "right"),
+                                       rtol=tolerance(np.float32))
+
+    def test_missing_or_wrong_token_is_unauthenticated(self):
+        for token in (None, "wrong"):
+            with dgmm.Client(self.address, credentials=self.credentials(),
+                             token=token, unary_limit_bytes=1 << 20) as client:
+                with self.assertRaises(dgmm.DgmmError) as raised:
+                    client.multiply(np.ones((2, 2)), np.ones(2))
+                self.assertEqual(raised.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+
+    def test_client_without_certificate_is_refused(self):
+        with dgmm.Client(self.address, credentials=self.credentials(with_client_cert=False),
+                         token=self.read("token").decode(),
+                         unary_limit_bytes=1 << 20) as client:
+            with self.assertRaises(dgmm.DgmmError) as raised:
+                client.multiply(np.ones((2, 2)), np.ones(2), timeout=10)
+            self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
+
+
 class socket_free_port:
     """A loopback port that nothing listens on, while the context is open."""
 

@@ -131,7 +131,10 @@ class Client:
 
     Args:
       target: "host:port" (any gRPC target string).
-      credentials: grpc.ChannelCredentials for TLS; None for plaintext.
+      credentials: grpc.ChannelCredentials for TLS; None for plaintext. For
+        mutual TLS: grpc.ssl_channel_credentials(root_ca, client_key, client_cert).
+      token: bearer token for servers started with --auth_token_file; sent as
+        `authorization: Bearer <token>` on every dgmm call (use TLS with it).
       options: extra gRPC channel options, as (name, value) pairs.
       unary_limit_bytes: requests up to this size go in one Multiply call,
         larger ones through MultiplyStream. Default: the server's
@@ -140,7 +143,7 @@ class Client:
         max_block_bytes, at most 4 MiB.
     """
 
-    def __init__(self, target, *, credentials=None, options=(),
+    def __init__(self, target, *, credentials=None, token=None, options=(),
                  unary_limit_bytes=None, block_bytes=None):
         channel_options = [("grpc.max_send_message_length", -1),
                            ("grpc.max_receive_message_length", -1)] + list(options)
@@ -149,6 +152,7 @@ class Client:
         else:
             self._channel = grpc.secure_channel(target, credentials, options=channel_options)
         self._stub = pb_grpc.DgmmStub(self._channel)
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
         self._health_check = self._channel.unary_unary(
             _health.CHECK_METHOD,
             request_serializer=_health.HealthCheckRequest.SerializeToString,
@@ -197,7 +201,8 @@ class Client:
     def server_info(self, timeout=None):
         """The server's dgmm.pb.GetServerInfoResponse (devices, budgets, limits)."""
         try:
-            return self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
+            return self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout,
+                                            metadata=self._metadata)
         except grpc.RpcError as e:
             raise DgmmError.from_rpc_error(e) from None
 
@@ -218,7 +223,8 @@ class Client:
                 unary, block = DEFAULT_UNARY_LIMIT_BYTES, DEFAULT_BLOCK_BYTES
                 try:
                     limits = self._stub.GetServerInfo(pb.GetServerInfoRequest(),
-                                                      timeout=timeout).limits
+                                                      timeout=timeout,
+                                                      metadata=self._metadata).limits
                     unary = limits.max_unary_message_bytes or unary
                     block = min(limits.max_block_bytes or block, DEFAULT_BLOCK_BYTES)
                 except grpc.RpcError as e:
@@ -232,7 +238,8 @@ class Client:
 
     def _multiply_unary(self, job, timeout):
         response = self._stub.Multiply(
-            pb.MultiplyRequest(header=job.header, matrix=job.flat.tobytes()), timeout=timeout)
+            pb.MultiplyRequest(header=job.header, matrix=job.flat.tobytes()), timeout=timeout,
+            metadata=self._metadata)
         if len(response.result) != job.matrix_bytes:
             raise _protocol_error("result has %d bytes, expected %d"
                                   % (len(response.result), job.matrix_bytes))
@@ -259,7 +266,8 @@ class Client:
                     block=pb.Block(first_line=first, data=data.tobytes()))
 
         out, out_flat = job.new_output()
-        responses = self._stub.MultiplyStream(requests(), timeout=timeout)
+        responses = self._stub.MultiplyStream(requests(), timeout=timeout,
+                                              metadata=self._metadata)
         try:
             stats = self._receive_stream(job, responses, out_flat)
         except DgmmError:
