@@ -7,6 +7,7 @@ Exits 77 (ctest's skip code here) when this interpreter lacks grpcio/numpy.
 """
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -296,7 +297,7 @@ o x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.
 printf 'py-token-%%s' "$RANDOM$RANDOM" > token
 """ % d
         subprocess.run(["bash", "-c", script], check=True)
-        cls.read = staticmethod(lambda name: open(os.path.join(d, name), "rb").read())
+        cls.read = staticmethod(lambda name: pathlib.Path(d, name).read_bytes())
         cls.server = Server("--tls_cert=" + os.path.join(d, "server.pem"),
                             "--tls_key=" + os.path.join(d, "server.key"),
                             "--tls_client_ca=" + os.path.join(d, "ca.pem"),
