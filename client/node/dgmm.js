@@ -57,12 +57,24 @@ function protocolError(message) {
   return new DgmmError(grpc.status.INTERNAL, `dgmm client: server broke the protocol: ${message}`);
 }
 
-// A dgmm.v1.Dgmm client for "host:port" (plaintext unless `credentials`).
-function createClient(address, credentials = grpc.credentials.createInsecure()) {
-  return new dgmmProto.Dgmm(address, credentials, {
+// A dgmm.v1.Dgmm client for "host:port" (plaintext unless `credentials`,
+// e.g. grpc.credentials.createSsl(rootCa, clientKey, clientCert)). With
+// `{ token }`, every call carries `authorization: Bearer <token>`, for
+// servers started with --auth_token_file.
+function createClient(address, credentials = grpc.credentials.createInsecure(), { token } = {}) {
+  const options = {
     'grpc.max_send_message_length': -1,
     'grpc.max_receive_message_length': -1,
-  });
+  };
+  if (token) {
+    options.interceptors = [(callOptions, nextCall) => new grpc.InterceptingCall(nextCall(callOptions), {
+      start(metadata, listener, next) {
+        metadata.set('authorization', `Bearer ${token}`);
+        next(metadata, listener);
+      },
+    })];
+  }
+  return new dgmmProto.Dgmm(address, credentials, options);
 }
 
 function deadlineOf(options) {

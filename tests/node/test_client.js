@@ -54,13 +54,13 @@ const dgmm = require(CLIENT_DIR);
 
 // Starts dgmm-server on an ephemeral loopback port; resolves once it has
 // written the port.
-async function startServer() {
+async function startServer(extraFlags = []) {
   const binary = process.env.DGMM_SERVER_BIN;
   if (!binary || !fs.existsSync(binary)) throw new Error(`set DGMM_SERVER_BIN to the built dgmm-server (got ${binary})`);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dgmm-node-test-'));
   const portFile = path.join(dir, 'port');
   const log = fs.openSync(path.join(dir, 'server.log'), 'w');
-  const proc = childProcess.spawn(binary, ['--listen=127.0.0.1:0', `--port_file=${portFile}`, '--backend=cpu'],
+  const proc = childProcess.spawn(binary, ['--listen=127.0.0.1:0', `--port_file=${portFile}`, '--backend=cpu', ...extraFlags],
     { stdio: ['ignore', log, log] });
   const readLog = () => fs.readFileSync(path.join(dir, 'server.log'), 'utf8');
   const deadline = Date.now() + 30000;
@@ -166,6 +166,28 @@ test('a 2000x1500 Float64Array (24 MB) goes through MultiplyStream', async () =>
     assert.equal(unaryCalls, 0);
   } finally {
     client.Multiply = unary;
+  }
+});
+
+test('a bearer token is sent on every call; without it the server answers UNAUTHENTICATED', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dgmm-node-token-'));
+  const token = `node-token-${Math.random().toString(36).slice(2)}`;
+  fs.writeFileSync(path.join(dir, 'token'), `${token}\n`);
+  const secured = await startServer([`--auth_token_file=${path.join(dir, 'token')}`]);
+  const withToken = dgmm.createClient(secured.address, undefined, { token });
+  const without = dgmm.createClient(secured.address);
+  try {
+    const a = Float32Array.from({ length: 12 }, (_, i) => 0.5 + i / 8);
+    const d = Float32Array.from([2, 0.5, 4]);
+    const c = await dgmm.multiply(withToken, a, 4, 3, d, 'right');
+    for (let i = 0; i < 12; i++) assert.strictEqual(c[i], Math.fround(a[i] * d[i % 3]));
+    await assert.rejects(dgmm.multiply(without, a, 4, 3, d, 'right'),
+      (err) => err instanceof dgmm.DgmmError && err.code === dgmm.grpc.status.UNAUTHENTICATED);
+  } finally {
+    withToken.close();
+    without.close();
+    await stopServer(secured);
+    fs.rmSync(dir, { recursive: true, force: true });
   }
 });
 
