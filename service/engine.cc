@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
 }
 
 Engine::~Engine() {
-  admission_->Close();
+  if (admission_ != nullptr) admission_->Close();  // null when Create failed
   workers_.reset();  // finish posted work while devices and budgets still exist
 }
 

@@ -1,0 +1,115 @@
+// The engine's routing and health, with a fake GPU standing in for CUDA (CI
+// has no GPU; the real devices are exercised by tests/gpu on an H200).
+#include "service/engine.h"
+
+#include <atomic>
+#include <future>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "service/backends/cpu/cpu_device.h"
+
+namespace dgmm {
+namespace {
+
+// A GPU whose every job fails the way a sticky CUDA error does: INTERNAL,
+// and the device leaves service.
+class BrokenGpu : public Device {
+ public:
+  int index() const override { return 0; }
+  std::string name() const override { return "fake GPU"; }
+  int64_t total_memory_bytes() const override { return int64_t{1} << 30; }
+  int64_t free_memory_at_start_bytes() const override { return int64_t{1} << 30; }
+  int streams() const override { return 1; }
+  std::vector<BackendKind> backends() const override { return {BackendKind::kCudaKernel}; }
+  bool in_service() const override { return in_service_; }
+  int64_t Footprint(const Problem& p, JobMode mode, int64_t block) const override {
+    return 2 * p.matrix_bytes();
+  }
+  absl::StatusOr<std::unique_ptr<JobContext>> Begin(const Problem&, BackendKind,
+                                                     const std::byte*, JobMode,
+                                                     int64_t) override {
+    struct Job : JobContext {
+      BrokenGpu* gpu;
+      absl::Status Process(const Tile&, const CancelFn&, StageTimes*) override {
+        gpu->in_service_ = false;
+        return absl::InternalError("fake: an illegal memory access was encountered");
+      }
+    };
+    auto job = std::make_unique<Job>();
+    job->gpu = this;
+    return std::unique_ptr<JobContext>(std::move(job));
+  }
+  std::atomic<bool> in_service_{true};
+};
+
+JobRequest Request(const std::vector<float>& diag) {
+  JobRequest r;
+  r.problem = Problem{2, 2, DType::kFloat32, Layout::kRowMajor, Side::kRight};
+  r.diagonal = absl::string_view(reinterpret_cast<const char*>(diag.data()), 8);
+  return r;
+}
+
+TEST(Engine, StickyDeviceErrorFailsOnlyThatJobAndTurnsHealthNotServing) {
+  std::vector<std::unique_ptr<Device>> gpus;
+  gpus.push_back(std::make_unique<BrokenGpu>());
+  auto engine = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), std::move(gpus));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::atomic<int> serving_changes{0};
+  std::atomic<bool> last_serving{true};
+  (*engine)->set_serving_listener([&](bool s) {
+    last_serving = s;
+    serving_changes++;
+  });
+  EXPECT_TRUE((*engine)->serving());
+
+  const std::vector<float> diag = {2, 3};
+  std::vector<float> in = {1, 2, 3, 4}, out(4);
+  std::promise<absl::Status> done;
+  auto ticket = (*engine)->Start(
+      Request(diag), JobMode::kWhole, absl::Now(), absl::InfiniteFuture(),
+      [&](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
+        if (!job.ok()) {
+          done.set_value(job.status());
+          return;
+        }
+        Tile t{reinterpret_cast<const std::byte*>(in.data()),
+               reinterpret_cast<std::byte*>(out.data()), 0, 2};
+        std::unique_ptr<ActiveJob> active = std::move(*job);
+        absl::Status s = active->Process(t, nullptr);
+        active->End(s);
+        active.reset();  // returns the reservation before the test looks
+        done.set_value(s);
+      });
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  absl::Status s = done.get_future().get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(std::string(s.message()).find("illegal memory access"), std::string::npos);
+
+  EXPECT_FALSE((*engine)->serving());
+  EXPECT_GE(serving_changes.load(), 1);
+  EXPECT_FALSE(last_serving.load());
+  // No GPU left: GPU jobs are refused with UNAVAILABLE, nothing is reserved.
+  auto refused = (*engine)->Start(Request(diag), JobMode::kWhole, absl::Now(),
+                                  absl::InfiniteFuture(), [](auto) {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*engine)->total_reserved(), 0);
+  const v1::GetServerInfoResponse info = (*engine)->Info();
+  ASSERT_EQ(info.devices_size(), 2);
+  EXPECT_FALSE(info.devices(1).in_service());
+  EXPECT_EQ(info.devices(1).rejected_jobs().at("internal"), 1);
+}
+
+TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {
+  auto cpu_only = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), {});
+  ASSERT_TRUE(cpu_only.ok());
+  EXPECT_EQ((*cpu_only)->Info().default_backend(), v1::BACKEND_CPU);
+  EngineOptions cuda;
+  cuda.backend = "cuda";
+  auto refused = Engine::Create(cuda, std::make_unique<CpuDevice>(1), {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(refused.status().message()).find("needs a GPU"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dgmm
