@@ -35,6 +35,9 @@ struct EngineOptions {
   int job_threads = 0;  // 0: enough for every device's streams
   // A MultiplyStream that sends no header within this time is ended.
   absl::Duration stream_header_timeout = absl::Seconds(30);
+  // An admitted MultiplyStream that neither sends a block nor takes a result
+  // for this long is ended, returning its reservation.
+  absl::Duration stream_idle_timeout = absl::Seconds(120);
   RequestLimits limits;
   int64_t max_unary_message_bytes = int64_t{64} << 20;
 };

@@ -8,7 +8,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/alarm.h"
 #include "service/status_map.h"
 #include "service/validator.h"
 
@@ -181,14 +180,16 @@ struct PendingBlock {
 // read and one write are in flight, and blocks are computed one at a time in
 // order: receive of block k+1, compute of block k and send of block k-1
 // overlap.
-class StreamCall : public std::enable_shared_from_this<StreamCall> {
+class StreamCall : public StreamWatchdog::Watched,
+                   public std::enable_shared_from_this<StreamCall> {
  public:
   // With `echo`, admission and compute are left out and each block goes back
   // as it came (the streaming benchmark's Echo service); everything else, the
   // protocol checks and the pipeline, is the same.
   StreamCall(Engine* engine, grpc::CallbackServerContext* context, StreamReactorBase* reactor,
-             bool echo)
+             bool echo, StreamWatchdog* watchdog)
       : engine_(engine),
+        watchdog_(watchdog),
         context_(context),
         reactor_(reactor),
         echo_(echo),
@@ -196,22 +197,29 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
         deadline_(DeadlineOf(context)) {}
 
   void Begin() {
+    {
+      std::lock_guard lock(mu_);
+      reading_ = true;
+      reactor_->StartRead(&request_);
+    }
+    if (watchdog_ != nullptr) watchdog_->Watch(weak_from_this());
+  }
+
+  void CheckIdle(absl::Time now) override {
     std::lock_guard lock(mu_);
-    reading_ = true;
-    reactor_->StartRead(&request_);
-    // A stream that never sends its header must not hold a connection slot
-    // forever.
-    header_alarm_.Set(absl::ToChronoTime(arrived_ + engine_->options().stream_header_timeout),
-                      [weak = weak_from_this()](bool fired) {
-                        auto self = weak.lock();
-                        if (!fired || self == nullptr) return;
-                        std::lock_guard lock(self->mu_);
-                        if (self->phase_ != Phase::kHeader) return;
-                        self->FailLocked(absl::DeadlineExceededError(absl::StrCat(
-                            "no header within ",
-                            absl::FormatDuration(self->engine_->options().stream_header_timeout),
-                            " of the stream's start (--stream_header_timeout_s)")));
-                      });
+    if (finished_ || pending_error_.has_value()) return;
+    const EngineOptions& o = engine_->options();
+    if (phase_ == Phase::kHeader && now - arrived_ >= o.stream_header_timeout) {
+      FailLocked(absl::DeadlineExceededError(
+          absl::StrCat("no header within ", absl::FormatDuration(o.stream_header_timeout),
+                       " of the stream's start (--stream_header_timeout_s)")));
+    } else if (phase_ == Phase::kBlocks && !stats_sent_ &&
+               now - last_progress_ >= o.stream_idle_timeout) {
+      FailLocked(absl::DeadlineExceededError(absl::StrCat(
+          "no block received and no result taken for ",
+          absl::FormatDuration(o.stream_idle_timeout),
+          " (--stream_idle_timeout_s); the job's memory is given back")));
+    }
   }
 
   void OnReadDone(bool ok) {
@@ -233,6 +241,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   void OnWriteDone(bool ok) {
     std::lock_guard lock(mu_);
     writing_ = false;
+    last_progress_ = absl::Now();
     if (writing_block_) window_--;
     in_flight_write_.reset();
     if (pending_error_.has_value()) {
@@ -265,7 +274,6 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   enum class Phase { kHeader, kAdmission, kBlocks };
 
   void OnHeaderLocked(bool ok) {
-    header_alarm_.Cancel();
     if (!ok && context_->IsCancelled()) {
       FailLocked(CancelledStatus(deadline_));
       return;
@@ -319,6 +327,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   // Tells the client the job is admitted and starts reading blocks.
   void AcceptLocked(uint64_t job_id) {
     phase_ = Phase::kBlocks;
+    last_progress_ = absl::Now();
     auto accepted = std::make_unique<v1::MultiplyStreamResponse>();
     accepted->mutable_accepted()->set_job_id(job_id);
     accepted->mutable_accepted()->set_max_block_bytes(engine_->options().limits.max_block_bytes);
@@ -359,6 +368,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
       return;
     }
     bytes_in_ += static_cast<int64_t>(block->data().size());
+    last_progress_ = absl::Now();
     compute_queue_.push_back(
         PendingBlock{block->first_line(), *lines, std::move(*block->mutable_data())});
     request_.Clear();
@@ -458,6 +468,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   }
 
   Engine* const engine_;
+  StreamWatchdog* const watchdog_;  // null for echo
   grpc::CallbackServerContext* const context_;
   std::mutex mu_;
   StreamReactorBase* reactor_;
@@ -465,7 +476,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   const absl::Time arrived_;
   const absl::Time deadline_;
   std::atomic<bool> cancelled_{false};
-  grpc::Alarm header_alarm_;
+  absl::Time last_progress_;  // last block received or result written
 
   Phase phase_ = Phase::kHeader;
   v1::MultiplyStreamRequest request_;
@@ -492,8 +503,9 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
 
 class StreamReactor final : public StreamReactorBase {
  public:
-  StreamReactor(Engine* engine, grpc::CallbackServerContext* context, bool echo)
-      : call_(std::make_shared<StreamCall>(engine, context, this, echo)) {
+  StreamReactor(Engine* engine, grpc::CallbackServerContext* context, bool echo,
+                StreamWatchdog* watchdog)
+      : call_(std::make_shared<StreamCall>(engine, context, this, echo, watchdog)) {
     call_->Begin();
   }
   void OnReadDone(bool ok) override { call_->OnReadDone(ok); }
@@ -523,6 +535,41 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const abs
 
 }  // namespace
 
+StreamWatchdog::StreamWatchdog() : thread_([this] { Loop(); }) {}
+
+StreamWatchdog::~StreamWatchdog() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StreamWatchdog::Watch(std::weak_ptr<Watched> stream) {
+  std::lock_guard lock(mu_);
+  streams_.push_back(std::move(stream));
+}
+
+void StreamWatchdog::Loop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(250));
+    std::vector<std::shared_ptr<Watched>> live;
+    std::erase_if(streams_, [&](const std::weak_ptr<Watched>& w) {
+      auto s = w.lock();
+      if (s == nullptr) return true;
+      live.push_back(std::move(s));
+      return false;
+    });
+    lock.unlock();
+    const absl::Time now = absl::Now();
+    for (auto& s : live) s->CheckIdle(now);
+    live.clear();  // drop the last references outside the lock
+    lock.lock();
+  }
+}
+
 absl::Status DgmmService::Authenticate(const grpc::CallbackServerContext* context) const {
   if (!auth_.has_value()) return absl::OkStatus();
   return auth_->Check(context->client_metadata());
@@ -540,12 +587,12 @@ DgmmService::MultiplyStream(grpc::CallbackServerContext* context) {
   if (absl::Status s = Authenticate(context); !s.ok()) {
     return new RefusedStream(ToGrpcStatus(s, context));
   }
-  return new StreamReactor(engine_, context, /*echo=*/false);
+  return new StreamReactor(engine_, context, /*echo=*/false, &watchdog_);
 }
 
 grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
 NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context) {
-  return new StreamReactor(engine, context, /*echo=*/true);
+  return new StreamReactor(engine, context, /*echo=*/true, /*watchdog=*/nullptr);
 }
 
 grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext* context,

@@ -4,13 +4,45 @@
 #ifndef DGMM_SERVICE_HANDLERS_H_
 #define DGMM_SERVICE_HANDLERS_H_
 
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
+#include <vector>
 
 #include "dgmm/v1/dgmm.grpc.pb.h"
 #include "service/auth.h"
 #include "service/engine.h"
 
 namespace dgmm {
+
+// Ends streams that went quiet, so that they give back their connection slot
+// and their reservation: no header within --stream_header_timeout_s, or, once
+// admitted, no block received and no result taken within
+// --stream_idle_timeout_s. One thread; looks at every live stream a few
+// times a second.
+class StreamWatchdog {
+ public:
+  class Watched {
+   public:
+    virtual ~Watched() = default;
+    // Ends the stream if it has been quiet too long at `now`.
+    virtual void CheckIdle(absl::Time now) = 0;
+  };
+  StreamWatchdog();
+  ~StreamWatchdog();
+  // Watches `stream` until it is destroyed.
+  void Watch(std::weak_ptr<Watched> stream);
+
+ private:
+  void Loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::vector<std::weak_ptr<Watched>> streams_;
+  std::thread thread_;
+};
 
 class DgmmService final : public v1::Dgmm::CallbackService {
  public:
@@ -33,6 +65,7 @@ class DgmmService final : public v1::Dgmm::CallbackService {
 
   Engine* engine_;
   std::optional<TokenAuth> auth_;
+  StreamWatchdog watchdog_;
 };
 
 // The MultiplyStream reactor with admission and compute left out: the same

@@ -64,6 +64,9 @@ ABSL_FLAG(int, max_concurrent_streams, 64,
 ABSL_FLAG(int, stream_header_timeout_s, 30,
           "A MultiplyStream that sends no header within this many seconds is ended with "
           "DEADLINE_EXCEEDED.");
+ABSL_FLAG(int, stream_idle_timeout_s, 120,
+          "An admitted MultiplyStream that neither sends a block nor takes a result for this "
+          "many seconds is ended with DEADLINE_EXCEEDED and its memory given back.");
 ABSL_FLAG(int, max_connection_idle_s, 600,
           "Connections with no call for this long are closed (clients reconnect on demand).");
 ABSL_FLAG(int, keepalive_time_s, 60,
@@ -151,6 +154,7 @@ int Main(int argc, char** argv) {
   eo.max_head_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_head_wait_ms));
   eo.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
   eo.stream_header_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_header_timeout_s));
+  eo.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   auto unary = BytesFlag("max_unary_message_bytes", absl::GetFlag(FLAGS_max_unary_message_bytes));
   auto block = BytesFlag("max_block_bytes", absl::GetFlag(FLAGS_max_block_bytes));
   auto tile = BytesFlag("cuda_tile_bytes", absl::GetFlag(FLAGS_cuda_tile_bytes));

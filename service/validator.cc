@@ -149,12 +149,13 @@ absl::StatusOr<int64_t> StreamAssembler::Accept(int64_t first_line,
         "order without gaps or overlaps",
         unit, first_line, next_line_, unit));
   }
-  const int64_t bytes = static_cast<int64_t>(data_bytes);
-  if (bytes == 0) return Invalid("block is empty; every block must hold at least one line");
-  if (bytes > max_block_bytes_) {
-    return Invalid(absl::StrFormat("block of %d bytes exceeds max_block_bytes %d",
-                                   bytes, max_block_bytes_));
+  if (data_bytes == 0) return Invalid("block is empty; every block must hold at least one line");
+  // Compared unsigned first: a size of 2^63 or more must not turn negative.
+  if (data_bytes > static_cast<std::size_t>(max_block_bytes_)) {
+    return Invalid(absl::StrFormat("block of %d bytes exceeds max_block_bytes %d", data_bytes,
+                                   max_block_bytes_));
   }
+  const int64_t bytes = static_cast<int64_t>(data_bytes);
   if (bytes % problem_.line_bytes() != 0) {
     return Invalid(absl::StrFormat(
         "block of %d bytes is not a whole number of %ss of %d bytes", bytes, unit,

@@ -48,6 +48,39 @@ TEST(Limits, StreamThatSendsNoHeaderIsEndedAfterTheHeaderTimeout) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
 }
 
+TEST(Limits, AdmittedStreamThatGoesQuietIsEndedAndGivesItsMemoryBack) {
+  ServerProcess server({"--backend=cpu", "--stream_idle_timeout_s=1"});
+  auto stub = Connect(server.address());
+  HeldStream quiet(stub.get(), 4, 4);  // header sent, admitted, then nothing
+  ASSERT_TRUE(quiet.accepted());
+  EXPECT_GT(Reserved(stub.get()), 0);
+  EXPECT_TRUE(WaitUntil([&] { return Reserved(stub.get()) == 0; }, 5000))
+      << "a stream that sends nothing kept its reservation";
+  grpc::Status s = quiet.Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--stream_idle_timeout_s"), std::string::npos)
+      << s.error_message();
+  // A stream that keeps sending is not cut, however long it takes overall.
+  RandomJob job = MakeJob(60, 50, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3);
+  grpc::ClientContext ctx;
+  auto stream = stub->MultiplyStream(&ctx);
+  v1::MultiplyStreamRequest h;
+  *h.mutable_header() = job.header;
+  ASSERT_TRUE(stream->Write(h));
+  for (int64_t first = 0; first < 60; first += 20) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    v1::MultiplyStreamRequest b;
+    b.mutable_block()->set_first_line(first);
+    b.mutable_block()->set_data(job.matrix.substr(first * 200, 20 * 200));
+    ASSERT_TRUE(stream->Write(b));
+  }
+  stream->WritesDone();
+  v1::MultiplyStreamResponse resp;
+  while (stream->Read(&resp)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST(Limits, ConcurrentStreamsPerConnectionAreCapped) {
   ServerProcess server({"--backend=cpu", "--max_concurrent_streams=2"});
   auto stub = Connect(server.address());        // one connection for the three

@@ -158,6 +158,16 @@ TEST(StreamAssembler, RejectsGapsPartialLinesEmptyOversizedAndExtraBlocks) {
       << extra.status();
 }
 
+TEST(StreamAssembler, RejectsSizesThatWouldWrapNegative) {
+  // Found by tests/fuzz/stream_assembler_fuzzer: 2^63 + k bytes used to pass
+  // as a negative line count.
+  Problem p{.rows = 1, .cols = 1, .dtype = DType::kFloat32};
+  StreamAssembler a(p, 4);
+  auto r = a.Accept(0, std::size_t{18374686479671623680u});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.lines_received(), 0);
+}
+
 TEST(StreamAssembler, ColumnMajorBlocksHoldColumns) {
   Problem p{.rows = 3, .cols = 4, .dtype = DType::kFloat64, .layout = Layout::kColMajor};
   StreamAssembler a(p, 1 << 20);
