@@ -5,7 +5,10 @@
 #ifndef DGMM_SERVICE_ECHO_SERVICE_H_
 #define DGMM_SERVICE_ECHO_SERVICE_H_
 
+#include <optional>
+
 #include "dgmm/bench/v1/echo.grpc.pb.h"
+#include "service/auth.h"
 #include "service/engine.h"
 
 namespace dgmm {
@@ -15,7 +18,9 @@ class EchoService final : public bench::v1::Echo::CallbackService {
   // Headers and blocks are held to the engine's limits, like
   // MultiplyStream's, and blocks hop through the engine's workers the way
   // computed blocks do. `engine` must outlive the service.
-  explicit EchoService(Engine* engine) : engine_(engine) {}
+  // With `auth`, Echo needs the same bearer token as dgmm's RPCs.
+  EchoService(Engine* engine, std::optional<TokenAuth> auth)
+      : engine_(engine), auth_(std::move(auth)) {}
 
   // Header, accepted, then each block back as it came, then stats. The same
   // protocol checks as MultiplyStream (INVALID_ARGUMENT); no admission, no
@@ -25,6 +30,7 @@ class EchoService final : public bench::v1::Echo::CallbackService {
 
  private:
   Engine* const engine_;
+  const std::optional<TokenAuth> auth_;
 };
 
 }  // namespace dgmm

@@ -591,7 +591,13 @@ DgmmService::MultiplyStream(grpc::CallbackServerContext* context) {
 }
 
 grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
-NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context) {
+NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context,
+                     const std::optional<TokenAuth>& auth) {
+  if (auth.has_value()) {
+    if (absl::Status s = auth->Check(context->client_metadata()); !s.ok()) {
+      return new RefusedStream(ToGrpcStatus(s, context));
+    }
+  }
   return new StreamReactor(engine, context, /*echo=*/true, /*watchdog=*/nullptr);
 }
 

@@ -71,8 +71,10 @@ class DgmmService final : public v1::Dgmm::CallbackService {
 // The MultiplyStream reactor with admission and compute left out: the same
 // protocol checks, window and worker hand-off, each block sent back as it
 // came. Only for the streaming benchmark's Echo service (echo_service.h).
+// With `auth`, the call needs the bearer token like dgmm's own RPCs.
 grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
-NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context);
+NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context,
+                     const std::optional<TokenAuth>& auth);
 
 }  // namespace dgmm
 

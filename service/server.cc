@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   auto credentials = Credentials(options);
   if (!credentials.ok()) return credentials.status();
-  s->service_ = std::make_unique<DgmmService>(s->engine_.get(), std::move(auth));
+  s->service_ = std::make_unique<DgmmService>(s->engine_.get(), auth);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -69,7 +69,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   if (options.enable_bench_echo) {
-    s->echo_ = std::make_unique<EchoService>(s->engine_.get());
+    s->echo_ = std::make_unique<EchoService>(s->engine_.get(), auth);
     builder.RegisterService(s->echo_.get());
   }
   const EngineOptions& eo = s->engine_->options();

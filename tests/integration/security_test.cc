@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "dgmm/bench/v1/echo.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/integration/rpc_util.h"
@@ -139,6 +140,43 @@ TEST(Security, BearerTokenIsRequiredForDgmmButNotForHealth) {
   grpc::health::v1::HealthCheckResponse r;
   ASSERT_TRUE(health->Check(&ctx, {}, &r).ok());
   EXPECT_EQ(r.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST(Security, BenchmarkEchoNeedsTheTokenToo) {
+  Pki pki;
+  ASSERT_TRUE(pki.ok());
+  ServerProcess server({"--backend=cpu", "--enable_bench_echo",
+                        "--auth_token_file=" + pki.path("token")});
+  std::string token = pki.read("token");
+  while (!token.empty() && token.back() == '\n') token.pop_back();
+  auto echo = bench::v1::Echo::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  RandomJob job = MakeJob(6, 5, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3);
+  for (bool with_token : {false, true}) {
+    grpc::ClientContext ctx;
+    if (with_token) ctx.AddMetadata("authorization", "Bearer " + token);
+    auto stream = echo->Echo(&ctx);
+    v1::MultiplyStreamRequest h;
+    *h.mutable_header() = job.header;
+    stream->Write(h);
+    v1::MultiplyStreamRequest b;
+    b.mutable_block()->set_first_line(0);
+    b.mutable_block()->set_data(job.matrix);
+    stream->Write(b);
+    stream->WritesDone();
+    v1::MultiplyStreamResponse resp;
+    std::string back;
+    while (stream->Read(&resp)) {
+      if (resp.has_block()) back += resp.block().data();
+    }
+    grpc::Status s = stream->Finish();
+    if (with_token) {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(back, job.matrix);  // echoed unchanged
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    }
+  }
 }
 
 TEST(Security, MisconfiguredTlsFlagsStopTheServerWithAClearMessage) {
