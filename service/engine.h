@@ -108,8 +108,7 @@ class Engine {
   // Runs fn on a job worker thread (for work that blocks: compute, copies).
   void Post(std::function<void()> fn) { workers_->Post(std::move(fn)); }
 
-  // Counts a job that failed before it was routed (validation).
-  void RecordInvalid() { admission_->RecordOutcome(0, Outcome::kInvalid); }
+  // Counts a job refused before it was routed (validation, limits).
   void RecordRejected(const absl::Status& s);
 
   // Server info: devices, budgets, counters, limits.

@@ -13,16 +13,9 @@
 #include <string>
 
 #include "dgmm/npy.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 bool SameHeader(const dgmm::NpyHeader& a, const dgmm::NpyHeader& b) {
   return a.dtype == b.dtype && a.fortran_order == b.fortran_order && a.shape == b.shape;

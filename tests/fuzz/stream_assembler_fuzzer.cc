@@ -11,16 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "service/validator.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 int64_t NextFirstLine(FuzzedDataProvider& in, int64_t expected) {
   switch (in.ConsumeIntegralInRange<int>(0, 3)) {

@@ -11,16 +11,9 @@
 
 #include "dgmm/v1/dgmm.pb.h"
 #include "service/validator.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 bool IsRejection(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument ||

@@ -86,7 +86,6 @@ grpc::Status StreamJob(v1::Dgmm::Stub* stub, const RandomJob& job, int64_t block
   auto stream = stub->MultiplyStream(ctx);
   const v1::JobHeader& h = job.header;
   const bool row_major = h.layout() != v1::LAYOUT_COL_MAJOR;
-  const int64_t lines = row_major ? h.rows() : h.cols();
   const int64_t line_bytes = (row_major ? h.cols() : h.rows()) * ElemSize(h.dtype());
   if (result != nullptr) {
     result->assign(job.matrix.size(), '\0');
@@ -95,19 +94,7 @@ grpc::Status StreamJob(v1::Dgmm::Stub* stub, const RandomJob& job, int64_t block
     }
   }
   // Writer thread so that sending and receiving overlap, as a real client does.
-  std::thread writer([&] {
-    v1::MultiplyStreamRequest req;
-    *req.mutable_header() = h;
-    if (!stream->Write(req)) return;
-    for (int64_t first = 0; first < lines; first += block_lines) {
-      const int64_t n = std::min(block_lines, lines - first);
-      v1::MultiplyStreamRequest b;
-      b.mutable_block()->set_first_line(first);
-      b.mutable_block()->set_data(job.matrix.substr(first * line_bytes, n * line_bytes));
-      if (!stream->Write(b)) return;
-    }
-    stream->WritesDone();
-  });
+  std::thread writer([&] { WriteJob(stream.get(), job, block_lines); });
   v1::MultiplyStreamResponse resp;
   while (stream->Read(&resp)) {
     if (resp.has_block() && result != nullptr) {
@@ -122,6 +109,26 @@ grpc::Status StreamJob(v1::Dgmm::Stub* stub, const RandomJob& job, int64_t block
   }
   writer.join();
   return stream->Finish();
+}
+
+void WriteJob(
+    grpc::ClientReaderWriter<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>* stream,
+    const RandomJob& job, int64_t block_lines) {
+  const v1::JobHeader& h = job.header;
+  const int64_t lines = h.layout() != v1::LAYOUT_COL_MAJOR ? h.rows() : h.cols();
+  const int64_t line_bytes = static_cast<int64_t>(job.matrix.size()) / lines;
+  v1::MultiplyStreamRequest req;
+  *req.mutable_header() = h;
+  if (!stream->Write(req)) return;
+  for (int64_t first = 0; first < lines; first += block_lines) {
+    const int64_t n = std::min(block_lines, lines - first);
+    v1::MultiplyStreamRequest b;
+    b.mutable_block()->set_first_line(first);
+    b.mutable_block()->set_data(job.matrix.data() + first * line_bytes,
+                                static_cast<std::size_t>(n * line_bytes));
+    if (!stream->Write(b)) return;
+  }
+  stream->WritesDone();
 }
 
 grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,

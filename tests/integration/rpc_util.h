@@ -36,6 +36,13 @@ grpc::Status StreamJob(v1::Dgmm::Stub* stub, const RandomJob& job, int64_t block
                        std::string* result, v1::JobStats* stats,
                        grpc::ClientContext* context = nullptr);
 
+// Writes `job`'s header and then its lines in blocks of `block_lines`, then
+// half-closes; stops at the first failed write. Blocks are copied straight
+// from job.matrix into the messages.
+void WriteJob(
+    grpc::ClientReaderWriter<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>* stream,
+    const RandomJob& job, int64_t block_lines);
+
 grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
                       grpc::ClientContext* context = nullptr);
 

@@ -30,11 +30,13 @@
 #include "absl/synchronization/mutex.h"
 #include "dgmm/client.h"
 #include "gtest/gtest.h"
+#include "tests/cli/operands.h"
 #include "tests/support/server_process.h"
 
 namespace dgmm {
 namespace {
 
+using testing::Operands;
 using testing::ServerProcess;
 
 constexpr int kThreads = 4;
@@ -60,25 +62,16 @@ struct Tally {
 };
 
 // Job `id`: a random shape up to 96x96, dtype, layout and side, values in
-// [-4, 4); the result checked element by element against float64.
+// [-4, 4); the result checked against a float64 reference.
 template <typename T>
 void RunTypedJob(Client& client, std::mt19937_64& rng, Tally* tally) {
   std::uniform_int_distribution<int64_t> dim(1, 96);
-  std::uniform_real_distribution<double> value(-4.0, 4.0);
   const int64_t rows = dim(rng), cols = dim(rng);
   const v1::Layout layout = rng() % 2 ? v1::LAYOUT_ROW_MAJOR : v1::LAYOUT_COL_MAJOR;
   const v1::Side side = rng() % 2 ? v1::SIDE_RIGHT : v1::SIDE_LEFT;
-  std::vector<T> a(static_cast<size_t>(rows * cols)), d(side == v1::SIDE_RIGHT ? cols : rows);
-  for (T& x : a) x = static_cast<T>(value(rng));
-  for (T& x : d) x = static_cast<T>(value(rng));
-  std::vector<T> c(a.size(), std::numeric_limits<T>::quiet_NaN());
-  Job job;
-  job.matrix = {a.data(), rows, cols, sizeof(T) == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64,
-                layout};
-  job.diagonal = d.data();
-  job.diagonal_bytes = d.size() * sizeof(T);
-  job.side = side;
-  absl::StatusOr<JobResult> result = client.Multiply(job, c.data(), c.size() * sizeof(T));
+  const Operands<T> ops(rows, cols, layout, side, rng());
+  std::vector<T> c = ops.NanOutput();
+  absl::StatusOr<JobResult> result = client.Multiply(ops.MakeJob(), c.data(), c.size() * sizeof(T));
   tally->finished.fetch_add(1);
   if (!result.ok()) {
     tally->lost.fetch_add(1);
@@ -87,19 +80,10 @@ void RunTypedJob(Client& client, std::mt19937_64& rng, Tally* tally) {
   }
   if (result->attempts > 1) tally->retried.fetch_add(1);
   const double tolerance = sizeof(T) == 4 ? 1e-6 : 1e-15;
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      const size_t k =
-          static_cast<size_t>(layout == v1::LAYOUT_ROW_MAJOR ? i * cols + j : j * rows + i);
-      const double reference =
-          static_cast<double>(a[k]) *
-          static_cast<double>(d[static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i)]);
-      if (!(std::fabs(static_cast<double>(c[k]) - reference) <= tolerance * std::fabs(reference))) {
-        tally->wrong.fetch_add(1);
-        tally->Error(absl::StrCat("wrong C[", i, "][", j, "] of a ", rows, "x", cols, " job"));
-        return;
-      }
-    }
+  if (const double err = ops.MaxRelativeError(c); !(err <= tolerance)) {
+    tally->wrong.fetch_add(1);
+    tally->Error(absl::StrCat("wrong result of a ", rows, "x", cols, " job: relative error ", err));
+    return;
   }
   tally->ok.fetch_add(1);
 }

@@ -55,28 +55,6 @@ std::optional<absl::Duration> RetryWait(const grpc::Status& status,
   return std::nullopt;
 }
 
-// Writes `job`'s header and blocks until done or a write fails.
-void WriteJob(
-    grpc::ClientReaderWriter<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>* stream,
-    const testing::RandomJob& job, int64_t block_lines) {
-  const v1::JobHeader& h = job.header;
-  const bool row_major = h.layout() != v1::LAYOUT_COL_MAJOR;
-  const int64_t lines = row_major ? h.rows() : h.cols();
-  const int64_t line_bytes = static_cast<int64_t>(job.matrix.size()) / lines;
-  v1::MultiplyStreamRequest req;
-  *req.mutable_header() = h;
-  if (!stream->Write(req)) return;
-  for (int64_t first = 0; first < lines; first += block_lines) {
-    const int64_t n = std::min(block_lines, lines - first);
-    v1::MultiplyStreamRequest b;
-    b.mutable_block()->set_first_line(first);
-    b.mutable_block()->set_data(job.matrix.data() + first * line_bytes,
-                                static_cast<std::size_t>(n * line_bytes));
-    if (!stream->Write(b)) return;
-  }
-  stream->WritesDone();
-}
-
 std::string CancelMidStream(v1::Dgmm::Stub* stub, const JobSpec& spec, std::mt19937_64* rng) {
   const testing::RandomJob job = MakePayload(spec);
   // 0: cancel after a few milliseconds, queued or not; else after that many result blocks.
@@ -84,7 +62,7 @@ std::string CancelMidStream(v1::Dgmm::Stub* stub, const JobSpec& spec, std::mt19
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
   StreamPtr stream = stub->MultiplyStream(&ctx);
-  std::thread writer([&] { WriteJob(stream.get(), job, spec.block_lines); });
+  std::thread writer([&] { testing::WriteJob(stream.get(), job, spec.block_lines); });
   if (after_blocks == 0) {
     absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(0, 20)(*rng)));
     ctx.TryCancel();
@@ -268,7 +246,7 @@ int AbandonChildMain(const std::string& address, uint64_t seed, int64_t max_n,
   std::unique_ptr<v1::Dgmm::Stub> stub = ConnectOwn(address);
   grpc::ClientContext ctx;
   StreamPtr stream = stub->MultiplyStream(&ctx);
-  std::thread([&] { WriteJob(stream.get(), job, spec.block_lines); }).detach();
+  std::thread([&] { testing::WriteJob(stream.get(), job, spec.block_lines); }).detach();
   v1::MultiplyStreamResponse resp;
   int blocks = 0;
   while (stream->Read(&resp)) {
