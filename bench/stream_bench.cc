@@ -39,7 +39,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "dgmm/grpc_status.h"
-#include "src/wire.h"
+#include "proto/wire.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "dgmm-server address HOST:PORT.");
 ABSL_FLAG(std::string, sizes, "1000,4000,10000,20000", "Comma-separated N (N×N float32 jobs).");

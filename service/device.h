@@ -18,6 +18,8 @@
 
 namespace dgmm {
 
+class HostBufferPool;  // service/host_buffers.h
+
 // Blocks of a streamed job a server holds at once (read, computing, or being
 // written back). A streamed job's working set is this many blocks each way.
 inline constexpr int kStreamWindowBlocks = 4;
@@ -86,7 +88,15 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<JobContext>> Begin(
       const Problem& p, BackendKind backend, const std::byte* diag,
       JobMode mode, int64_t max_block_bytes) = 0;
+
+  // Host memory for the blocks of streamed jobs on this device, received
+  // into and sent from without further copies: pinned for a GPU (no staging
+  // copy on the way to and from it), plain pages for the CPU.
+  virtual HostBufferPool& block_buffers() = 0;
 };
+
+// Bytes of returned block buffers a device's pool keeps for reuse.
+inline constexpr int64_t kBlockBufferCacheBytes = int64_t{64} << 20;
 
 }  // namespace dgmm
 

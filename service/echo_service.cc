@@ -4,8 +4,7 @@
 
 namespace dgmm {
 
-grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
-EchoService::Echo(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EchoService::Echo(grpc::CallbackServerContext* context) {
   return NewEchoStreamReactor(engine_, context, auth_);
 }
 

@@ -13,7 +13,8 @@
 
 namespace dgmm {
 
-class EchoService final : public bench::v1::Echo::CallbackService {
+class EchoService final
+    : public bench::v1::Echo::WithRawCallbackMethod_Echo<bench::v1::Echo::Service> {
  public:
   // Headers and blocks are held to the engine's limits, like
   // MultiplyStream's, and blocks hop through the engine's workers the way
@@ -25,7 +26,7 @@ class EchoService final : public bench::v1::Echo::CallbackService {
   // Header, accepted, then each block back as it came, then stats. The same
   // protocol checks as MultiplyStream (INVALID_ARGUMENT); no admission, no
   // compute. At most kStreamWindowBlocks blocks are held at once.
-  grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>* Echo(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Echo(
       grpc::CallbackServerContext* context) override;
 
  private:

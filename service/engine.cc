@@ -233,6 +233,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
       }
       std::unique_ptr<ActiveJob> active(new ActiveJob());
       active->engine_ = this;
+      active->device_ = r.device;
       active->pool_ = r.pool;
       active->mode_ = mode;
       active->arrived_ = arrived;

@@ -64,11 +64,14 @@ class ActiveJob {
   // Records the job's outcome for the counters and fills stats() totals.
   void End(const absl::Status& status);
   v1::JobStats& stats() { return stats_; }
+  // Where this job's streamed blocks live on the host (its device's pool).
+  HostBufferPool& block_buffers() { return device_->block_buffers(); }
 
  private:
   friend class Engine;
   ActiveJob() = default;
   Engine* engine_ = nullptr;
+  Device* device_ = nullptr;
   int pool_ = 0;
   JobMode mode_ = JobMode::kWhole;
   absl::Time arrived_;
@@ -127,6 +130,8 @@ class Engine {
 
   int64_t total_reserved() const { return admission_->total_reserved(); }
   const EngineOptions& options() const { return options_; }
+  // The CPU's block buffers, for streams that run no job (the Echo bench).
+  HostBufferPool& host_block_buffers() { return cpu_->block_buffers(); }
   const Device& cpu() const { return *cpu_; }
   int gpu_count() const { return static_cast<int>(gpus_.size()); }
 

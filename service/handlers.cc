@@ -8,6 +8,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "proto/wire.h"
+#include "service/host_buffers.h"
 #include "service/status_map.h"
 #include "service/validator.h"
 
@@ -163,19 +165,22 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
 
 // ---------------------------------------------------------- MultiplyStream
 
-using StreamReactorBase =
-    grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>;
-
-// One block of lines on its way through the job: read, computed in place,
-// written back.
+// One block of lines on its way through the job: received into a block
+// buffer, computed in place there, sent back from it.
 struct PendingBlock {
   int64_t first_line = 0;
   int64_t lines = 0;
-  std::string data;
+  size_t bytes = 0;
+  HostBuffer buffer;
 };
 
 // The state of one streamed job, shared by the reactor and the workers that
-// compute its blocks. Every field is guarded by mu. At most
+// compute its blocks. MultiplyStream is served at the ByteBuffer level
+// (proto/wire.h): each block's payload is copied once, out of gRPC's receive
+// slices into a block buffer of the job's device (pinned for a GPU), computed
+// there in place and sent back as a slice that owns the buffer, so protobuf
+// never copies a payload. Every field is guarded by mu, except that the one
+// read in flight owns request_ and the assembler. At most
 // kStreamWindowBlocks blocks are between read and written at any time, one
 // read and one write are in flight, and blocks are computed one at a time in
 // order: receive of block k+1, compute of block k and send of block k-1
@@ -223,19 +228,45 @@ class StreamCall : public StreamWatchdog::Watched,
   }
 
   void OnReadDone(bool ok) {
+    {
+      std::lock_guard lock(mu_);
+      if (finished_) {
+        reading_ = false;
+        return;
+      }
+      switch (phase_) {
+        case Phase::kHeader:
+          reading_ = false;
+          OnHeaderLocked(ok);
+          return;
+        case Phase::kBlocks:
+          if (!ok) {
+            reading_ = false;
+            OnHalfCloseLocked();
+            return;
+          }
+          break;  // received below, without the lock
+        case Phase::kAdmission:
+          reading_ = false;
+          return;  // no read is started while waiting for admission
+      }
+    }
+    // The block's payload is copied into its buffer here, on the gRPC thread
+    // that delivered it, while computes and writes of earlier blocks go on.
+    // reading_ stays true meanwhile: request_ is not free for the next read.
+    absl::StatusOr<PendingBlock> block = ReceiveBlock();
     std::lock_guard lock(mu_);
     reading_ = false;
     if (finished_) return;
-    switch (phase_) {
-      case Phase::kHeader:
-        OnHeaderLocked(ok);
-        break;
-      case Phase::kBlocks:
-        OnBlockLocked(ok);
-        break;
-      case Phase::kAdmission:
-        break;  // no read is started while waiting for admission
+    if (!block.ok()) {
+      FailLocked(block.status());
+      return;
     }
+    bytes_in_ += static_cast<int64_t>(block->bytes);
+    last_progress_ = absl::Now();
+    compute_queue_.push_back(std::move(*block));
+    window_++;
+    PumpLocked();
   }
 
   void OnWriteDone(bool ok) {
@@ -243,7 +274,7 @@ class StreamCall : public StreamWatchdog::Watched,
     writing_ = false;
     last_progress_ = absl::Now();
     if (writing_block_) window_--;
-    in_flight_write_.reset();
+    in_flight_write_.Clear();
     if (pending_error_.has_value()) {
       FinishLocked(*pending_error_);
       return;
@@ -283,12 +314,17 @@ class StreamCall : public StreamWatchdog::Watched,
           "stream closed before its header; send a JobHeader first"));
       return;
     }
-    if (!request_.has_header()) {
-      FailLocked(absl::InvalidArgumentError(
-          "the first message of MultiplyStream must be a header, got a block"));
+    absl::StatusOr<wire::StreamRequest> request = wire::DecodeStreamRequest(
+        &request_, [](int64_t, size_t) -> absl::StatusOr<void*> {
+          return absl::InvalidArgumentError(
+              "the first message of MultiplyStream must be a header, got a block");
+        });
+    request_.Clear();
+    if (!request.ok()) {
+      FailLocked(request.status());
       return;
     }
-    auto job = ValidateHeader(request_.header(), engine_->options().limits, /*streamed=*/true);
+    auto job = ValidateHeader(request->header, engine_->options().limits, /*streamed=*/true);
     if (!job.ok()) {
       if (!echo_) engine_->RecordRejected(job.status());
       FailLocked(job.status());
@@ -328,52 +364,57 @@ class StreamCall : public StreamWatchdog::Watched,
   void AcceptLocked(uint64_t job_id) {
     phase_ = Phase::kBlocks;
     last_progress_ = absl::Now();
-    auto accepted = std::make_unique<v1::MultiplyStreamResponse>();
-    accepted->mutable_accepted()->set_job_id(job_id);
-    accepted->mutable_accepted()->set_max_block_bytes(engine_->options().limits.max_block_bytes);
-    accepted->mutable_accepted()->set_queue_wait_ns(
+    v1::MultiplyStreamResponse accepted;
+    accepted.mutable_accepted()->set_job_id(job_id);
+    accepted.mutable_accepted()->set_max_block_bytes(engine_->options().limits.max_block_bytes);
+    accepted.mutable_accepted()->set_queue_wait_ns(
         absl::ToInt64Nanoseconds(absl::Now() - arrived_));
-    write_queue_.push_back({std::move(accepted), false});
+    write_queue_.push_back({wire::EncodeMessage(accepted), false});
     PumpLocked();
   }
 
-  void OnBlockLocked(bool ok) {
-    if (!ok) {  // half-close, or the call was cancelled under the read
-      if (context_->IsCancelled()) {
-        FailLocked(CancelledStatus(deadline_));
-        return;
-      }
-      input_done_ = true;
-      absl::Status s = assembler_->Finish();
-      if (!s.ok()) {
-        FailLocked(s);
-        return;
-      }
-      PumpLocked();
+  // The client half-closed (or the call was cancelled under the read).
+  void OnHalfCloseLocked() {
+    if (context_->IsCancelled()) {
+      FailLocked(CancelledStatus(deadline_));
       return;
     }
-    if (request_.has_header()) {
-      FailLocked(absl::InvalidArgumentError(
-          "a second header arrived; MultiplyStream takes exactly one header, then blocks"));
+    input_done_ = true;
+    absl::Status s = assembler_->Finish();
+    if (!s.ok()) {
+      FailLocked(s);
       return;
     }
-    if (!request_.has_block()) {
-      FailLocked(absl::InvalidArgumentError("message holds neither a header nor a block"));
-      return;
-    }
-    v1::Block* block = request_.mutable_block();
-    auto lines = assembler_->Accept(block->first_line(), block->data().size());
-    if (!lines.ok()) {
-      FailLocked(lines.status());
-      return;
-    }
-    bytes_in_ += static_cast<int64_t>(block->data().size());
-    last_progress_ = absl::Now();
-    compute_queue_.push_back(
-        PendingBlock{block->first_line(), *lines, std::move(*block->mutable_data())});
-    request_.Clear();
-    window_++;
     PumpLocked();
+  }
+
+  // Decodes the message just read: a block goes into a new block buffer
+  // (sized and checked before a byte is copied); anything else is an error.
+  absl::StatusOr<PendingBlock> ReceiveBlock() {
+    PendingBlock block;
+    HostBufferPool& pool =
+        job_ != nullptr ? job_->block_buffers() : engine_->host_block_buffers();
+    absl::StatusOr<wire::StreamRequest> request = wire::DecodeStreamRequest(
+        &request_, [&](int64_t, size_t size) -> absl::StatusOr<void*> {
+          if (absl::Status s = assembler_->CheckSize(size); !s.ok()) return s;
+          if (size == 0) return nullptr;  // Accept turns it down below
+          absl::StatusOr<HostBuffer> buffer = pool.Take(static_cast<int64_t>(size));
+          if (!buffer.ok()) return buffer.status();
+          block.buffer = std::move(*buffer);
+          return block.buffer.data();
+        });
+    request_.Clear();
+    if (!request.ok()) return request.status();
+    if (request->kind == wire::StreamRequest::Kind::kHeader) {
+      return absl::InvalidArgumentError(
+          "a second header arrived; MultiplyStream takes exactly one header, then blocks");
+    }
+    absl::StatusOr<int64_t> lines = assembler_->Accept(request->first_line, request->size);
+    if (!lines.ok()) return lines.status();
+    block.first_line = request->first_line;
+    block.lines = *lines;
+    block.bytes = request->size;
+    return block;
   }
 
   // Starts whatever can start: the next read, the next compute, the next
@@ -388,8 +429,8 @@ class StreamCall : public StreamWatchdog::Watched,
     if (!writing_ && !write_queue_.empty()) StartWriteLocked();
     if (input_done_ && !computing_ && compute_queue_.empty() && !writing_ &&
         write_queue_.empty() && !stats_sent_) {
-      auto stats = std::make_unique<v1::MultiplyStreamResponse>();
-      v1::JobStats* out = stats->mutable_stats();
+      v1::MultiplyStreamResponse stats;
+      v1::JobStats* out = stats.mutable_stats();
       if (job_ != nullptr) {
         job_->stats().set_bytes_in(bytes_in_);
         job_->stats().set_bytes_out(bytes_out_);
@@ -403,7 +444,7 @@ class StreamCall : public StreamWatchdog::Watched,
         out->set_total_ns(absl::ToInt64Nanoseconds(absl::Now() - arrived_));
       }
       stats_sent_ = true;
-      write_queue_.push_back({std::move(stats), false});
+      write_queue_.push_back({wire::EncodeMessage(stats), false});
       StartWriteLocked();
     }
   }
@@ -414,7 +455,7 @@ class StreamCall : public StreamWatchdog::Watched,
     compute_queue_.pop_front();
     ActiveJob* job = job_.get();  // lives as long as this StreamCall; null for echo
     engine_->Post([self = shared_from_this(), job, block] {
-      std::byte* data = reinterpret_cast<std::byte*>(block->data.data());
+      std::byte* data = block->buffer.data();
       absl::Status s = job == nullptr
                            ? absl::OkStatus()
                            : job->Process(Tile{data, data, block->first_line, block->lines},
@@ -427,11 +468,13 @@ class StreamCall : public StreamWatchdog::Watched,
                              : s);
         return;
       }
-      auto out = std::make_unique<v1::MultiplyStreamResponse>();
-      out->mutable_block()->set_first_line(block->first_line);
-      self->bytes_out_ += static_cast<int64_t>(block->data.size());
-      out->mutable_block()->set_data(std::move(block->data));
-      self->write_queue_.push_back({std::move(out), true});
+      self->bytes_out_ += static_cast<int64_t>(block->bytes);
+      // The result goes out from the buffer it was computed in; the buffer
+      // returns to its pool when gRPC has sent it.
+      self->write_queue_.push_back(
+          {wire::EncodeStreamBlock(block->first_line,
+                                   std::move(block->buffer).ToSlice(block->bytes)),
+           true});
       self->PumpLocked();
     });
   }
@@ -441,7 +484,7 @@ class StreamCall : public StreamWatchdog::Watched,
     in_flight_write_ = std::move(write_queue_.front().first);
     writing_block_ = write_queue_.front().second;
     write_queue_.pop_front();
-    reactor_->StartWrite(in_flight_write_.get());
+    reactor_->StartWrite(&in_flight_write_);
   }
 
   // Ends the call with `s` (once): counts the outcome, wakes a queued
@@ -479,15 +522,15 @@ class StreamCall : public StreamWatchdog::Watched,
   absl::Time last_progress_;  // last block received or result written
 
   Phase phase_ = Phase::kHeader;
-  v1::MultiplyStreamRequest request_;
+  grpc::ByteBuffer request_;
   Problem problem_;
   std::optional<StreamAssembler> assembler_;
   std::optional<Admission::Ticket> ticket_;
   std::unique_ptr<ActiveJob> job_;
 
   std::deque<PendingBlock> compute_queue_;
-  std::deque<std::pair<std::unique_ptr<v1::MultiplyStreamResponse>, bool>> write_queue_;
-  std::unique_ptr<v1::MultiplyStreamResponse> in_flight_write_;
+  std::deque<std::pair<grpc::ByteBuffer, bool>> write_queue_;  // (message, is a block)
+  grpc::ByteBuffer in_flight_write_;
   bool writing_block_ = false;
   bool reading_ = false;
   bool computing_ = false;
@@ -582,16 +625,15 @@ grpc::ServerUnaryReactor* DgmmService::Multiply(grpc::CallbackServerContext* con
   return new UnaryReactor(engine_, context, request, response);
 }
 
-grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
-DgmmService::MultiplyStream(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DgmmService::MultiplyStream(
+    grpc::CallbackServerContext* context) {
   if (absl::Status s = Authenticate(context); !s.ok()) {
     return new RefusedStream(ToGrpcStatus(s, context));
   }
   return new StreamReactor(engine_, context, /*echo=*/false, &watchdog_);
 }
 
-grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
-NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context,
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context,
                      const std::optional<TokenAuth>& auth) {
   if (auth.has_value()) {
     if (absl::Status s = auth->Check(context->client_metadata()); !s.ok()) {

@@ -44,7 +44,13 @@ class StreamWatchdog {
   std::thread thread_;
 };
 
-class DgmmService final : public v1::Dgmm::CallbackService {
+using StreamReactorBase = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// Multiply and GetServerInfo are typed; MultiplyStream is served at the
+// ByteBuffer level, so its payloads skip protobuf's copies (handlers.cc).
+class DgmmService final
+    : public v1::Dgmm::WithCallbackMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
+          v1::Dgmm::WithCallbackMethod_GetServerInfo<v1::Dgmm::Service>>> {
  public:
   // `engine` must outlive the service. With `auth`, every RPC of this
   // service needs the bearer token (UNAUTHENTICATED otherwise).
@@ -54,8 +60,7 @@ class DgmmService final : public v1::Dgmm::CallbackService {
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
                                      const v1::MultiplyRequest* request,
                                      v1::MultiplyResponse* response) override;
-  grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
-  MultiplyStream(grpc::CallbackServerContext* context) override;
+  StreamReactorBase* MultiplyStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::GetServerInfoResponse* response) override;
@@ -72,8 +77,7 @@ class DgmmService final : public v1::Dgmm::CallbackService {
 // protocol checks, window and worker hand-off, each block sent back as it
 // came. Only for the streaming benchmark's Echo service (echo_service.h).
 // With `auth`, the call needs the bearer token like dgmm's own RPCs.
-grpc::ServerBidiReactor<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>*
-NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context,
+StreamReactorBase* NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context,
                      const std::optional<TokenAuth>& auth);
 
 }  // namespace dgmm

@@ -150,11 +150,7 @@ absl::StatusOr<int64_t> StreamAssembler::Accept(int64_t first_line,
         unit, first_line, next_line_, unit));
   }
   if (data_bytes == 0) return Invalid("block is empty; every block must hold at least one line");
-  // Compared unsigned first: a size of 2^63 or more must not turn negative.
-  if (data_bytes > static_cast<std::size_t>(max_block_bytes_)) {
-    return Invalid(absl::StrFormat("block of %d bytes exceeds max_block_bytes %d", data_bytes,
-                                   max_block_bytes_));
-  }
+  if (absl::Status s = CheckSize(data_bytes); !s.ok()) return s;
   const int64_t bytes = static_cast<int64_t>(data_bytes);
   if (bytes % problem_.line_bytes() != 0) {
     return Invalid(absl::StrFormat(
@@ -169,6 +165,15 @@ absl::StatusOr<int64_t> StreamAssembler::Accept(int64_t first_line,
   }
   next_line_ += lines;
   return lines;
+}
+
+absl::Status StreamAssembler::CheckSize(std::size_t data_bytes) const {
+  // Compared unsigned: a size of 2^63 or more must not turn negative.
+  if (data_bytes > static_cast<std::size_t>(max_block_bytes_)) {
+    return Invalid(absl::StrFormat("block of %d bytes exceeds max_block_bytes %d", data_bytes,
+                                   max_block_bytes_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StreamAssembler::Finish() const {

@@ -52,6 +52,9 @@ class StreamAssembler {
 
   // Accepts the next block; returns the number of whole lines it holds.
   absl::StatusOr<int64_t> Accept(int64_t first_line, std::size_t data_bytes);
+  // INVALID_ARGUMENT for a block over max_block_bytes: checked before a
+  // block is received into memory sized by it (Accept checks it too).
+  absl::Status CheckSize(std::size_t data_bytes) const;
   // Called on the client's half-close: INVALID_ARGUMENT unless every line came.
   absl::Status Finish() const;
 

@@ -1,5 +1,5 @@
 // The zero-copy encoders and decoders agree with the generated proto classes.
-#include "src/wire.h"
+#include "proto/wire.h"
 
 #include <cstring>
 #include <string>

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "service/backends/cpu/cpu_device.h"
+#include "service/host_buffers.h"
 
 namespace dgmm {
 namespace {
@@ -40,7 +41,9 @@ class BrokenGpu : public Device {
     job->gpu = this;
     return std::unique_ptr<JobContext>(std::move(job));
   }
+  HostBufferPool& block_buffers() override { return *blocks_; }
   std::atomic<bool> in_service_{true};
+  std::shared_ptr<HostBufferPool> blocks_ = HostBufferPool::CreateMapped(0);
 };
 
 JobRequest Request(const std::vector<float>& diag) {

@@ -14,7 +14,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "src/retry.h"
 #include "src/stream_call.h"
-#include "src/wire.h"
+#include "proto/wire.h"
 
 namespace dgmm {
 namespace {

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "dgmm/client.h"
-#include "src/wire.h"
+#include "proto/wire.h"
 
 namespace dgmm {
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "service/backends/cpu/thread_pool.h"
+#include "service/host_buffers.h"
 #include "service/device.h"
 
 namespace dgmm {
@@ -40,8 +41,11 @@ class CpuDevice : public Device {
       const Problem& p, BackendKind backend, const std::byte* diag, JobMode mode,
       int64_t max_block_bytes) override;
 
+  HostBufferPool& block_buffers() override { return *blocks_; }
+
  private:
   ThreadPool pool_;
+  std::shared_ptr<HostBufferPool> blocks_ = HostBufferPool::CreateMapped(kBlockBufferCacheBytes);
   int64_t total_memory_ = 0;
   int64_t free_at_start_ = 0;
 };

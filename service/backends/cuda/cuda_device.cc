@@ -349,7 +349,13 @@ absl::Status CudaJobContext::Process(const Tile& tile,
       device_->pieces_in_flight(), std::max<int64_t>(pieces, 1)));
 
   std::vector<std::byte*> staging;
-  if (!pinned_in || !pinned_out) staging = device_->ring_->Acquire(want);
+  StagingRing* ring = nullptr;
+  if (!pinned_in || !pinned_out) {
+    absl::StatusOr<StagingRing*> r = device_->Ring();
+    if (!r.ok()) return r.status();
+    ring = *r;
+    staging = ring->Acquire(want);
+  }
   const int depth = staging.empty() ? want : static_cast<int>(staging.size());
   const uint32_t first_stream = device_->next_stream_.fetch_add(1);
   for (int i = 0; i < depth; ++i) {
@@ -389,15 +395,32 @@ absl::Status CudaJobContext::Process(const Tile& tile,
     }
     cudaGetLastError();
   }
-  if (!staging.empty()) device_->ring_->Release(staging);
+  if (!staging.empty()) ring->Release(staging);
   return status;
 }
 
 // ----------------------------------------------------------------- CudaDevice
 
+std::shared_ptr<HostBufferPool> NewPinnedBlockPool() {
+  return HostBufferPool::Create(
+      "pinned host",
+      [](int64_t bytes) -> absl::StatusOr<std::byte*> {
+        void* p = nullptr;
+        const cudaError_t err =
+            cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocPortable);
+        if (err != cudaSuccess) {
+          cudaGetLastError();
+          return CudaStatus(err, "cudaHostAlloc");
+        }
+        return static_cast<std::byte*>(p);
+      },
+      [](std::byte* data, int64_t) { cudaFreeHost(data); }, kBlockBufferCacheBytes);
+}
+
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(
-    int ordinal, const CudaOptions& options) {
+    int ordinal, const CudaOptions& options, std::shared_ptr<HostBufferPool> blocks) {
   std::unique_ptr<CudaDevice> device(new CudaDevice());
+  device->blocks_ = blocks != nullptr ? std::move(blocks) : NewPinnedBlockPool();
   if (auto st = device->Init(ordinal, options); !st.ok()) return st;
   return device;
 }
@@ -471,11 +494,8 @@ absl::Status CudaDevice::Init(int ordinal, const CudaOptions& options) {
 
   pieces_in_flight_ = options.pieces_in_flight > 0 ? options.pieces_in_flight
                                                    : 2 * options.streams;
-  const int buffers = options.staging_buffers > 0 ? options.staging_buffers
-                                                  : 2 * pieces_in_flight_;
-  auto ring = StagingRing::Create(buffers, options.tile_bytes);
-  if (!ring.ok()) return ring.status();
-  ring_ = std::move(*ring);
+  staging_count_ = options.staging_buffers > 0 ? options.staging_buffers
+                                               : 2 * pieces_in_flight_;
 
   if (options.measure_backend_order) return OrderBackendsByTiming();
   return absl::OkStatus();
@@ -490,7 +510,10 @@ CudaDevice::~CudaDevice() {
     if (s != nullptr) cudaStreamSynchronize(s);
   }
   if (setup_stream_ != nullptr) cudaStreamSynchronize(setup_stream_);
-  ring_.reset();
+  {
+    absl::MutexLock lock(&ring_mu_);
+    ring_.reset();
+  }
   for (cublasHandle_t h : cublas_) {
     if (h != nullptr) cublasDestroy(h);
   }
@@ -500,6 +523,21 @@ CudaDevice::~CudaDevice() {
   if (setup_stream_ != nullptr) cudaStreamDestroy(setup_stream_);
   if (pool_ != nullptr) cudaMemPoolDestroy(pool_);
   cudaGetLastError();
+}
+
+absl::StatusOr<StagingRing*> CudaDevice::Ring() {
+  absl::MutexLock lock(&ring_mu_);
+  if (ring_ == nullptr) {
+    auto ring = StagingRing::Create(staging_count_, tile_bytes_);
+    if (!ring.ok()) return ring.status();
+    ring_ = std::move(*ring);
+  }
+  return ring_.get();
+}
+
+bool CudaDevice::staging_allocated() const {
+  absl::MutexLock lock(&ring_mu_);
+  return ring_ != nullptr;
 }
 
 absl::Status CudaDevice::Enter() {

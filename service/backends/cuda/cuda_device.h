@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "service/backends/cuda/cuda_devices.h"
 #include "service/device.h"
+#include "service/host_buffers.h"
 
 namespace dgmm::cuda {
 
@@ -61,12 +62,20 @@ class StagingRing {
   std::vector<std::byte*> free_ ABSL_GUARDED_BY(mu_);
 };
 
+// A pool of pinned (page-locked, portable: any GPU can DMA to and from it)
+// host buffers for streamed blocks, kept up to kBlockBufferCacheBytes.
+std::shared_ptr<HostBufferPool> NewPinnedBlockPool();
+
 class CudaDevice final : public Device {
  public:
-  // Opens CUDA device `ordinal`: creates its streams, cuBLAS handles, pool
-  // and staging ring, and (if asked) times both backends to order them.
+  // Opens CUDA device `ordinal`: creates its streams, cuBLAS handles and
+  // pool, and (if asked) times both backends to order them. Streamed blocks
+  // come from `blocks` (GPUs of one host share one pool); null makes a pool
+  // for this device. The staging ring is only allocated the first time a
+  // job brings pageable host memory.
   static absl::StatusOr<std::unique_ptr<CudaDevice>> Open(
-      int ordinal, const CudaOptions& options);
+      int ordinal, const CudaOptions& options,
+      std::shared_ptr<HostBufferPool> blocks = nullptr);
   ~CudaDevice() override;
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
@@ -97,10 +106,15 @@ class CudaDevice final : public Device {
       const Problem& p, BackendKind backend, const std::byte* diag,
       JobMode mode, int64_t max_block_bytes) override;
 
+  HostBufferPool& block_buffers() override { return *blocks_; }
+
   // Beyond Device, for tests and the benchmark.
   int64_t tile_bytes() const { return tile_bytes_; }
   int pieces_in_flight() const { return pieces_in_flight_; }
-  int staging_buffers() const { return ring_->count(); }
+  // Buffers of the staging ring (allocated on first use).
+  int staging_buffers() const { return staging_count_; }
+  // Whether a pageable job has made the ring allocate its pinned memory.
+  bool staging_allocated() const;
   int multiprocessors() const { return multiprocessors_; }
   // Most device-pool bytes in use at once since open or the last reset.
   absl::StatusOr<int64_t> PoolHighWaterBytes() const;
@@ -114,6 +128,8 @@ class CudaDevice final : public Device {
   absl::Status OrderBackendsByTiming();
   int64_t SlotBytes(JobMode mode, const Problem& p,
                     int64_t max_block_bytes) const;
+  // The staging ring, allocated by the first caller.
+  absl::StatusOr<StagingRing*> Ring();
 
   // Records `err` (and takes the device out of service if it is sticky);
   // returns CudaStatus(err, what).
@@ -133,7 +149,10 @@ class CudaDevice final : public Device {
   std::vector<cublasHandle_t> cublas_;   // cublas_[i] is bound to streams_[i]
   cudaStream_t setup_stream_ = nullptr;  // allocations and diagonal uploads
   cudaMemPool_t pool_ = nullptr;
-  std::unique_ptr<StagingRing> ring_;
+  int staging_count_ = 0;
+  mutable absl::Mutex ring_mu_;
+  std::unique_ptr<StagingRing> ring_ ABSL_GUARDED_BY(ring_mu_);
+  std::shared_ptr<HostBufferPool> blocks_;
   std::vector<BackendKind> backends_ = {BackendKind::kCudaKernel,
                                         BackendKind::kCublas};
   std::atomic<bool> in_service_{true};

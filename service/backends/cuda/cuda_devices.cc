@@ -44,8 +44,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
     if (why_none != nullptr) *why_none = "no CUDA device is visible";
     return devices;
   }
+  // One pool of pinned block buffers for all GPUs: a block is taken before
+  // its job knows which GPU it is on, and pinned portable memory serves any.
+  std::shared_ptr<HostBufferPool> blocks = cuda::NewPinnedBlockPool();
   for (int i = 0; i < count; ++i) {
-    auto device = cuda::CudaDevice::Open(i, options);
+    auto device = cuda::CudaDevice::Open(i, options, blocks);
     if (!device.ok()) {
       return absl::Status(device.status().code(),
                           absl::StrFormat("opening CUDA device %d: %s", i,

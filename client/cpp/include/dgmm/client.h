@@ -222,7 +222,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Dgmm::Stub> stub_;
   // For Multiply/MultiplyStream, whose payloads are sent from the caller's
-  // memory and received into it without proto copies (see wire.h).
+  // memory and received into it without proto copies (see proto/wire.h).
   grpc::GenericStub generic_stub_;
 };
 

@@ -1,4 +1,4 @@
-#include "src/wire.h"
+#include "proto/wire.h"
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
@@ -60,8 +60,16 @@ void AppendLengthDelimitedPrefix(int field, uint64_t size, std::string* out) {
   AppendVarint(size, out);
 }
 
+// How a decoder reports a malformed message: the client gets INTERNAL (the
+// server broke the contract), the server INVALID_ARGUMENT (the client did).
+using MalformedFn = absl::Status (*)(absl::string_view what);
+
 absl::Status Malformed(absl::string_view what) {
   return absl::InternalError(absl::StrCat("malformed response from the server: ", what));
+}
+
+absl::Status MalformedRequest(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed MultiplyStreamRequest: ", what));
 }
 
 // Reads a length-delimited embedded message into *message.
@@ -75,29 +83,46 @@ bool ReadEmbedded(CodedInputStream* in, MessageLite* message) {
 }
 
 // Reads a Block, copying its data to where `placer` says. first_line may be
-// absent (proto3 omits zero) or, in principle, follow the data; in the latter
-// case the data is staged so it can be placed once the line is known.
-absl::Status ReadBlock(CodedInputStream* in, const BlockPlacer& placer, StreamResponse* response) {
+// absent (proto3 omits zero) or, in principle, follow the data. With
+// `place_by_line`, where the data goes depends on the line, so data seen
+// before its line is staged and placed once the line is known; without, the
+// placer is called as soon as the data's size is known (with the line seen
+// so far), and the data never staged. A block with its data twice is
+// malformed.
+absl::Status ReadBlock(CodedInputStream* in, size_t message_bytes, const BlockPlacer& placer,
+                       bool place_by_line, MalformedFn malformed, int64_t* first_line_out,
+                       size_t* size_out) {
   uint32_t length = 0;
-  if (!in->ReadVarint32(&length)) return Malformed("truncated block");
+  if (!in->ReadVarint32(&length)) return malformed("truncated block");
+  // Lengths are checked against the bytes really there before anything is
+  // sized by them.
+  if (length > message_bytes - static_cast<size_t>(in->CurrentPosition())) {
+    return malformed("block longer than the message");
+  }
   const CodedInputStream::Limit limit = in->PushLimit(static_cast<int>(length));
   int64_t first_line = 0;
   bool first_line_known = false;
   bool placed = false;
+  bool have_data = false;
   std::string staged;
   size_t size = 0;
   while (const uint32_t tag = in->ReadTag()) {
     if (tag == VarintTag(kBlockFirstLine)) {
       uint64_t value = 0;
-      if (!in->ReadVarint64(&value)) return Malformed("truncated block.first_line");
+      if (!in->ReadVarint64(&value)) return malformed("truncated block.first_line");
       first_line = static_cast<int64_t>(value);
       first_line_known = true;
     } else if (tag == LengthDelimitedTag(kBlockData)) {
       uint32_t data_size = 0;
-      if (!in->ReadVarint32(&data_size)) return Malformed("truncated block.data");
+      if (!in->ReadVarint32(&data_size)) return malformed("truncated block.data");
+      if (static_cast<int64_t>(data_size) > in->BytesUntilLimit()) {
+        return malformed("block.data longer than the block");
+      }
+      if (have_data) return malformed("block.data twice in one block");
+      have_data = true;
       size = data_size;
       void* destination = nullptr;
-      if (first_line_known) {
+      if (first_line_known || !place_by_line) {
         absl::StatusOr<void*> placement = placer(first_line, size);
         if (!placement.ok()) return placement.status();
         destination = *placement;
@@ -108,13 +133,13 @@ absl::Status ReadBlock(CodedInputStream* in, const BlockPlacer& placer, StreamRe
         placed = false;
       }
       if (!in->ReadRaw(destination, static_cast<int>(size))) {
-        return Malformed("truncated block.data");
+        return malformed("truncated block.data");
       }
     } else if (!WireFormatLite::SkipField(in, tag)) {
-      return Malformed("bad field in block");
+      return malformed("bad field in block");
     }
   }
-  if (!in->ConsumedEntireMessage()) return Malformed("bad block");
+  if (!in->ConsumedEntireMessage()) return malformed("bad block");
   in->PopLimit(limit);
   if (!placed) {
     // The data was staged (first_line absent, i.e. zero, or after it), or
@@ -123,8 +148,8 @@ absl::Status ReadBlock(CodedInputStream* in, const BlockPlacer& placer, StreamRe
     if (!placement.ok()) return placement.status();
     if (size > 0) std::memcpy(*placement, staged.data(), size);
   }
-  response->first_line = first_line;
-  response->size = size;
+  *first_line_out = first_line;
+  *size_out = size;
   return absl::OkStatus();
 }
 
@@ -173,6 +198,11 @@ grpc::ByteBuffer EncodeStreamHeader(const v1::JobHeader& header) {
 
 grpc::ByteBuffer EncodeStreamBlock(int64_t first_line, const void* data, size_t size,
                                    SliceLoans* loans) {
+  return EncodeStreamBlock(first_line, loans->Lend(data, size));
+}
+
+grpc::ByteBuffer EncodeStreamBlock(int64_t first_line, grpc::Slice data) {
+  const size_t size = data.size();
   const uint64_t line = static_cast<uint64_t>(first_line);
   size_t block_size = VarintSize(LengthDelimitedTag(kBlockData)) + VarintSize(size) + size;
   if (line != 0) block_size += VarintSize(VarintTag(kBlockFirstLine)) + VarintSize(line);
@@ -183,8 +213,13 @@ grpc::ByteBuffer EncodeStreamBlock(int64_t first_line, const void* data, size_t 
     AppendVarint(line, &prefix);
   }
   AppendLengthDelimitedPrefix(kBlockData, size, &prefix);
-  grpc::Slice slices[2] = {grpc::Slice(prefix), loans->Lend(data, size)};
+  grpc::Slice slices[2] = {grpc::Slice(prefix), std::move(data)};
   return grpc::ByteBuffer(slices, 2);
+}
+
+grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
 }
 
 absl::Status DecodeMultiplyResponse(grpc::ByteBuffer* buffer, void* out, size_t out_bytes,
@@ -227,7 +262,12 @@ absl::StatusOr<StreamResponse> DecodeStreamResponse(grpc::ByteBuffer* buffer,
       if (!ReadEmbedded(&in, &response.accepted)) return Malformed("bad accepted");
       response.kind = StreamResponse::Kind::kAccepted;
     } else if (tag == LengthDelimitedTag(kStreamResponseBlock)) {
-      if (absl::Status s = ReadBlock(&in, placer, &response); !s.ok()) return s;
+      if (absl::Status s =
+              ReadBlock(&in, buffer->Length(), placer, /*place_by_line=*/true, &Malformed,
+                        &response.first_line, &response.size);
+          !s.ok()) {
+        return s;
+      }
       response.kind = StreamResponse::Kind::kBlock;
     } else if (tag == LengthDelimitedTag(kStreamResponseStats)) {
       if (!ReadEmbedded(&in, &response.stats)) return Malformed("bad stats");
@@ -242,6 +282,34 @@ absl::StatusOr<StreamResponse> DecodeStreamResponse(grpc::ByteBuffer* buffer,
   if (!in.ConsumedEntireMessage()) return Malformed("bad MultiplyStreamResponse");
   if (!have_kind) return Malformed("MultiplyStreamResponse with no accepted, block or stats");
   return response;
+}
+
+absl::StatusOr<StreamRequest> DecodeStreamRequest(grpc::ByteBuffer* buffer,
+                                                  const BlockPlacer& placer) {
+  grpc::ProtoBufferReader reader(buffer);
+  CodedInputStream in(&reader);
+  StreamRequest request;
+  int kinds = 0;
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag == LengthDelimitedTag(kStreamRequestHeader)) {
+      if (kinds++ > 0) return MalformedRequest("it holds more than one header or block");
+      if (!ReadEmbedded(&in, &request.header)) return MalformedRequest("bad header");
+      request.kind = StreamRequest::Kind::kHeader;
+    } else if (tag == LengthDelimitedTag(kStreamRequestBlock)) {
+      if (kinds++ > 0) return MalformedRequest("it holds more than one header or block");
+      if (absl::Status s = ReadBlock(&in, buffer->Length(), placer, /*place_by_line=*/false,
+                                     &MalformedRequest, &request.first_line, &request.size);
+          !s.ok()) {
+        return s;
+      }
+      request.kind = StreamRequest::Kind::kBlock;
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return MalformedRequest("bad field");
+    }
+  }
+  if (!in.ConsumedEntireMessage()) return MalformedRequest("truncated or bad tag");
+  if (kinds == 0) return absl::InvalidArgumentError("message holds neither a header nor a block");
+  return request;
 }
 
 }  // namespace dgmm::wire

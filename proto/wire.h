@@ -8,8 +8,8 @@
 // buffers into its place in the caller's output. The field numbers used are
 // those of proto/dgmm/v1/dgmm.proto; tests check these encoders and decoders
 // against the generated classes.
-#ifndef DGMM_CLIENT_CPP_SRC_WIRE_H_
-#define DGMM_CLIENT_CPP_SRC_WIRE_H_
+#ifndef DGMM_PROTO_WIRE_H_
+#define DGMM_PROTO_WIRE_H_
 
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
@@ -62,6 +62,15 @@ grpc::ByteBuffer EncodeStreamHeader(const v1::JobHeader& header);
 grpc::ByteBuffer EncodeStreamBlock(int64_t first_line, const void* data, size_t size,
                                    SliceLoans* loans);
 
+// MultiplyStreamRequest or MultiplyStreamResponse (`block` is field 2 of
+// both) {block{first_line, data}}: a small encoded prefix, then `data` as is
+// (a slice that owns or borrows the payload; nothing is copied).
+grpc::ByteBuffer EncodeStreamBlock(int64_t first_line, grpc::Slice data);
+
+// Any message serialized into one slice: for the small ones (headers,
+// acceptances, stats).
+grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message);
+
 // Decodes a MultiplyResponse: its `result` must be exactly out_bytes long and
 // is copied into `out`; its stats into *stats. INTERNAL on a malformed
 // message or a result of the wrong size.
@@ -88,6 +97,27 @@ struct StreamResponse {
 absl::StatusOr<StreamResponse> DecodeStreamResponse(grpc::ByteBuffer* buffer,
                                                     const BlockPlacer& placer);
 
+// One decoded MultiplyStreamRequest. For a block, its payload has already
+// been copied to the place `placer` chose; first_line and size describe it.
+struct StreamRequest {
+  enum class Kind { kHeader, kBlock };
+  Kind kind = Kind::kHeader;
+  v1::JobHeader header;
+  int64_t first_line = 0;
+  size_t size = 0;
+};
+
+// Decodes a MultiplyStreamRequest on the server, placing a block's payload
+// with `placer`: called once per block, before any payload byte is copied (so
+// a block the placer refuses costs no copy), with the block's size and the
+// first_line seen so far. The placement must not depend on first_line, which
+// a (non-canonical) encoder may put after the data: the line to use is the
+// returned one. The payload is copied once, from gRPC's buffers. INVALID_ARGUMENT on a malformed message,
+// a message with neither or both of header and block, or a second block in
+// one message; the placer's error as is.
+absl::StatusOr<StreamRequest> DecodeStreamRequest(grpc::ByteBuffer* buffer,
+                                                  const BlockPlacer& placer);
+
 }  // namespace dgmm::wire
 
-#endif  // DGMM_CLIENT_CPP_SRC_WIRE_H_
+#endif  // DGMM_PROTO_WIRE_H_

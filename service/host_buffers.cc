@@ -1,0 +1,140 @@
+#include "service/host_buffers.h"
+
+#include <sys/mman.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dgmm {
+namespace {
+
+// Smallest buffer a pool lends: one page.
+constexpr int64_t kMinCapacity = 4096;
+
+int64_t CapacityFor(int64_t bytes) {
+  return std::max<int64_t>(kMinCapacity, static_cast<int64_t>(std::bit_ceil(
+                                             static_cast<uint64_t>(bytes))));
+}
+
+}  // namespace
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    pool_ = std::move(other.pool_);
+    data_ = std::exchange(other.data_, nullptr);
+    capacity_ = std::exchange(other.capacity_, 0);
+  }
+  return *this;
+}
+
+void HostBuffer::Reset() {
+  if (data_ != nullptr) pool_->Give(data_, capacity_);
+  pool_.reset();
+  data_ = nullptr;
+  capacity_ = 0;
+}
+
+grpc::Slice HostBuffer::ToSlice(size_t bytes) && {
+  std::byte* data = data_;
+  auto* owner = new HostBuffer(std::move(*this));
+  return grpc::Slice(data, bytes, +[](void* p) { delete static_cast<HostBuffer*>(p); }, owner);
+}
+
+HostBufferPool::HostBufferPool(std::string kind, AllocateFn allocate, FreeFn free,
+                               int64_t max_cached_bytes)
+    : kind_(std::move(kind)),
+      allocate_(std::move(allocate)),
+      release_(std::move(free)),
+      max_cached_bytes_(max_cached_bytes) {}
+
+std::shared_ptr<HostBufferPool> HostBufferPool::Create(std::string kind, AllocateFn allocate,
+                                                       FreeFn free, int64_t max_cached_bytes) {
+  return std::shared_ptr<HostBufferPool>(
+      new HostBufferPool(std::move(kind), std::move(allocate), std::move(free), max_cached_bytes));
+}
+
+std::shared_ptr<HostBufferPool> HostBufferPool::CreateMapped(int64_t max_cached_bytes) {
+  return Create(
+      "host",
+      [](int64_t bytes) -> absl::StatusOr<std::byte*> {
+        void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return absl::ResourceExhaustedError(std::strerror(errno));
+        return static_cast<std::byte*>(p);
+      },
+      [](std::byte* data, int64_t bytes) { munmap(data, static_cast<size_t>(bytes)); },
+      max_cached_bytes);
+}
+
+HostBufferPool::~HostBufferPool() {
+  // Every lent buffer holds a reference to the pool, so none is out now.
+  for (auto& [capacity, buffers] : cache_) {
+    for (std::byte* b : buffers) release_(b, capacity);
+  }
+}
+
+absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
+  const int64_t capacity = CapacityFor(bytes);
+  HostBuffer buffer;
+  {
+    absl::MutexLock lock(&mu_);
+    lent_bytes_ += capacity;
+    auto it = cache_.find(capacity);
+    if (it != cache_.end() && !it->second.empty()) {
+      buffer.data_ = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= capacity;
+    } else {
+      ++allocations_;
+    }
+  }
+  if (buffer.data_ == nullptr) {
+    absl::StatusOr<std::byte*> data = allocate_(capacity);
+    if (!data.ok()) {
+      absl::MutexLock lock(&mu_);
+      lent_bytes_ -= capacity;
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", capacity, " bytes of ",
+                                                       kind_, " memory for a block: ",
+                                                       data.status().message()));
+    }
+    buffer.data_ = *data;
+  }
+  buffer.pool_ = shared_from_this();
+  buffer.capacity_ = capacity;
+  return buffer;
+}
+
+void HostBufferPool::Give(std::byte* data, int64_t capacity) {
+  {
+    absl::MutexLock lock(&mu_);
+    lent_bytes_ -= capacity;
+    if (cached_bytes_ + capacity <= max_cached_bytes_) {
+      cache_[capacity].push_back(data);
+      cached_bytes_ += capacity;
+      return;
+    }
+  }
+  release_(data, capacity);
+}
+
+int64_t HostBufferPool::lent_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return lent_bytes_;
+}
+
+int64_t HostBufferPool::cached_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return cached_bytes_;
+}
+
+int64_t HostBufferPool::allocations() const {
+  absl::MutexLock lock(&mu_);
+  return allocations_;
+}
+
+}  // namespace dgmm

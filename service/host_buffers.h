@@ -1,0 +1,104 @@
+// Host memory for the payload of streamed blocks, reused from block to block
+// and job to job. A block is received straight into one of these buffers
+// (the one copy out of gRPC's receive slices), computed in place, and sent
+// back from it as a grpc::Slice that returns the buffer to its pool when
+// gRPC lets go of it: no protobuf string, no serialization copy.
+//
+// A GPU's pool lends pinned memory (cudaHostAlloc), so blocks go to and from
+// the device by DMA without a staging copy; the CPU's lends anonymous
+// mappings, so memory given back to the system really leaves the process.
+// Buffers come in power-of-two sizes; a pool keeps up to max_cached_bytes of
+// returned buffers for reuse and gives the rest back.
+#ifndef DGMM_SERVICE_HOST_BUFFERS_H_
+#define DGMM_SERVICE_HOST_BUFFERS_H_
+
+#include <grpcpp/support/slice.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace dgmm {
+
+class HostBufferPool;
+
+// One buffer lent by a pool; gives it back when destroyed. Move-only.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(HostBuffer&& other) noexcept { *this = std::move(other); }
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  ~HostBuffer() { Reset(); }
+
+  std::byte* data() const { return data_; }
+  // Usable bytes (at least what was asked for).
+  int64_t capacity() const { return capacity_; }
+
+  // A slice over the first `bytes` bytes that owns the buffer: the buffer
+  // goes back to its pool when gRPC releases the last reference. Leaves this
+  // object empty.
+  grpc::Slice ToSlice(size_t bytes) &&;
+
+ private:
+  friend class HostBufferPool;
+  void Reset();
+
+  std::shared_ptr<HostBufferPool> pool_;
+  std::byte* data_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
+ public:
+  using AllocateFn = std::function<absl::StatusOr<std::byte*>(int64_t bytes)>;
+  using FreeFn = std::function<void(std::byte* data, int64_t bytes)>;
+
+  // A pool of memory from `allocate`/`free` (called without the pool's lock
+  // held). `kind` names the memory in errors ("pinned host", "host").
+  static std::shared_ptr<HostBufferPool> Create(std::string kind, AllocateFn allocate,
+                                                FreeFn free, int64_t max_cached_bytes);
+  // Anonymous private mappings (mmap), for the CPU.
+  static std::shared_ptr<HostBufferPool> CreateMapped(int64_t max_cached_bytes);
+
+  ~HostBufferPool();
+  HostBufferPool(const HostBufferPool&) = delete;
+  HostBufferPool& operator=(const HostBufferPool&) = delete;
+
+  // A buffer of at least `bytes` (≥ 1): a cached one if one is free, else a
+  // new one. RESOURCE_EXHAUSTED when the allocation fails.
+  absl::StatusOr<HostBuffer> Take(int64_t bytes);
+
+  // Bytes of buffers lent out now, and kept for reuse now.
+  int64_t lent_bytes() const;
+  int64_t cached_bytes() const;
+  // Calls of `allocate` so far (a warm pool stops calling it).
+  int64_t allocations() const;
+
+ private:
+  HostBufferPool(std::string kind, AllocateFn allocate, FreeFn free, int64_t max_cached_bytes);
+  void Give(std::byte* data, int64_t capacity);
+
+  const std::string kind_;
+  const AllocateFn allocate_;
+  const FreeFn release_;
+  const int64_t max_cached_bytes_;
+  mutable absl::Mutex mu_;
+  std::map<int64_t, std::vector<std::byte*>> cache_ ABSL_GUARDED_BY(mu_);  // by capacity
+  int64_t lent_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
+
+  friend class HostBuffer;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_HOST_BUFFERS_H_
