@@ -96,6 +96,14 @@ v1::MultiplyStreamRequest RawBlock(int64_t first_line, std::string data) {
   return m;
 }
 
+// `m` with an extra field on the wire: `field` (length-delimited) holding
+// `bytes`, written after the known fields. It can make a message the typed
+// classes would never build: a second oneof member, a block whose bytes are
+// not a Block, or a field the server does not know (which it must skip).
+v1::MultiplyStreamRequest WithRawField(v1::MultiplyStreamRequest m, int field, std::string bytes) {
+  m.GetReflection()->MutableUnknownFields(&m)->AddLengthDelimited(field, std::move(bytes));
+  return m;
+}
 // Every block of `job`, `lines_per_block` lines at a time.
 StreamMsgs WholeStream(const RandomJob& job, int64_t lines_per_block) {
   StreamMsgs msgs = {Header(job)};
@@ -571,6 +579,61 @@ std::vector<Row> Catalogue() {
         },
         Code::DEADLINE_EXCEEDED, "eadline", /*half_close=*/false);
     r.deadline = milliseconds(1500);
+    rows.push_back(r);
+  }
+  // Wire-level rows: MultiplyStream is decoded by hand (proto/wire.h).
+  rows.push_back(S(
+      "stream_block_bytes_are_not_a_block",
+      [j] {
+        v1::MultiplyStreamRequest garbage;
+        // field 2 (data) claiming 2^21 bytes inside a 4-byte block
+        return StreamMsgs{Header(j), WithRawField(garbage, 2, std::string("\x12\x80\x80\x80\x01"))};
+      },
+      kInvalid, "malformed MultiplyStreamRequest: block.data longer than the block"));
+  rows.push_back(S(
+      "stream_block_first_line_truncated",
+      [j] {
+        return StreamMsgs{Header(j), WithRawField(v1::MultiplyStreamRequest(), 2,
+                                                  std::string("\x08\xff"))};
+      },
+      kInvalid, "malformed MultiplyStreamRequest: truncated block.first_line"));
+  rows.push_back(S(
+      "stream_block_with_its_data_twice",
+      [j] {
+        v1::Block twice;
+        twice.set_data(j.matrix.substr(0, 32));
+        std::string bytes = twice.SerializeAsString() + twice.SerializeAsString();
+        return StreamMsgs{Header(j), WithRawField(v1::MultiplyStreamRequest(), 2, bytes)};
+      },
+      kInvalid, "block.data twice in one block"));
+  rows.push_back(S(
+      "stream_header_and_block_in_one_message",
+      [j] {
+        v1::Block block;
+        block.set_data(j.matrix.substr(0, 32));
+        return StreamMsgs{Header(j), WithRawField(Header(j), 2, block.SerializeAsString())};
+      },
+      kInvalid, "more than one header or block"));
+  rows.push_back(S(
+      "stream_empty_first_message", [] { return StreamMsgs{v1::MultiplyStreamRequest()}; },
+      kInvalid, "neither a header nor a block"));
+  {
+    // Fields this server does not know are skipped, as protobuf does: a later
+    // client may send them.
+    const RandomJob small = Job(3, 5);
+    Row r = S(
+        "stream_unknown_fields_are_skipped",
+        [small] {
+          StreamMsgs msgs = WholeStream(small, 2);
+          for (size_t i = 1; i < msgs.size(); ++i) {
+            msgs[i] = WithRawField(msgs[i], 15, "future");
+            msgs[i].mutable_block()->GetReflection()->MutableUnknownFields(
+                msgs[i].mutable_block())->AddVarint(9, 42);
+          }
+          return msgs;
+        },
+        Code::OK, "");
+    r.check = [small](const std::string& result) { return IeeeMismatch(small, result); };
     rows.push_back(r);
   }
   for (auto dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64}) {
