@@ -165,9 +165,11 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
 
 // ---------------------------------------------------------- MultiplyStream
 
-// One block of lines on its way through the job: received into a block
-// buffer, computed in place there, sent back from it.
+// One block of lines on its way through the job: its message as received,
+// then its payload in a block buffer, computed in place there and sent back
+// from it.
 struct PendingBlock {
+  grpc::ByteBuffer message;
   int64_t first_line = 0;
   int64_t lines = 0;
   size_t bytes = 0;
@@ -180,7 +182,8 @@ struct PendingBlock {
 // slices into a block buffer of the job's device (pinned for a GPU), computed
 // there in place and sent back as a slice that owns the buffer, so protobuf
 // never copies a payload. Every field is guarded by mu, except that the one
-// read in flight owns request_ and the assembler. At most
+// read in flight owns request_ and the one block being computed owns the
+// assembler. At most
 // kStreamWindowBlocks blocks are between read and written at any time, one
 // read and one write are in flight, and blocks are computed one at a time in
 // order: receive of block k+1, compute of block k and send of block k-1
@@ -228,45 +231,23 @@ class StreamCall : public StreamWatchdog::Watched,
   }
 
   void OnReadDone(bool ok) {
-    {
-      std::lock_guard lock(mu_);
-      if (finished_) {
-        reading_ = false;
-        return;
-      }
-      switch (phase_) {
-        case Phase::kHeader:
-          reading_ = false;
-          OnHeaderLocked(ok);
-          return;
-        case Phase::kBlocks:
-          if (!ok) {
-            reading_ = false;
-            OnHalfCloseLocked();
-            return;
-          }
-          break;  // received below, without the lock
-        case Phase::kAdmission:
-          reading_ = false;
-          return;  // no read is started while waiting for admission
-      }
-    }
-    // The block's payload is copied into its buffer here, on the gRPC thread
-    // that delivered it, while computes and writes of earlier blocks go on.
-    // reading_ stays true meanwhile: request_ is not free for the next read.
-    absl::StatusOr<PendingBlock> block = ReceiveBlock();
     std::lock_guard lock(mu_);
     reading_ = false;
     if (finished_) return;
-    if (!block.ok()) {
-      FailLocked(block.status());
-      return;
+    switch (phase_) {
+      case Phase::kHeader:
+        OnHeaderLocked(ok);
+        break;
+      case Phase::kBlocks:
+        if (!ok) {
+          OnHalfCloseLocked();
+          break;
+        }
+        OnBlockLocked();
+        break;
+      case Phase::kAdmission:
+        break;  // no read is started while waiting for admission
     }
-    bytes_in_ += static_cast<int64_t>(block->bytes);
-    last_progress_ = absl::Now();
-    compute_queue_.push_back(std::move(*block));
-    window_++;
-    PumpLocked();
   }
 
   void OnWriteDone(bool ok) {
@@ -373,37 +354,46 @@ class StreamCall : public StreamWatchdog::Watched,
     PumpLocked();
   }
 
-  // The client half-closed (or the call was cancelled under the read).
+  // The client half-closed (or the call was cancelled under the read). That
+  // every line came is checked once the blocks read so far are decoded.
   void OnHalfCloseLocked() {
     if (context_->IsCancelled()) {
       FailLocked(CancelledStatus(deadline_));
       return;
     }
     input_done_ = true;
-    absl::Status s = assembler_->Finish();
-    if (!s.ok()) {
-      FailLocked(s);
-      return;
-    }
     PumpLocked();
   }
 
-  // Decodes the message just read: a block goes into a new block buffer
-  // (sized and checked before a byte is copied); anything else is an error.
-  absl::StatusOr<PendingBlock> ReceiveBlock() {
+  // A message arrived: it is queued as it came, in gRPC's buffers, and this
+  // gRPC thread goes straight back to the transport. The job's worker decodes
+  // it and copies the payload out (ReceiveBlock), blocks in order.
+  void OnBlockLocked() {
     PendingBlock block;
+    block.message.Swap(&request_);
+    last_progress_ = absl::Now();
+    compute_queue_.push_back(std::move(block));
+    window_++;
+    PumpLocked();
+  }
+
+  // Decodes a block's message on the job's worker: the payload goes into a
+  // new block buffer (sized and checked before a byte is copied); anything
+  // other than the next block is an error. Runs for one block at a time, in
+  // order, so it alone uses the assembler.
+  absl::Status ReceiveBlock(PendingBlock* block) {
     HostBufferPool& pool =
         job_ != nullptr ? job_->block_buffers() : engine_->host_block_buffers();
     absl::StatusOr<wire::StreamRequest> request = wire::DecodeStreamRequest(
-        &request_, [&](int64_t, size_t size) -> absl::StatusOr<void*> {
+        &block->message, [&](int64_t, size_t size) -> absl::StatusOr<void*> {
           if (absl::Status s = assembler_->CheckSize(size); !s.ok()) return s;
           if (size == 0) return nullptr;  // Accept turns it down below
           absl::StatusOr<HostBuffer> buffer = pool.Take(static_cast<int64_t>(size));
           if (!buffer.ok()) return buffer.status();
-          block.buffer = std::move(*buffer);
-          return block.buffer.data();
+          block->buffer = std::move(*buffer);
+          return block->buffer.data();
         });
-    request_.Clear();
+    block->message.Clear();  // gRPC's buffers go back now
     if (!request.ok()) return request.status();
     if (request->kind == wire::StreamRequest::Kind::kHeader) {
       return absl::InvalidArgumentError(
@@ -411,10 +401,10 @@ class StreamCall : public StreamWatchdog::Watched,
     }
     absl::StatusOr<int64_t> lines = assembler_->Accept(request->first_line, request->size);
     if (!lines.ok()) return lines.status();
-    block.first_line = request->first_line;
-    block.lines = *lines;
-    block.bytes = request->size;
-    return block;
+    block->first_line = request->first_line;
+    block->lines = *lines;
+    block->bytes = request->size;
+    return absl::OkStatus();
   }
 
   // Starts whatever can start: the next read, the next compute, the next
@@ -429,6 +419,10 @@ class StreamCall : public StreamWatchdog::Watched,
     if (!writing_ && !write_queue_.empty()) StartWriteLocked();
     if (input_done_ && !computing_ && compute_queue_.empty() && !writing_ &&
         write_queue_.empty() && !stats_sent_) {
+      if (absl::Status s = assembler_->Finish(); !s.ok()) {
+        FailLocked(s);
+        return;
+      }
       v1::MultiplyStreamResponse stats;
       v1::JobStats* out = stats.mutable_stats();
       if (job_ != nullptr) {
@@ -455,19 +449,20 @@ class StreamCall : public StreamWatchdog::Watched,
     compute_queue_.pop_front();
     ActiveJob* job = job_.get();  // lives as long as this StreamCall; null for echo
     engine_->Post([self = shared_from_this(), job, block] {
-      std::byte* data = block->buffer.data();
-      absl::Status s = job == nullptr
-                           ? absl::OkStatus()
-                           : job->Process(Tile{data, data, block->first_line, block->lines},
-                                          [self] { return self->cancelled_.load(); });
+      absl::Status s = self->ReceiveBlock(block.get());
+      if (s.ok() && job != nullptr) {
+        std::byte* data = block->buffer.data();
+        s = job->Process(Tile{data, data, block->first_line, block->lines},
+                         [self] { return self->cancelled_.load(); });
+        if (s.code() == absl::StatusCode::kCancelled) s = CancelledStatus(self->deadline_);
+      }
       std::lock_guard lock(self->mu_);
       self->computing_ = false;
       if (!s.ok()) {
-        self->FailLocked(s.code() == absl::StatusCode::kCancelled
-                             ? CancelledStatus(self->deadline_)
-                             : s);
+        self->FailLocked(s);
         return;
       }
+      self->bytes_in_ += static_cast<int64_t>(block->bytes);
       self->bytes_out_ += static_cast<int64_t>(block->bytes);
       // The result goes out from the buffer it was computed in; the buffer
       // returns to its pool when gRPC has sent it.
