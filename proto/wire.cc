@@ -72,6 +72,11 @@ absl::Status MalformedRequest(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed MultiplyStreamRequest: ", what));
 }
 
+absl::Status MalformedUnary(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed MultiplyRequest: ", what));
+}
+
+
 // Reads a length-delimited embedded message into *message.
 bool ReadEmbedded(CodedInputStream* in, MessageLite* message) {
   uint32_t length = 0;
@@ -153,7 +158,64 @@ absl::Status ReadBlock(CodedInputStream* in, size_t message_bytes, const BlockPl
   return absl::OkStatus();
 }
 
+// Walks a MultiplyRequest. With `out` null, only reads the header and the
+// matrix's size; otherwise also copies the matrix (exactly `out_bytes`) into
+// `out`. gRPC's reader API takes a non-const buffer; a copy of the ByteBuffer
+// shares its slices, so the caller's stays untouched.
+absl::StatusOr<MultiplyRequestView> WalkMultiplyRequest(const grpc::ByteBuffer& message,
+                                                        void* out, size_t out_bytes) {
+  grpc::ByteBuffer buffer(message);
+  const size_t total = buffer.Length();
+  grpc::ProtoBufferReader reader(&buffer);
+  CodedInputStream in(&reader);
+  MultiplyRequestView view;
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag == LengthDelimitedTag(kMultiplyRequestHeader)) {
+      if (!ReadEmbedded(&in, &view.header)) return MalformedUnary("bad header");
+    } else if (tag == LengthDelimitedTag(kMultiplyRequestMatrix)) {
+      uint32_t size = 0;
+      if (!in.ReadVarint32(&size)) return MalformedUnary("truncated matrix");
+      if (size > total - static_cast<size_t>(in.CurrentPosition())) {
+        return MalformedUnary("matrix longer than the message");
+      }
+      if (view.has_matrix) return MalformedUnary("the matrix is given twice");
+      view.has_matrix = true;
+      view.matrix_bytes = size;
+      const bool copied = out != nullptr && size == out_bytes
+                              ? in.ReadRaw(out, static_cast<int>(size))
+                              : in.Skip(static_cast<int>(size));
+      if (!copied) return MalformedUnary("truncated matrix");
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return MalformedUnary("bad field");
+    }
+  }
+  if (!in.ConsumedEntireMessage()) return MalformedUnary("truncated or bad tag");
+  if (out != nullptr && (!view.has_matrix || view.matrix_bytes != out_bytes)) {
+    return absl::InternalError("the request's matrix is not the one peeked at");
+  }
+  return view;
+}
+
 }  // namespace
+
+absl::StatusOr<MultiplyRequestView> PeekMultiplyRequest(const grpc::ByteBuffer& buffer) {
+  return WalkMultiplyRequest(buffer, nullptr, 0);
+}
+
+absl::Status CopyMultiplyMatrix(const grpc::ByteBuffer& buffer, void* out, size_t bytes) {
+  return WalkMultiplyRequest(buffer, out, bytes).status();
+}
+
+grpc::ByteBuffer EncodeMultiplyResponse(grpc::Slice result, const v1::JobStats& stats) {
+  std::string prefix;
+  AppendLengthDelimitedPrefix(kMultiplyResponseResult, result.size(), &prefix);
+  std::string suffix;
+  const std::string encoded_stats = stats.SerializeAsString();
+  AppendLengthDelimitedPrefix(kMultiplyResponseStats, encoded_stats.size(), &suffix);
+  suffix += encoded_stats;
+  grpc::Slice slices[3] = {grpc::Slice(prefix), std::move(result), grpc::Slice(suffix)};
+  return grpc::ByteBuffer(slices, 3);
+}
 
 grpc::Slice SliceLoans::Lend(const void* data, size_t size) {
   {

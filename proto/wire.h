@@ -118,6 +118,27 @@ struct StreamRequest {
 absl::StatusOr<StreamRequest> DecodeStreamRequest(grpc::ByteBuffer* buffer,
                                                   const BlockPlacer& placer);
 
+// A MultiplyRequest as the server first reads it: the header, and where the
+// matrix is, without copying it.
+struct MultiplyRequestView {
+  v1::JobHeader header;
+  bool has_matrix = false;
+  size_t matrix_bytes = 0;
+};
+
+// Reads a MultiplyRequest's header and the matrix's size, skipping the
+// matrix bytes (nothing is copied). INVALID_ARGUMENT on a malformed message
+// or a matrix field given twice.
+absl::StatusOr<MultiplyRequestView> PeekMultiplyRequest(const grpc::ByteBuffer& buffer);
+
+// Copies the matrix of a MultiplyRequest that PeekMultiplyRequest accepted
+// into [out, out + view.matrix_bytes): the one copy out of gRPC's buffers.
+absl::Status CopyMultiplyMatrix(const grpc::ByteBuffer& buffer, void* out, size_t bytes);
+
+// MultiplyResponse{result, stats}: a small prefix, `result` as is (a slice
+// that owns or borrows the payload; nothing is copied), then the stats.
+grpc::ByteBuffer EncodeMultiplyResponse(grpc::Slice result, const v1::JobStats& stats);
+
 }  // namespace dgmm::wire
 
 #endif  // DGMM_PROTO_WIRE_H_

@@ -41,12 +41,17 @@ absl::Status CancelledStatus(absl::Time deadline) {
 
 // ---------------------------------------------------------------- Multiply
 
-// State shared by the reactor and the job's worker; outlives both.
+// State shared by the reactor and the job's worker; outlives both. Multiply
+// is served at the ByteBuffer level like MultiplyStream: the header is read
+// first without touching the matrix, and once the job is admitted the matrix
+// is copied once out of gRPC's buffers into a block buffer of the job's device
+// (pinned for a GPU), computed in place, and sent back as a slice that owns
+// the buffer.
 struct UnaryCall {
   Engine* engine;
   grpc::CallbackServerContext* context;
-  const v1::MultiplyRequest* request;
-  v1::MultiplyResponse* response;
+  const grpc::ByteBuffer* request;
+  grpc::ByteBuffer* response;
   absl::Time deadline;
   std::atomic<bool> cancelled{false};
   std::mutex mu;
@@ -54,6 +59,7 @@ struct UnaryCall {
   std::optional<Admission::Ticket> ticket;
   std::unique_ptr<ActiveJob> job;  // released in OnDone, after the reply is sent
   int64_t lines = 0;
+  size_t matrix_bytes = 0;
 
   void Finish(const absl::Status& s) {
     std::lock_guard lock(mu);
@@ -70,20 +76,25 @@ struct UnaryCall {
       return;
     }
     std::unique_ptr<ActiveJob> active = std::move(*admitted);
-    const std::string& matrix = request->matrix();
-    std::string* result = response->mutable_result();
-    result->resize(matrix.size());
-    const Tile tile{reinterpret_cast<const std::byte*>(matrix.data()),
-                    reinterpret_cast<std::byte*>(result->data()), 0, lines};
-    absl::Status s = active->Process(tile, [this] { return cancelled.load(); });
-    if (s.code() == absl::StatusCode::kCancelled) s = CancelledStatus(deadline);
-    active->stats().set_bytes_in(static_cast<int64_t>(matrix.size()));
-    active->stats().set_bytes_out(s.ok() ? static_cast<int64_t>(matrix.size()) : 0);
+    absl::Status s;
+    absl::StatusOr<HostBuffer> buffer =
+        active->block_buffers().Take(static_cast<int64_t>(matrix_bytes));
+    if (!buffer.ok()) {
+      s = buffer.status();
+    } else {
+      s = wire::CopyMultiplyMatrix(*request, buffer->data(), matrix_bytes);
+    }
+    if (s.ok()) {
+      const Tile tile{buffer->data(), buffer->data(), 0, lines};
+      s = active->Process(tile, [this] { return cancelled.load(); });
+      if (s.code() == absl::StatusCode::kCancelled) s = CancelledStatus(deadline);
+    }
+    active->stats().set_bytes_in(static_cast<int64_t>(matrix_bytes));
+    active->stats().set_bytes_out(s.ok() ? static_cast<int64_t>(matrix_bytes) : 0);
     active->End(s);
     if (s.ok()) {
-      *response->mutable_stats() = active->stats();
-    } else {
-      response->clear_result();
+      *response = wire::EncodeMultiplyResponse(std::move(*buffer).ToSlice(matrix_bytes),
+                                               active->stats());
     }
     {
       std::lock_guard lock(mu);
@@ -96,7 +107,7 @@ struct UnaryCall {
 class UnaryReactor final : public grpc::ServerUnaryReactor {
  public:
   UnaryReactor(Engine* engine, grpc::CallbackServerContext* context,
-               const v1::MultiplyRequest* request, v1::MultiplyResponse* response)
+               const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
       : call_(std::make_shared<UnaryCall>()) {
     const absl::Time arrived = absl::Now();
     call_->engine = engine;
@@ -107,7 +118,7 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
     call_->reactor = this;
     // The transport admits messages up to the larger of this limit and a
     // stream block; hold unary requests to their own limit here.
-    const int64_t size = static_cast<int64_t>(request->ByteSizeLong());
+    const int64_t size = static_cast<int64_t>(request->Length());
     if (size > engine->options().max_unary_message_bytes) {
       absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
           "Multiply request of ", size, " bytes exceeds this server's max unary message of ",
@@ -117,15 +128,19 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
       call_->Finish(too_big);
       return;
     }
-    auto job = ValidateHeader(request->header(), engine->options().limits, /*streamed=*/false);
-    absl::Status valid = job.ok() ? ValidateMatrixPayload(job->problem, request->matrix().size())
-                                  : job.status();
+    absl::StatusOr<wire::MultiplyRequestView> view = wire::PeekMultiplyRequest(*request);
+    absl::StatusOr<JobRequest> job =
+        view.ok() ? ValidateHeader(view->header, engine->options().limits, /*streamed=*/false)
+                  : view.status();
+    absl::Status valid =
+        job.ok() ? ValidateMatrixPayload(job->problem, view->matrix_bytes) : job.status();
     if (!valid.ok()) {
       engine->RecordRejected(valid);
       call_->Finish(valid);
       return;
     }
     call_->lines = job->problem.lines();
+    call_->matrix_bytes = view->matrix_bytes;
     std::lock_guard lock(call_->mu);  // OnCancel must see the ticket
     auto ticket = engine->Start(
         *job, JobMode::kWhole, arrived, call_->deadline,
@@ -614,8 +629,8 @@ absl::Status DgmmService::Authenticate(const grpc::CallbackServerContext* contex
 }
 
 grpc::ServerUnaryReactor* DgmmService::Multiply(grpc::CallbackServerContext* context,
-                                                const v1::MultiplyRequest* request,
-                                                v1::MultiplyResponse* response) {
+                                                const grpc::ByteBuffer* request,
+                                                grpc::ByteBuffer* response) {
   if (absl::Status s = Authenticate(context); !s.ok()) return Refuse(context, s);
   return new UnaryReactor(engine_, context, request, response);
 }

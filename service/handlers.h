@@ -46,10 +46,11 @@ class StreamWatchdog {
 
 using StreamReactorBase = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-// Multiply and GetServerInfo are typed; MultiplyStream is served at the
-// ByteBuffer level, so its payloads skip protobuf's copies (handlers.cc).
+// Multiply and MultiplyStream are served at the ByteBuffer level, so their
+// payloads skip protobuf's copies (handlers.cc, proto/wire.h); GetServerInfo
+// is typed.
 class DgmmService final
-    : public v1::Dgmm::WithCallbackMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
+    : public v1::Dgmm::WithRawCallbackMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
           v1::Dgmm::WithCallbackMethod_GetServerInfo<v1::Dgmm::Service>>> {
  public:
   // `engine` must outlive the service. With `auth`, every RPC of this
@@ -58,8 +59,8 @@ class DgmmService final
       : engine_(engine), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
-                                     const v1::MultiplyRequest* request,
-                                     v1::MultiplyResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   StreamReactorBase* MultiplyStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,

@@ -15,9 +15,13 @@ namespace {
 // Smallest buffer a pool lends: one page.
 constexpr int64_t kMinCapacity = 4096;
 
+// Size classes: pages up to 32 KiB, then eight classes per power of two, so a
+// buffer is at most 1/8 larger than asked (pinned memory is locked whole).
 int64_t CapacityFor(int64_t bytes) {
-  return std::max<int64_t>(kMinCapacity, static_cast<int64_t>(std::bit_ceil(
-                                             static_cast<uint64_t>(bytes))));
+  if (bytes <= kMinCapacity) return kMinCapacity;
+  const int64_t step = std::max<int64_t>(
+      kMinCapacity, static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(bytes - 1))) / 8);
+  return (bytes + step - 1) / step * step;
 }
 
 }  // namespace

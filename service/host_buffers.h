@@ -7,8 +7,9 @@
 // A GPU's pool lends pinned memory (cudaHostAlloc), so blocks go to and from
 // the device by DMA without a staging copy; the CPU's lends anonymous
 // mappings, so memory given back to the system really leaves the process.
-// Buffers come in power-of-two sizes; a pool keeps up to max_cached_bytes of
-// returned buffers for reuse and gives the rest back.
+// Buffers come in size classes at most 1/8 larger than asked (whole pages);
+// a pool keeps up to max_cached_bytes of returned buffers for reuse and gives
+// the rest back.
 #ifndef DGMM_SERVICE_HOST_BUFFERS_H_
 #define DGMM_SERVICE_HOST_BUFFERS_H_
 

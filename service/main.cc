@@ -93,8 +93,8 @@ ABSL_FLAG(int, cuda_pieces_in_flight, 0,
           "reserves 2 x this many tiles of device memory.");
 ABSL_FLAG(std::string, cuda_tile_bytes, "8MiB",
           "Pipeline tile size on the GPU: one device slot, and one pinned staging buffer "
-          "(2 x --cuda_pieces_in_flight of them per GPU, allocated when a job first brings "
-          "pageable memory; streamed blocks arrive pinned and need none).");
+          "(2 x --cuda_pieces_in_flight of them per GPU, allocated only if a job brings "
+          "pageable memory; the RPCs receive into pinned memory and need none).");
 ABSL_FLAG(bool, enable_bench_echo, false,
           "Also serve dgmm.bench.v1.Echo, a benchmark-only RPC with MultiplyStream's shape that "
           "returns each block unchanged (the transport floor bench/stream_bench.sh compares "

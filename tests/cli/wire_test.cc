@@ -266,5 +266,62 @@ TEST(WireTest, ServerBlocksAndSmallMessagesParseAsTheGeneratedResponse) {
   EXPECT_EQ(parsed.stats().bytes_in(), 5);
 }
 
+// --------------------------------------------------- the server's side (unary)
+
+TEST(WireTest, UnaryRequestIsPeekedWithoutCopyingAndCopiedOnce) {
+  std::string matrix(24, '\0');
+  for (size_t i = 0; i < matrix.size(); ++i) matrix[i] = static_cast<char>(i * 11);
+  SliceLoans loans;
+  grpc::ByteBuffer encoded =
+      Buffer(Flatten(EncodeMultiplyRequest(SampleHeader(), matrix.data(), matrix.size(), &loans)),
+             5);
+  absl::StatusOr<MultiplyRequestView> view = PeekMultiplyRequest(encoded);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->header.SerializeAsString(), SampleHeader().SerializeAsString());
+  EXPECT_TRUE(view->has_matrix);
+  EXPECT_EQ(view->matrix_bytes, 24u);
+  std::string out(24, '.');
+  ASSERT_TRUE(CopyMultiplyMatrix(encoded, out.data(), out.size()).ok());
+  EXPECT_EQ(out, matrix);
+  // The buffer is read, not consumed: it can be read again.
+  EXPECT_EQ(Flatten(encoded).size(), encoded.Length());
+  EXPECT_EQ(CopyMultiplyMatrix(encoded, out.data(), 23).code(), absl::StatusCode::kInternal);
+
+  v1::MultiplyRequest no_matrix;
+  *no_matrix.mutable_header() = SampleHeader();
+  grpc::ByteBuffer header_only = Buffer(no_matrix.SerializeAsString());
+  view = PeekMultiplyRequest(header_only);
+  ASSERT_TRUE(view.ok());
+  EXPECT_FALSE(view->has_matrix);
+  EXPECT_EQ(view->matrix_bytes, 0u);
+}
+
+TEST(WireTest, UnaryRequestErrorsAreInvalidArgument) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {std::string("\x12\x05" "ab", 4), "matrix longer than the message"},
+      {std::string("\x12\x01" "a" "\x12\x01" "b", 6), "the matrix is given twice"},
+      {std::string("\x0a\x02\x08", 3), "bad header"},
+      {std::string("\xff\xff", 2), "malformed MultiplyRequest"},
+  };
+  for (const auto& [bytes, fragment] : cases) {
+    grpc::ByteBuffer buffer = Buffer(bytes, 2);
+    absl::StatusOr<MultiplyRequestView> view = PeekMultiplyRequest(buffer);
+    EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument) << fragment;
+    EXPECT_THAT(std::string(view.status().message()), HasSubstr(fragment));
+  }
+}
+
+TEST(WireTest, UnaryResponseParsesAsTheGeneratedMessage) {
+  const std::string result(5000, 'c');
+  v1::JobStats stats;
+  stats.set_bytes_out(5000);
+  stats.set_device("cpu");
+  v1::MultiplyResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(EncodeMultiplyResponse(grpc::Slice(result), stats))));
+  EXPECT_EQ(parsed.result(), result);
+  EXPECT_EQ(parsed.stats().bytes_out(), 5000);
+  EXPECT_EQ(parsed.stats().device(), "cpu");
+}
+
 }  // namespace
 }  // namespace dgmm::wire

@@ -99,8 +99,10 @@ v1::MultiplyStreamRequest RawBlock(int64_t first_line, std::string data) {
 // `m` with an extra field on the wire: `field` (length-delimited) holding
 // `bytes`, written after the known fields. It can make a message the typed
 // classes would never build: a second oneof member, a block whose bytes are
-// not a Block, or a field the server does not know (which it must skip).
-v1::MultiplyStreamRequest WithRawField(v1::MultiplyStreamRequest m, int field, std::string bytes) {
+// not a Block, a second matrix, or a field the server does not know (which
+// it must skip). Both RPCs are decoded by hand (proto/wire.h).
+template <typename Message>
+Message WithRawField(Message m, int field, std::string bytes) {
   m.GetReflection()->MutableUnknownFields(&m)->AddLengthDelimited(field, std::move(bytes));
   return m;
 }
@@ -400,6 +402,36 @@ std::vector<Row> Catalogue() {
         "unary_nan_inf_payload_computes_ieee_products", [special] { return Unary(special); },
         Code::OK, "");
     r.check = [special](const std::string& result) { return IeeeMismatch(special, result); };
+    rows.push_back(r);
+  }
+
+  // Wire-level rows for Multiply.
+  rows.push_back(U(
+      "unary_matrix_given_twice",
+      [] {
+        v1::MultiplyRequest r = Unary(Job(4, 6));
+        return WithRawField(r, 2, r.matrix());
+      },
+      kInvalid, "malformed MultiplyRequest: the matrix is given twice"));
+  rows.push_back(U(
+      "unary_header_bytes_are_not_a_header",
+      [] {
+        v1::MultiplyRequest r = Unary(Job(4, 6));
+        return WithRawField(r, 1, std::string("\x08\xff", 2));
+      },
+      kInvalid, "malformed MultiplyRequest: bad header"));
+  {
+    const RandomJob small = Job(4, 6);
+    Row r = U(
+        "unary_unknown_fields_are_skipped",
+        [small] {
+          v1::MultiplyRequest m = WithRawField(Unary(small), 15, "future");
+          m.mutable_header()->GetReflection()->MutableUnknownFields(m.mutable_header())->AddVarint(
+              99, 7);
+          return m;
+        },
+        Code::OK, "");
+    r.check = [small](const std::string& result) { return IeeeMismatch(small, result); };
     rows.push_back(r);
   }
 

@@ -33,7 +33,7 @@ std::shared_ptr<HostBufferPool> RecordingPool(Recorder* rec, int64_t cache) {
       cache);
 }
 
-TEST(HostBuffers, SizesArePowersOfTwoFromOnePageAndBuffersAreReused) {
+TEST(HostBuffers, SizesAreClassesFromOnePageAndBuffersAreReused) {
   Recorder rec;
   auto pool = RecordingPool(&rec, int64_t{1} << 20);
   {
@@ -44,6 +44,7 @@ TEST(HostBuffers, SizesArePowersOfTwoFromOnePageAndBuffersAreReused) {
     EXPECT_EQ(a->capacity(), 4096);
     EXPECT_EQ(b->capacity(), 8192);
     EXPECT_EQ(c->capacity(), 65536);
+
     std::memset(b->data(), 0x5a, 5000);  // the memory is really there
     EXPECT_EQ(pool->lent_bytes(), 4096 + 8192 + 65536);
   }
@@ -60,6 +61,26 @@ TEST(HostBuffers, SizesArePowersOfTwoFromOnePageAndBuffersAreReused) {
   EXPECT_EQ(seen.size(), 1u);
   EXPECT_EQ(pool->allocations(), 3);
   EXPECT_TRUE(rec.freed.empty());
+}
+
+TEST(HostBuffers, LargerSizesComeInEighthsOfAPowerOfTwo) {
+  Recorder rec;
+  auto pool = RecordingPool(&rec, 0);
+  const std::vector<std::pair<int64_t, int64_t>> want_got = {
+      {40000, 40960},          {4192000, 4194304},  {4194304, 4194304},
+      {4194305, 4718592},      {3 << 20, 3 << 20},  {40000000, 41943040}};
+  for (const auto& [want, got] : want_got) {
+    auto b = pool->Take(want);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(b->capacity(), got) << want;
+  }
+  for (int64_t want = 1; want < (int64_t{1} << 30); want = want * 3 + 7) {
+    auto b = pool->Take(want);
+    ASSERT_TRUE(b.ok());
+    EXPECT_GE(b->capacity(), want);
+    EXPECT_LE(b->capacity(), std::max<int64_t>(4096, want + want / 8 + 4096)) << want;
+    EXPECT_EQ(b->capacity() % 4096, 0) << want;
+  }
 }
 
 TEST(HostBuffers, ReturnsBeyondTheCacheCapAreFreed) {
@@ -89,11 +110,11 @@ TEST(HostBuffers, ASliceOwnsItsBufferUntilTheLastReferenceGoes) {
   {
     grpc::Slice another = slice;  // gRPC takes references like this
     slice = grpc::Slice();
-    EXPECT_EQ(pool->lent_bytes(), 16384);
+    EXPECT_EQ(pool->lent_bytes(), 12288);  // 10000 bytes: three pages
     EXPECT_EQ(another.begin()[9999], 'z');
   }
   EXPECT_EQ(pool->lent_bytes(), 0);
-  EXPECT_EQ(pool->cached_bytes(), 16384);
+  EXPECT_EQ(pool->cached_bytes(), 12288);
 }
 
 TEST(HostBuffers, ABufferKeepsItsPoolAlive) {
@@ -123,7 +144,7 @@ TEST(HostBuffers, MappedPoolGivesWritablePages) {
   auto pool = HostBufferPool::CreateMapped(0);
   auto buffer = pool->Take(3 << 20);
   ASSERT_TRUE(buffer.ok()) << buffer.status();
-  EXPECT_EQ(buffer->capacity(), 4 << 20);
+  EXPECT_EQ(buffer->capacity(), 3 << 20);
   std::memset(buffer->data(), 1, 3 << 20);
   EXPECT_EQ(buffer->data()[(3 << 20) - 1], std::byte{1});
 }
