@@ -86,7 +86,7 @@ absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
   const int64_t capacity = CapacityFor(bytes);
   HostBuffer buffer;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     lent_bytes_ += capacity;
     auto it = cache_.find(capacity);
     if (it != cache_.end() && !it->second.empty()) {
@@ -100,7 +100,7 @@ absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
   if (buffer.data_ == nullptr) {
     absl::StatusOr<std::byte*> data = allocate_(capacity);
     if (!data.ok()) {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard lock(mu_);
       lent_bytes_ -= capacity;
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", capacity, " bytes of ",
                                                        kind_, " memory for a block: ",
@@ -115,7 +115,7 @@ absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
 
 void HostBufferPool::Give(std::byte* data, int64_t capacity) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     lent_bytes_ -= capacity;
     if (cached_bytes_ + capacity <= max_cached_bytes_) {
       cache_[capacity].push_back(data);
@@ -127,17 +127,17 @@ void HostBufferPool::Give(std::byte* data, int64_t capacity) {
 }
 
 int64_t HostBufferPool::lent_bytes() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard lock(mu_);
   return lent_bytes_;
 }
 
 int64_t HostBufferPool::cached_bytes() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard lock(mu_);
   return cached_bytes_;
 }
 
 int64_t HostBufferPool::allocations() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard lock(mu_);
   return allocations_;
 }
 

@@ -20,12 +20,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace dgmm {
 
@@ -91,11 +90,13 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   const AllocateFn allocate_;
   const FreeFn release_;
   const int64_t max_cached_bytes_;
-  mutable absl::Mutex mu_;
-  std::map<int64_t, std::vector<std::byte*>> cache_ ABSL_GUARDED_BY(mu_);  // by capacity
-  int64_t lent_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  // A std::mutex rather than absl::Mutex: the thread sanitizer can see it
+  // (Debian's Abseil is not instrumented). Guards the fields below.
+  mutable std::mutex mu_;
+  std::map<int64_t, std::vector<std::byte*>> cache_;  // by capacity
+  int64_t lent_bytes_ = 0;
+  int64_t cached_bytes_ = 0;
+  int64_t allocations_ = 0;
 
   friend class HostBuffer;
 };

@@ -343,6 +343,10 @@ TEST(AdmissionServer, MetricsEndpointIsScrapedAndMatchesServerInfo) {
   v1::MultiplyResponse resp;
   ASSERT_FALSE(UnaryJob(stub.get(), bad, &resp).ok());
 
+  // A unary job keeps its reservation until gRPC reports the reply sent
+  // (the reply's buffer is the job's memory), which can be just after the
+  // client has it.
+  ASSERT_TRUE(WaitUntil([&] { return Reserved(stub.get()) == 0; }));
   const std::string log = server.Log();
   const auto at = log.find("/metrics (port ");
   ASSERT_NE(at, std::string::npos) << log;
