@@ -6,18 +6,8 @@
 #
 #   bench/run_gpu.sh COMMIT [BUILD_DIR] [bench flags...]
 set -uo pipefail
-commit=${1:?commit}
-build=${2:-build-gpu}
-shift $(( $# >= 2 ? 2 : $# ))
-out=${OUT:-gpu-out}
-mkdir -p "$out"
-gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
-header() {
-  echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "# gpu: ${gpu:-unknown}"
-  echo "# commit: $commit"
-  echo "# command: $1"
-}
+# shellcheck source=bench/gpu_run_setup.sh
+source "$(dirname "$0")/gpu_run_setup.sh"  # commit, build, out, header; shifts 2
 tests_cmd="ctest --test-dir $build -L gpu --output-on-failure"
 { header "$tests_cmd -V"; nvidia-smi; $tests_cmd -V 2>&1; echo "ctest exit: $?"; } \
   > "$out/gpu_tests.log" 2>&1
