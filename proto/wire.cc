@@ -77,11 +77,19 @@ absl::Status MalformedUnary(absl::string_view what) {
 }
 
 
+// Reads the length of a length-delimited field of a message of
+// `message_bytes` bytes: false unless it fits an int and the bytes are really
+// there, so nothing is ever sized, limited or cast by a length that lies.
+bool ReadLength(CodedInputStream* in, size_t message_bytes, int* length) {
+  if (!in->ReadVarintSizeAsInt(length)) return false;
+  return static_cast<size_t>(*length) <= message_bytes - static_cast<size_t>(in->CurrentPosition());
+}
+
 // Reads a length-delimited embedded message into *message.
-bool ReadEmbedded(CodedInputStream* in, MessageLite* message) {
-  uint32_t length = 0;
-  if (!in->ReadVarint32(&length)) return false;
-  const CodedInputStream::Limit limit = in->PushLimit(static_cast<int>(length));
+bool ReadEmbedded(CodedInputStream* in, size_t message_bytes, MessageLite* message) {
+  int length = 0;
+  if (!ReadLength(in, message_bytes, &length)) return false;
+  const CodedInputStream::Limit limit = in->PushLimit(length);
   const bool ok = message->MergeFromCodedStream(in) && in->ConsumedEntireMessage();
   in->PopLimit(limit);
   return ok;
@@ -97,14 +105,9 @@ bool ReadEmbedded(CodedInputStream* in, MessageLite* message) {
 absl::Status ReadBlock(CodedInputStream* in, size_t message_bytes, const BlockPlacer& placer,
                        bool place_by_line, MalformedFn malformed, int64_t* first_line_out,
                        size_t* size_out) {
-  uint32_t length = 0;
-  if (!in->ReadVarint32(&length)) return malformed("truncated block");
-  // Lengths are checked against the bytes really there before anything is
-  // sized by them.
-  if (length > message_bytes - static_cast<size_t>(in->CurrentPosition())) {
-    return malformed("block longer than the message");
-  }
-  const CodedInputStream::Limit limit = in->PushLimit(static_cast<int>(length));
+  int length = 0;
+  if (!ReadLength(in, message_bytes, &length)) return malformed("block longer than the message");
+  const CodedInputStream::Limit limit = in->PushLimit(length);
   int64_t first_line = 0;
   bool first_line_known = false;
   bool placed = false;
@@ -118,14 +121,13 @@ absl::Status ReadBlock(CodedInputStream* in, size_t message_bytes, const BlockPl
       first_line = static_cast<int64_t>(value);
       first_line_known = true;
     } else if (tag == LengthDelimitedTag(kBlockData)) {
-      uint32_t data_size = 0;
-      if (!in->ReadVarint32(&data_size)) return malformed("truncated block.data");
-      if (static_cast<int64_t>(data_size) > in->BytesUntilLimit()) {
+      int data_size = 0;
+      if (!in->ReadVarintSizeAsInt(&data_size) || data_size > in->BytesUntilLimit()) {
         return malformed("block.data longer than the block");
       }
       if (have_data) return malformed("block.data twice in one block");
       have_data = true;
-      size = data_size;
+      size = static_cast<size_t>(data_size);
       void* destination = nullptr;
       if (first_line_known || !place_by_line) {
         absl::StatusOr<void*> placement = placer(first_line, size);
@@ -137,7 +139,7 @@ absl::Status ReadBlock(CodedInputStream* in, size_t message_bytes, const BlockPl
         destination = staged.data();
         placed = false;
       }
-      if (!in->ReadRaw(destination, static_cast<int>(size))) {
+      if (size > 0 && !in->ReadRaw(destination, static_cast<int>(size))) {
         return malformed("truncated block.data");
       }
     } else if (!WireFormatLite::SkipField(in, tag)) {
@@ -171,19 +173,16 @@ absl::StatusOr<MultiplyRequestView> WalkMultiplyRequest(const grpc::ByteBuffer& 
   MultiplyRequestView view;
   while (const uint32_t tag = in.ReadTag()) {
     if (tag == LengthDelimitedTag(kMultiplyRequestHeader)) {
-      if (!ReadEmbedded(&in, &view.header)) return MalformedUnary("bad header");
+      if (!ReadEmbedded(&in, total, &view.header)) return MalformedUnary("bad header");
     } else if (tag == LengthDelimitedTag(kMultiplyRequestMatrix)) {
-      uint32_t size = 0;
-      if (!in.ReadVarint32(&size)) return MalformedUnary("truncated matrix");
-      if (size > total - static_cast<size_t>(in.CurrentPosition())) {
-        return MalformedUnary("matrix longer than the message");
-      }
+      int size = 0;
+      if (!ReadLength(&in, total, &size)) return MalformedUnary("matrix longer than the message");
       if (view.has_matrix) return MalformedUnary("the matrix is given twice");
       view.has_matrix = true;
-      view.matrix_bytes = size;
-      const bool copied = out != nullptr && size == out_bytes
-                              ? in.ReadRaw(out, static_cast<int>(size))
-                              : in.Skip(static_cast<int>(size));
+      view.matrix_bytes = static_cast<size_t>(size);
+      const bool copied = out != nullptr && view.matrix_bytes == out_bytes
+                              ? in.ReadRaw(out, size)
+                              : in.Skip(size);
       if (!copied) return MalformedUnary("truncated matrix");
     } else if (!WireFormatLite::SkipField(&in, tag)) {
       return MalformedUnary("bad field");
@@ -291,16 +290,16 @@ absl::Status DecodeMultiplyResponse(grpc::ByteBuffer* buffer, void* out, size_t 
   bool have_result = false;
   while (const uint32_t tag = in.ReadTag()) {
     if (tag == LengthDelimitedTag(kMultiplyResponseResult)) {
-      uint32_t size = 0;
-      if (!in.ReadVarint32(&size)) return Malformed("truncated result");
-      if (size != out_bytes) {
+      int size = 0;
+      if (!ReadLength(&in, buffer->Length(), &size)) return Malformed("truncated result");
+      if (static_cast<size_t>(size) != out_bytes) {
         return absl::InternalError(
             absl::StrCat("the server returned a result of ", size, " bytes; expected ", out_bytes));
       }
-      if (!in.ReadRaw(out, static_cast<int>(size))) return Malformed("truncated result");
+      if (!in.ReadRaw(out, size)) return Malformed("truncated result");
       have_result = true;
     } else if (tag == LengthDelimitedTag(kMultiplyResponseStats)) {
-      if (!ReadEmbedded(&in, stats)) return Malformed("bad stats");
+      if (!ReadEmbedded(&in, buffer->Length(), stats)) return Malformed("bad stats");
     } else if (!WireFormatLite::SkipField(&in, tag)) {
       return Malformed("bad field in MultiplyResponse");
     }
@@ -321,7 +320,9 @@ absl::StatusOr<StreamResponse> DecodeStreamResponse(grpc::ByteBuffer* buffer,
   bool have_kind = false;
   while (const uint32_t tag = in.ReadTag()) {
     if (tag == LengthDelimitedTag(kStreamResponseAccepted)) {
-      if (!ReadEmbedded(&in, &response.accepted)) return Malformed("bad accepted");
+      if (!ReadEmbedded(&in, buffer->Length(), &response.accepted)) {
+        return Malformed("bad accepted");
+      }
       response.kind = StreamResponse::Kind::kAccepted;
     } else if (tag == LengthDelimitedTag(kStreamResponseBlock)) {
       if (absl::Status s =
@@ -332,7 +333,7 @@ absl::StatusOr<StreamResponse> DecodeStreamResponse(grpc::ByteBuffer* buffer,
       }
       response.kind = StreamResponse::Kind::kBlock;
     } else if (tag == LengthDelimitedTag(kStreamResponseStats)) {
-      if (!ReadEmbedded(&in, &response.stats)) return Malformed("bad stats");
+      if (!ReadEmbedded(&in, buffer->Length(), &response.stats)) return Malformed("bad stats");
       response.kind = StreamResponse::Kind::kStats;
     } else if (!WireFormatLite::SkipField(&in, tag)) {
       return Malformed("bad field in MultiplyStreamResponse");
@@ -355,7 +356,9 @@ absl::StatusOr<StreamRequest> DecodeStreamRequest(grpc::ByteBuffer* buffer,
   while (const uint32_t tag = in.ReadTag()) {
     if (tag == LengthDelimitedTag(kStreamRequestHeader)) {
       if (kinds++ > 0) return MalformedRequest("it holds more than one header or block");
-      if (!ReadEmbedded(&in, &request.header)) return MalformedRequest("bad header");
+      if (!ReadEmbedded(&in, buffer->Length(), &request.header)) {
+        return MalformedRequest("bad header");
+      }
       request.kind = StreamRequest::Kind::kHeader;
     } else if (tag == LengthDelimitedTag(kStreamRequestBlock)) {
       if (kinds++ > 0) return MalformedRequest("it holds more than one header or block");

@@ -384,6 +384,20 @@ class StreamCall : public StreamWatchdog::Watched,
   // gRPC thread goes straight back to the transport. The job's worker decodes
   // it and copies the payload out (ReceiveBlock), blocks in order.
   void OnBlockLocked() {
+    // The transport admits messages up to the unary limit; a block message
+    // is held to its own limit here, before it is queued, so a stream holds
+    // at most its window of block-sized messages.
+    const size_t limit = static_cast<size_t>(engine_->options().limits.max_block_bytes) +
+                         kBlockFramingSlack;
+    if (request_.Length() > limit) {
+      const size_t size = request_.Length();
+      request_.Clear();
+      FailLocked(absl::InvalidArgumentError(absl::StrCat(
+          "message of ", size, " bytes exceeds max_block_bytes ",
+          engine_->options().limits.max_block_bytes, " plus ", kBlockFramingSlack,
+          " bytes for its fields")));
+      return;
+    }
     PendingBlock block;
     block.message.Swap(&request_);
     last_progress_ = absl::Now();
@@ -425,7 +439,7 @@ class StreamCall : public StreamWatchdog::Watched,
   // Starts whatever can start: the next read, the next compute, the next
   // write, or the final stats.
   void PumpLocked() {
-    if (finished_ || phase_ != Phase::kBlocks) return;
+    if (finished_ || pending_error_.has_value() || phase_ != Phase::kBlocks) return;
     if (!reading_ && !input_done_ && window_ < kStreamWindowBlocks) {
       reading_ = true;
       reactor_->StartRead(&request_);

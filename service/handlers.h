@@ -5,6 +5,7 @@
 #define DGMM_SERVICE_HANDLERS_H_
 
 #include <condition_variable>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,12 @@
 #include "service/engine.h"
 
 namespace dgmm {
+
+// What a MultiplyStream message may carry beyond max_block_bytes of payload:
+// its first_line and the fields' tags and lengths (a few dozen bytes), and
+// room for fields a newer client may add. The transport's message limit and
+// the stream handler's check of each message both use it.
+inline constexpr size_t kBlockFramingSlack = size_t{64} << 10;
 
 // Ends streams that went quiet, so that they give back their connection slot
 // and their reservation: no header within --stream_header_timeout_s, or, once

@@ -2,9 +2,11 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,8 +17,9 @@ namespace {
 // Smallest buffer a pool lends: one page.
 constexpr int64_t kMinCapacity = 4096;
 
-// Size classes: pages up to 32 KiB, then eight classes per power of two, so a
-// buffer is at most 1/8 larger than asked (pinned memory is locked whole).
+// Size classes: whole pages up to 64 KiB, then eight classes per power of
+// two, so a buffer is at most 1/8 larger than asked (pinned memory is locked
+// whole).
 int64_t CapacityFor(int64_t bytes) {
   if (bytes <= kMinCapacity) return kMinCapacity;
   const int64_t step = std::max<int64_t>(
@@ -77,9 +80,13 @@ std::shared_ptr<HostBufferPool> HostBufferPool::CreateMapped(int64_t max_cached_
 
 HostBufferPool::~HostBufferPool() {
   // Every lent buffer holds a reference to the pool, so none is out now.
-  for (auto& [capacity, buffers] : cache_) {
-    for (std::byte* b : buffers) release_(b, capacity);
-  }
+  for (const Cached& c : cache_) release_(c.data, c.capacity);
+}
+
+std::list<HostBufferPool::Cached> HostBufferPool::DrainCache() {
+  std::lock_guard lock(mu_);
+  cached_bytes_ = 0;
+  return std::move(cache_);
 }
 
 absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
@@ -88,17 +95,25 @@ absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
   {
     std::lock_guard lock(mu_);
     lent_bytes_ += capacity;
-    auto it = cache_.find(capacity);
-    if (it != cache_.end() && !it->second.empty()) {
-      buffer.data_ = it->second.back();
-      it->second.pop_back();
-      cached_bytes_ -= capacity;
-    } else {
-      ++allocations_;
+    // The most recently returned buffer of this size: the one most likely
+    // still in the CPU's caches.
+    for (auto it = cache_.rbegin(); it != cache_.rend(); ++it) {
+      if (it->capacity == capacity) {
+        buffer.data_ = it->data;
+        cache_.erase(std::next(it).base());
+        cached_bytes_ -= capacity;
+        break;
+      }
     }
   }
   if (buffer.data_ == nullptr) {
     absl::StatusOr<std::byte*> data = allocate_(capacity);
+    if (!data.ok()) {
+      // Memory kept for other sizes may be what is missing: give it back and
+      // try once more.
+      for (const Cached& c : DrainCache()) release_(c.data, c.capacity);
+      data = allocate_(capacity);
+    }
     if (!data.ok()) {
       std::lock_guard lock(mu_);
       lent_bytes_ -= capacity;
@@ -107,6 +122,8 @@ absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
                                                        data.status().message()));
     }
     buffer.data_ = *data;
+    std::lock_guard lock(mu_);
+    ++allocations_;
   }
   buffer.pool_ = shared_from_this();
   buffer.capacity_ = capacity;
@@ -114,16 +131,22 @@ absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
 }
 
 void HostBufferPool::Give(std::byte* data, int64_t capacity) {
+  std::list<Cached> evicted;
   {
     std::lock_guard lock(mu_);
     lent_bytes_ -= capacity;
-    if (cached_bytes_ + capacity <= max_cached_bytes_) {
-      cache_[capacity].push_back(data);
+    if (capacity > max_cached_bytes_) {
+      evicted.push_back({capacity, data});
+    } else {
+      cache_.push_back({capacity, data});
       cached_bytes_ += capacity;
-      return;
+      while (cached_bytes_ > max_cached_bytes_) {
+        cached_bytes_ -= cache_.front().capacity;
+        evicted.splice(evicted.end(), cache_, cache_.begin());
+      }
     }
   }
-  release_(data, capacity);
+  for (const Cached& c : evicted) release_(c.data, c.capacity);
 }
 
 int64_t HostBufferPool::lent_bytes() const {

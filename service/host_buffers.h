@@ -7,9 +7,11 @@
 // A GPU's pool lends pinned memory (cudaHostAlloc), so blocks go to and from
 // the device by DMA without a staging copy; the CPU's lends anonymous
 // mappings, so memory given back to the system really leaves the process.
-// Buffers come in size classes at most 1/8 larger than asked (whole pages);
-// a pool keeps up to max_cached_bytes of returned buffers for reuse and gives
-// the rest back.
+// Buffers come in size classes at most 1/8 larger than asked (whole pages).
+// A pool keeps up to max_cached_bytes of returned buffers for reuse; past
+// that it gives back the least recently returned ones, so the sizes in use
+// stay cached. When an allocation fails, the cache is given back and the
+// allocation tried once more.
 #ifndef DGMM_SERVICE_HOST_BUFFERS_H_
 #define DGMM_SERVICE_HOST_BUFFERS_H_
 
@@ -18,7 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,12 +81,18 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   // Bytes of buffers lent out now, and kept for reuse now.
   int64_t lent_bytes() const;
   int64_t cached_bytes() const;
-  // Calls of `allocate` so far (a warm pool stops calling it).
+  // Successful calls of `allocate` so far (a warm pool stops calling it).
   int64_t allocations() const;
 
  private:
   HostBufferPool(std::string kind, AllocateFn allocate, FreeFn free, int64_t max_cached_bytes);
   void Give(std::byte* data, int64_t capacity);
+  struct Cached {
+    int64_t capacity;
+    std::byte* data;
+  };
+  // Takes every cached buffer out of the cache (the caller frees them).
+  std::list<Cached> DrainCache();
 
   const std::string kind_;
   const AllocateFn allocate_;
@@ -93,7 +101,7 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   // A std::mutex rather than absl::Mutex: the thread sanitizer can see it
   // (Debian's Abseil is not instrumented). Guards the fields below.
   mutable std::mutex mu_;
-  std::map<int64_t, std::vector<std::byte*>> cache_;  // by capacity
+  std::list<Cached> cache_;  // least recently returned first
   int64_t lent_bytes_ = 0;
   int64_t cached_bytes_ = 0;
   int64_t allocations_ = 0;

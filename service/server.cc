@@ -75,7 +75,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const EngineOptions& eo = s->engine_->options();
   // Stream blocks travel in messages too: the limit must admit the largest block.
   const int64_t max_message = std::max<int64_t>(eo.max_unary_message_bytes,
-                                                eo.limits.max_block_bytes + (int64_t{1} << 16));
+                                                eo.limits.max_block_bytes +
+                                                    static_cast<int64_t>(kBlockFramingSlack));
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT32_MAX)));
   builder.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT32_MAX)));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);

@@ -234,6 +234,9 @@ TEST(WireTest, StreamRequestErrorsAreInvalidArgumentAndARefusedBlockIsNotCopied)
       {std::string("\x12\x05\x12\x80\x80\x80\x01", 7), "block.data longer than the block"},
       {std::string("\x12\x7f\x08\x01", 4), "block longer than the message"},
       {std::string("\x12\x02\x08\xff", 4), "truncated block.first_line"},
+      // A block length of 2^32 + 2, which a 32-bit read would take for 2.
+      {std::string("\x12\x82\x80\x80\x80\x10\x08\x01", 8), "block longer than the message"},
+      {std::string("\x0a\x7f\x08\x01", 4), "bad header"},
       {std::string("\x0a\x02\x08", 3), "bad header"},
       {std::string("\xff\xff", 2), "malformed MultiplyStreamRequest"},
       {std::string(), "neither a header nor a block"},
@@ -301,6 +304,11 @@ TEST(WireTest, UnaryRequestErrorsAreInvalidArgument) {
       {std::string("\x12\x05" "ab", 4), "matrix longer than the message"},
       {std::string("\x12\x01" "a" "\x12\x01" "b", 6), "the matrix is given twice"},
       {std::string("\x0a\x02\x08", 3), "bad header"},
+      // A header length past the end, and one of 2^32 - 1.
+      {std::string("\x0a\x7f\x08\x01", 4), "bad header"},
+      {std::string("\x0a\xff\xff\xff\xff\x0f\x08\x01", 8), "bad header"},
+      // A matrix length of 2^32 + 2, which a 32-bit read would take for 2.
+      {std::string("\x12\x82\x80\x80\x80\x10" "ab", 8), "matrix longer than the message"},
       {std::string("\xff\xff", 2), "malformed MultiplyRequest"},
   };
   for (const auto& [bytes, fragment] : cases) {

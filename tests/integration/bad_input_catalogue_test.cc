@@ -758,5 +758,23 @@ TEST(BadInputCatalogue, EveryRowGetsItsStatusAndTheServerStaysHealthy) {
   EXPECT_LE(MaxRelError(stream_job, result), 1.2e-7);
 }
 
+// With the default limits the transport admits messages up to the unary
+// limit (64 MiB), far above a block's 4 MiB: a block message over
+// max_block_bytes plus its framing slack is refused as soon as it is read,
+// before it is queued behind the blocks in compute.
+TEST(BadInputCatalogue, OversizedBlockMessageIsRefusedAsItArrives) {
+  ServerProcess server({"--backend=cpu", "--threads=2"});
+  auto stub = Connect(server.address());
+  const RandomJob job = Job(8, 4);  // 16-byte rows
+  const std::string data((int64_t{4} << 20) + (int64_t{128} << 10), '\0');
+  const Outcome out = CallStream(stub.get(), StreamMsgs{Header(job), RawBlock(0, data)},
+                                 /*half_close=*/true, milliseconds(15000));
+  EXPECT_EQ(out.status.error_code(), kInvalid) << out.status.error_message();
+  EXPECT_NE(out.status.error_message().find("exceeds max_block_bytes 4194304 plus 65536 bytes"),
+            std::string::npos)
+      << out.status.error_message();
+  EXPECT_TRUE(WaitUntil([&] { return Reserved(stub.get()) == 0; }, milliseconds(5000)));
+}
+
 }  // namespace
 }  // namespace dgmm::testing

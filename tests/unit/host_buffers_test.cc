@@ -16,6 +16,7 @@ struct Recorder {
   std::vector<int64_t> allocated;
   std::vector<int64_t> freed;
   bool fail = false;
+  int fail_next = 0;  // fail this many allocations, then succeed
 };
 
 std::shared_ptr<HostBufferPool> RecordingPool(Recorder* rec, int64_t cache) {
@@ -23,6 +24,10 @@ std::shared_ptr<HostBufferPool> RecordingPool(Recorder* rec, int64_t cache) {
       "test",
       [rec](int64_t bytes) -> absl::StatusOr<std::byte*> {
         if (rec->fail) return absl::ResourceExhaustedError("no memory today");
+        if (rec->fail_next > 0) {
+          --rec->fail_next;
+          return absl::ResourceExhaustedError("no memory just now");
+        }
         rec->allocated.push_back(bytes);
         return new std::byte[static_cast<size_t>(bytes)];
       },
@@ -94,6 +99,37 @@ TEST(HostBuffers, ReturnsBeyondTheCacheCapAreFreed) {
   EXPECT_EQ(rec.freed, (std::vector<int64_t>{8192, 8192}));
   pool.reset();  // the cached two go with the pool
   EXPECT_EQ(rec.freed.size(), 4u);
+}
+
+TEST(HostBuffers, TheLeastRecentlyReturnedGoFirstWhateverTheirSize) {
+  Recorder rec;
+  auto pool = RecordingPool(&rec, 16384);
+  {
+    HostBuffer small = *pool->Take(8192);
+    HostBuffer big = *pool->Take(16384);
+    small = HostBuffer();  // returned first
+    big = HostBuffer();    // returned second: the small one is given back
+  }
+  EXPECT_EQ(rec.freed, (std::vector<int64_t>{8192}));
+  EXPECT_EQ(pool->cached_bytes(), 16384);
+  ASSERT_TRUE(pool->Take(16000).ok());  // the cached 16 KiB buffer
+  EXPECT_EQ(pool->allocations(), 2);
+  // A buffer larger than the whole cache is never kept.
+  { HostBuffer huge = *pool->Take(65536); }
+  EXPECT_EQ(rec.freed.back(), 65536);
+}
+
+TEST(HostBuffers, AFailedAllocationGivesTheCacheBackAndTriesAgain) {
+  Recorder rec;
+  auto pool = RecordingPool(&rec, int64_t{1} << 20);
+  { HostBuffer a = *pool->Take(8192), b = *pool->Take(8192); }
+  EXPECT_EQ(pool->cached_bytes(), 16384);
+  rec.fail_next = 1;
+  auto c = pool->Take(100000);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(pool->cached_bytes(), 0);
+  EXPECT_EQ(rec.freed, (std::vector<int64_t>{8192, 8192}));
+  EXPECT_EQ(pool->allocations(), 3);  // the failed attempt does not count
 }
 
 TEST(HostBuffers, ASliceOwnsItsBufferUntilTheLastReferenceGoes) {

@@ -401,7 +401,7 @@ absl::Status CudaJobContext::Process(const Tile& tile,
 
 // ----------------------------------------------------------------- CudaDevice
 
-std::shared_ptr<HostBufferPool> NewPinnedBlockPool() {
+std::shared_ptr<HostBufferPool> NewPinnedBlockPool(int64_t max_cached_bytes) {
   return HostBufferPool::Create(
       "pinned host",
       [](int64_t bytes) -> absl::StatusOr<std::byte*> {
@@ -414,7 +414,7 @@ std::shared_ptr<HostBufferPool> NewPinnedBlockPool() {
         }
         return static_cast<std::byte*>(p);
       },
-      [](std::byte* data, int64_t) { cudaFreeHost(data); }, kBlockBufferCacheBytes);
+      [](std::byte* data, int64_t) { cudaFreeHost(data); }, max_cached_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(

@@ -63,8 +63,9 @@ class StagingRing {
 };
 
 // A pool of pinned (page-locked, portable: any GPU can DMA to and from it)
-// host buffers for streamed blocks, kept up to kBlockBufferCacheBytes.
-std::shared_ptr<HostBufferPool> NewPinnedBlockPool();
+// host buffers for blocks, keeping up to `max_cached_bytes` for reuse.
+std::shared_ptr<HostBufferPool> NewPinnedBlockPool(
+    int64_t max_cached_bytes = kBlockBufferCacheBytes);
 
 class CudaDevice final : public Device {
  public:

@@ -44,9 +44,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
     if (why_none != nullptr) *why_none = "no CUDA device is visible";
     return devices;
   }
-  // One pool of pinned block buffers for all GPUs: a block is taken before
-  // its job knows which GPU it is on, and pinned portable memory serves any.
-  std::shared_ptr<HostBufferPool> blocks = cuda::NewPinnedBlockPool();
+  // One pool of pinned block buffers for all GPUs (pinned portable memory
+  // serves any), keeping as much for reuse per GPU as one device would:
+  // freeing pinned memory synchronizes with the device, so it should be rare.
+  std::shared_ptr<HostBufferPool> blocks =
+      cuda::NewPinnedBlockPool(kBlockBufferCacheBytes * count);
   for (int i = 0; i < count; ++i) {
     auto device = cuda::CudaDevice::Open(i, options, blocks);
     if (!device.ok()) {
