@@ -148,17 +148,6 @@ RandomJob SpecialValuesJob(v1::DType dtype, v1::Layout layout, v1::Side side) {
   return job;
 }
 
-double Load(const std::string& bytes, int64_t i, v1::DType t) {
-  if (t == v1::DTYPE_FLOAT64) {
-    double v;
-    std::memcpy(&v, bytes.data() + i * 8, 8);
-    return v;
-  }
-  float v;
-  std::memcpy(&v, bytes.data() + i * 4, 4);
-  return v;
-}
-
 // Exact comparison with the IEEE-754 product, computed in float64 (exact for
 // float32 operands) and rounded to the job's dtype; any NaN matches any NaN,
 // and the sign of zeros and infinities must agree.
@@ -172,10 +161,10 @@ std::string IeeeMismatch(const RandomJob& job, const std::string& result) {
   for (int64_t i = 0; i < h.rows(); ++i) {
     for (int64_t j = 0; j < h.cols(); ++j) {
       const int64_t at = row_major ? i * h.cols() + j : j * h.rows() + i;
-      const double d = Load(h.diagonal(), h.side() == v1::SIDE_LEFT ? i : j, h.dtype());
-      double want = Load(job.matrix, at, h.dtype()) * d;
+      const double d = LoadElement(h.diagonal(), h.side() == v1::SIDE_LEFT ? i : j, h.dtype());
+      double want = LoadElement(job.matrix, at, h.dtype()) * d;
       if (h.dtype() == v1::DTYPE_FLOAT32) want = static_cast<float>(want);
-      const double got = Load(result, at, h.dtype());
+      const double got = LoadElement(result, at, h.dtype());
       const bool same = (std::isnan(want) && std::isnan(got)) ||
                         (want == got && std::signbit(want) == std::signbit(got));
       if (!same) {

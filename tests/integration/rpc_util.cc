@@ -10,17 +10,6 @@ namespace {
 
 int64_t ElemSize(v1::DType t) { return t == v1::DTYPE_FLOAT64 ? 8 : 4; }
 
-double Load(const std::string& bytes, int64_t index, v1::DType t) {
-  if (t == v1::DTYPE_FLOAT64) {
-    double v;
-    std::memcpy(&v, bytes.data() + index * 8, 8);
-    return v;
-  }
-  float v;
-  std::memcpy(&v, bytes.data() + index * 4, 4);
-  return v;
-}
-
 void Store(std::string* bytes, int64_t index, v1::DType t, double v) {
   if (t == v1::DTYPE_FLOAT64) {
     std::memcpy(bytes->data() + index * 8, &v, 8);
@@ -31,6 +20,17 @@ void Store(std::string* bytes, int64_t index, v1::DType t, double v) {
 }
 
 }  // namespace
+
+double LoadElement(const std::string& bytes, int64_t index, v1::DType t) {
+  if (t == v1::DTYPE_FLOAT64) {
+    double v;
+    std::memcpy(&v, bytes.data() + index * 8, 8);
+    return v;
+  }
+  float v;
+  std::memcpy(&v, bytes.data() + index * 4, 4);
+  return v;
+}
 
 RandomJob MakeJob(int64_t rows, int64_t cols, v1::DType dtype, v1::Layout layout, v1::Side side,
                   uint64_t seed) {
@@ -61,9 +61,9 @@ double MaxRelError(const RandomJob& job, const std::string& result) {
   for (int64_t i = 0; i < h.rows(); ++i) {
     for (int64_t j = 0; j < h.cols(); ++j) {
       const int64_t at = row_major ? i * h.cols() + j : j * h.rows() + i;
-      const double d = Load(h.diagonal(), h.side() == v1::SIDE_LEFT ? i : j, h.dtype());
-      const double want = Load(job.matrix, at, h.dtype()) * d;
-      const double got = Load(result, at, h.dtype());
+      const double d = LoadElement(h.diagonal(), h.side() == v1::SIDE_LEFT ? i : j, h.dtype());
+      const double want = LoadElement(job.matrix, at, h.dtype()) * d;
+      const double got = LoadElement(result, at, h.dtype());
       if (std::isnan(got)) return std::numeric_limits<double>::infinity();
       worst = std::max(worst, std::abs(got - want) / std::abs(want));
     }

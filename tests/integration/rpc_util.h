@@ -16,6 +16,9 @@ namespace dgmm::testing {
 
 // A random job: matrix and diagonal payloads with values in [0.5, 2), never
 // zero, in the header's dtype and layout.
+// Element `index` of a float32 or float64 payload, as a double.
+double LoadElement(const std::string& bytes, int64_t index, v1::DType t);
+
 struct RandomJob {
   v1::JobHeader header;
   std::string matrix;

@@ -535,11 +535,6 @@ absl::StatusOr<StagingRing*> CudaDevice::Ring() {
   return ring_.get();
 }
 
-bool CudaDevice::staging_allocated() const {
-  absl::MutexLock lock(&ring_mu_);
-  return ring_ != nullptr;
-}
-
 absl::Status CudaDevice::Enter() {
   return Check(cudaSetDevice(ordinal_), "cudaSetDevice");
 }

@@ -114,8 +114,6 @@ class CudaDevice final : public Device {
   int pieces_in_flight() const { return pieces_in_flight_; }
   // Buffers of the staging ring (allocated on first use).
   int staging_buffers() const { return staging_count_; }
-  // Whether a pageable job has made the ring allocate its pinned memory.
-  bool staging_allocated() const;
   int multiprocessors() const { return multiprocessors_; }
   // Most device-pool bytes in use at once since open or the last reset.
   absl::StatusOr<int64_t> PoolHighWaterBytes() const;
@@ -151,7 +149,7 @@ class CudaDevice final : public Device {
   cudaStream_t setup_stream_ = nullptr;  // allocations and diagonal uploads
   cudaMemPool_t pool_ = nullptr;
   int staging_count_ = 0;
-  mutable absl::Mutex ring_mu_;
+  absl::Mutex ring_mu_;
   std::unique_ptr<StagingRing> ring_ ABSL_GUARDED_BY(ring_mu_);
   std::shared_ptr<HostBufferPool> blocks_;
   std::vector<BackendKind> backends_ = {BackendKind::kCudaKernel,
