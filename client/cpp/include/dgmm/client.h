@@ -81,7 +81,7 @@ struct ClientOptions {
   absl::Duration deadline = absl::InfiniteDuration();
   // Largest Multiply request this client sends in one message. Match it to
   // the server's --max_unary_message_bytes (GetServerInfo.limits).
-  int64_t max_unary_message_bytes = int64_t{64} << 20;
+  int64_t max_unary_message_bytes = int64_t{16} << 20;
   // Largest block payload sent over MultiplyStream (whole lines are sent, so
   // a block holds max(1, chunk_bytes / line_bytes) lines). Must not exceed
   // the server's max_block_bytes.
