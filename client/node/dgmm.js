@@ -67,9 +67,8 @@ function protocolError(message) {
 // wait may end past the job's deadline (timeoutMs).
 // The first attempt fails fast when there is no connection. A retried attempt
 // first waits for the channel to connect, up to the deadline and at most
-// maxReconnectWaitMs (no connection by then ends the job with UNAVAILABLE, or
-// DEADLINE_EXCEEDED when the deadline came first), and is then sent with
-// waitForReady.
+// maxReconnectWaitMs (no connection by then ends the job with UNAVAILABLE),
+// and is then sent with waitForReady.
 //   maxAttempts: attempts per job, the first included; 1 turns retries off.
 //   initialBackoffMs: the wait before the second attempt after UNAVAILABLE;
 //     each later one is backoffMultiplier times longer, up to maxBackoffMs;
@@ -79,7 +78,7 @@ const DEFAULT_RETRY_POLICY = Object.freeze({
   initialBackoffMs: 100,
   maxBackoffMs: 2000,
   backoffMultiplier: 2,
-  maxReconnectWaitMs: 10000,
+  maxReconnectWaitMs: 5000,
 });
 const JITTER_FRACTION = 0.2;
 const RETRY_POLICY = Symbol('dgmm.retryPolicy');
@@ -199,9 +198,9 @@ function awaitConnection(client, policy, deadline) {
     client.waitForReady(new Date(until), (err) => {
       if (!err) return resolve();
       const waited = Date.now() - start;
-      reject(final(deadlineFirst
-        ? new DgmmError(grpc.status.DEADLINE_EXCEEDED, `the deadline passed while waiting ${waited} ms for a connection to retry`)
-        : new DgmmError(grpc.status.UNAVAILABLE, `no connection to the server within ${waited} ms (retry.maxReconnectWaitMs)`)));
+      // UNAVAILABLE either way: the server could not be reached.
+      reject(final(new DgmmError(grpc.status.UNAVAILABLE,
+        `no connection to the server within ${waited} ms (${deadlineFirst ? 'timeoutMs' : 'retry.maxReconnectWaitMs'})`)));
     });
   });
 }

@@ -234,12 +234,12 @@ absl::Status Client::AwaitConnection(absl::Time deadline) {
   if (channel_->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
   const std::string waited =
       absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
-  if (deadline_first) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the deadline passed while waiting ", waited, " for a connection to retry"));
-  }
-  return absl::UnavailableError(absl::StrCat("no connection to the server within ", waited,
-                                             " (RetryPolicy.max_reconnect_wait)"));
+  // UNAVAILABLE either way: the server could not be reached, which is what
+  // the caller needs to know (a deadline that passed without any call made
+  // is not a slow job).
+  return absl::UnavailableError(absl::StrCat(
+      "no connection to the server within ", waited,
+      deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
 }
 
 absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out_bytes,

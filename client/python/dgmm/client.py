@@ -81,8 +81,7 @@ class RetryPolicy:
     The first attempt fails fast when there is no connection. A retried
     attempt first waits for the channel to connect, up to the deadline and at
     most max_reconnect_wait seconds (no connection by then ends the job with
-    UNAVAILABLE, or DEADLINE_EXCEEDED when the deadline came first), and is
-    then sent with wait_for_ready.
+    UNAVAILABLE), and is then sent with wait_for_ready.
 
     Args (times in seconds):
       max_attempts: attempts per job, the first included; 1 turns retries off.
@@ -95,7 +94,7 @@ class RetryPolicy:
     JITTER_FRACTION = 0.2
 
     def __init__(self, max_attempts=4, initial_backoff=0.1, max_backoff=2.0,
-                 backoff_multiplier=2.0, max_reconnect_wait=10.0):
+                 backoff_multiplier=2.0, max_reconnect_wait=5.0):
         if (max_attempts < 1 or not initial_backoff > 0 or max_backoff < initial_backoff
                 or not backoff_multiplier >= 1 or not max_reconnect_wait > 0):
             raise ValueError("dgmm.RetryPolicy: max_attempts must be >= 1, initial_backoff > 0, "
@@ -344,13 +343,10 @@ class Client:
         except grpc.FutureTimeoutError:
             ready.cancel()
         waited = time.monotonic() - start
-        if deadline_first:
-            raise _FinalError(DgmmError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                "the deadline passed while waiting %.3fs for a connection to retry" % waited))
+        # UNAVAILABLE either way: the server could not be reached.
         raise _FinalError(DgmmError(
-            grpc.StatusCode.UNAVAILABLE,
-            "no connection to the server within %.3fs (RetryPolicy.max_reconnect_wait)" % waited))
+            grpc.StatusCode.UNAVAILABLE, "no connection to the server within %.3fs (%s)"
+            % (waited, "the deadline" if deadline_first else "RetryPolicy.max_reconnect_wait")))
 
     def server_info(self, timeout=None):
         """The server's dgmm.pb.GetServerInfoResponse (devices, budgets, limits)."""

@@ -72,7 +72,8 @@ using ProgressCallback =
 // the job's deadline and at most max_reconnect_wait, and is then sent with
 // wait_for_ready so that it is queued rather than failed while the
 // connection is being made. A server that does not come back within that
-// wait ends the job with UNAVAILABLE ("no connection ... within").
+// wait (or the job's deadline) ends the job with UNAVAILABLE ("no connection
+// to the server within ...").
 struct RetryPolicy {
   // Attempts per job, the first included; 1 turns retries off.
   int max_attempts = 4;
@@ -85,7 +86,7 @@ struct RetryPolicy {
   // How long a retried attempt waits for a connection (bounded by the job's
   // deadline too). Covers a server restart; a server that stays down fails
   // the job after about this long instead of after the backoffs alone.
-  absl::Duration max_reconnect_wait = absl::Seconds(10);
+  absl::Duration max_reconnect_wait = absl::Seconds(5);
 };
 
 struct ClientOptions {
