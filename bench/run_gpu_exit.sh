@@ -46,11 +46,11 @@ timed() {
   echo "# /etc/resolv.conf:"; sed 's/^/#   /' /etc/resolv.conf 2>/dev/null
   echo "# nproc: $(nproc)"
   timed "health" "$cli" health --server "$addr"
-  timed "multiply --random=4000" "$cli" multiply --random=4000 --server "$addr"
-  timed "multiply --random=4000 (GRPC_DNS_RESOLVER=native)" env GRPC_DNS_RESOLVER=native "$cli" multiply --random=4000 --server "$addr"
-  timed "multiply --random=4000 (GRPC_POLL_STRATEGY=poll)" env GRPC_POLL_STRATEGY=poll "$cli" multiply --random=4000 --server "$addr"
-  timed "multiply --random=4000 (GRPC_ENABLE_FORK_SUPPORT=0)" env GRPC_ENABLE_FORK_SUPPORT=0 "$cli" multiply --random=4000 --server "$addr"
-  timed "multiply --random=4000 (GRPC_ENABLE_FORK_SUPPORT=1)" env GRPC_ENABLE_FORK_SUPPORT=1 "$cli" multiply --random=4000 --server "$addr"
+  for i in 1 2 3; do
+    timed "multiply --random=4000 (as shipped: poll) #$i" "$cli" multiply --random=4000 --server "$addr"
+    timed "multiply --random=2000 --mode=unary #$i" "$cli" multiply --random=2000 --mode=unary --server "$addr"
+    timed "multiply --random=4000 (GRPC_POLL_STRATEGY=epoll1) #$i" env GRPC_POLL_STRATEGY=epoll1 "$cli" multiply --random=4000 --server "$addr"
+  done
   timed "info" "$cli" info --server "$addr"
   echo "# with GRPC_VERBOSITY=debug (the iomgr shutdown names what it waits for):"
   GRPC_VERBOSITY=debug "$cli" multiply --random=1000 --server "$addr" 2>&1 |
