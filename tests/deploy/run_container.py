@@ -48,6 +48,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SKIP = 77
 BASE_IMAGE = "localhost/debian:bookworm"
 IMAGE = "localhost/dgmm:cpu-test"
+BUILD_STAGE_IMAGE = "localhost/dgmm:cpu-test-build"  # the build stage, tagged so that it can be replaced
 CONTAINER_PORT = 50061  # not the default 50051: the HEALTHCHECK must follow DGMM_LISTEN
 T0 = time.monotonic()
 
@@ -170,20 +171,38 @@ def can_run_containers(env):
         raise Skip(f"podman cannot start a container on this machine: {p.out[-1500:]}")
 
 
+def image_id(env, ref):
+    p = run(["podman", "image", "inspect", "--format", "{{.Id}}", ref], check=False, env=env, quiet=True)
+    return p.out.strip() if p.returncode == 0 else None
+
+
 def build_image(env):
+    """Builds the build stage (tagged) and then the image, with the layer cache;
+    removes the images they replace, so that each source change does not
+    leave a 1.5 GB build stage behind."""
     started = time.monotonic()
-    p = run(["podman", "build", "--format", "docker", "--layers",
-             "-f", ROOT / "docker" / "Dockerfile",
-             "--build-arg", "DGMM_CUDA=OFF",
-             "--build-arg", f"BUILD_BASE={BASE_IMAGE}",
-             "--build-arg", f"RUNTIME_BASE={BASE_IMAGE}",
-             "-t", IMAGE, ROOT], env=env, timeout=1800, check=False)
-    steps = len(re.findall(r"^\[\d/\d\] STEP|^STEP", p.out, re.M))
-    cached = p.out.count("Using cache")
-    print("\n".join(p.out.splitlines()[-15:]))
-    if p.returncode != 0:
-        raise Failure(f"podman build failed (exit {p.returncode}):\n{p.out[-6000:]}")
-    log(f"built {IMAGE} in {time.monotonic() - started:.0f} s ({cached} of {steps} steps from the layer cache)")
+    old = {ref: image_id(env, ref) for ref in (BUILD_STAGE_IMAGE, IMAGE)}
+    cached = steps = 0
+    for target, tag in (("build", BUILD_STAGE_IMAGE), ("runtime", IMAGE)):
+        p = run(["podman", "build", "--format", "docker", "--layers", "--target", target,
+                 "-f", ROOT / "docker" / "Dockerfile",
+                 "--build-arg", "DGMM_CUDA=OFF",
+                 "--build-arg", f"BUILD_BASE={BASE_IMAGE}",
+                 "--build-arg", f"RUNTIME_BASE={BASE_IMAGE}",
+                 "-t", tag, ROOT], env=env, timeout=1800, check=False)
+        lines = p.out.splitlines()
+        for i, line in enumerate(lines):  # RUN and COPY steps, and which came from the cache
+            if re.search(r"STEP \d+/\d+: (RUN|COPY) ", line):
+                steps += 1
+                cached += i + 1 < len(lines) and lines[i + 1].startswith("--> Using cache")
+        print("\n".join(p.out.splitlines()[-8:]))
+        if p.returncode != 0:
+            raise Failure(f"podman build --target {target} failed (exit {p.returncode}):\n{p.out[-6000:]}")
+    log(f"built {IMAGE} in {time.monotonic() - started:.0f} s ({cached} of {steps} RUN/COPY steps from the layer cache)")
+    for ref, old_id in old.items():
+        if old_id and old_id != image_id(env, ref):
+            p = run(["podman", "rmi", old_id], check=False, env=env, quiet=True)
+            log(f"removed the {ref} it replaces ({old_id[:12]}): {'ok' if p.returncode == 0 else p.out.strip()[-200:]}")
 
 
 def check_image(env):
@@ -191,16 +210,16 @@ def check_image(env):
     log(f"image size: {info['Size'] / 2**20:.0f} MiB ({info['Size']} bytes) for {IMAGE}")
     cfg = info.get("Config", {})
     expect(cfg.get("User") == "10001:10001", f"image user is 10001:10001 (got {cfg.get('User')!r})")
-    hc = (info.get("Config", {}).get("Healthcheck") or info.get("HealthCheck") or {}).get("Test") or []
+    hc = (info.get("Healthcheck") or cfg.get("Healthcheck") or {}).get("Test") or []
     expect(hc[:3] == ["CMD", "dgmm-cli", "health"] and "--server" not in hc,
            f"HEALTHCHECK is kept (docker format) and has no fixed --server: {hc}")
     # Anything a build leaves behind: compilers, the source or build tree.
     probe = ("for t in cc gcc g++ c++ clang nvcc cmake make ld as; do command -v $t; done;"
              " for d in /src /src/build-image /usr/local/cuda/bin/nvcc /usr/include/grpcpp; do"
              " [ -e $d ] && echo $d; done; true")
-    p = run(["podman", "run", "--rm", "--network=none", "--user", "0", "--entrypoint", "sh", IMAGE, "-c", probe], env=env)
+    p = run(["podman", "run", "--rm", "--network=none", "--no-healthcheck", "--user", "0", "--entrypoint", "sh", IMAGE, "-c", probe], env=env)
     expect(p.out.strip() == "", f"no compiler, linker, headers or build tree in the runtime image ({p.out.strip()!r})")
-    p = run(["podman", "run", "--rm", "--network=none", "--entrypoint", "ldd", IMAGE,
+    p = run(["podman", "run", "--rm", "--network=none", "--no-healthcheck", "--entrypoint", "ldd", IMAGE,
              "/usr/local/bin/dgmm-server", "/usr/local/bin/dgmm-cli"], env=env)
     expect("not found" not in p.out and "libgrpc++" in p.out, "ldd of dgmm-server and dgmm-cli: every library found")
 
@@ -281,7 +300,7 @@ def run_compose(env, cli, work, started):
     path = work / "compose-cpu.yaml"
     path.write_text(yaml.safe_dump({"services": {"dgmm-cpu": svc}}, sort_keys=False))
     base = ["podman-compose", "-p", project, "-f", path]
-    started.append(("compose", base))
+    started.append(("compose", base, project))
     p = run(base + ["up", "-d", "--no-build", "dgmm-cpu"], env=env, timeout=120, check=False)
     print(p.out[-3000:])
     if p.returncode != 0:
@@ -296,13 +315,15 @@ def run_compose(env, cli, work, started):
     job_through(cli, host_port)
     expect(True, f"compose service dgmm-cpu answered a checked job through 127.0.0.1:{host_port}")
     run(base + ["down"], env=env, timeout=120)
-    started.remove(("compose", base))
+    started.remove(("compose", base, project))
+    run(["podman", "network", "rm", f"{project}_default"], check=False, env=env, quiet=True)
 
 
 def cleanup(env, started):
     for item in reversed(started):
         if isinstance(item, tuple):
             run(item[1] + ["down"], check=False, env=env, timeout=120)
+            run(["podman", "network", "rm", f"{item[2]}_default"], check=False, env=env, timeout=60)
         else:
             run(["podman", "rm", "-f", "-t", "5", item], check=False, env=env, timeout=60)
 
@@ -313,7 +334,7 @@ def main():
     ap.add_argument("--work", required=True, help="a directory for containers.conf and scratch files")
     ap.add_argument("--no-compose", action="store_true", help="skip step 6")
     a = ap.parse_args()
-    work = pathlib.Path(a.work)
+    work = pathlib.Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     env, started = None, []
     try:
