@@ -20,10 +20,13 @@
    checked job from the host's dgmm-cli must pass through the published port,
    the server must run as uid 10001, and `podman stop` (SIGTERM) must drain
    ("draining", "stopped" in its log) and exit 0.
-6. docker/compose.yaml's CPU service (dgmm-cpu) through podman-compose, with
+6. With TLS and a bearer token (DGMM_TLS_CERT, DGMM_AUTH_TOKEN_FILE): the
+   image's plaintext probe fails, the documented --health-cmd override with
+   --tls_ca is healthy without a token, a job needs the token.
+7. docker/compose.yaml's CPU service (dgmm-cpu) through podman-compose, with
    the test's image and a free loopback host port: healthy through the
    compose healthcheck, answers a checked job.
-7. Removes the containers it started (the images stay, as the cache).
+8. Removes the containers it started (the images stay, as the cache).
 
 Exits 77 (ctest: skipped) with the reason when this machine cannot run
 containers at all (podman missing and not installable, or podman unable to
@@ -281,6 +284,52 @@ def run_image(env, cli, started):
     started.remove(name)
 
 
+PKI_SCRIPT = r"""set -e
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1"; }
+key ca.key
+openssl req -x509 -new -key ca.key -out ca.pem -days 2 -subj "/CN=dgmm deploy test ca"
+key server.key
+openssl req -new -key server.key -out server.csr -subj /CN=dgmm.test
+printf 'subjectAltName=DNS:dgmm.test,IP:127.0.0.1\n' > server.ext
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.pem
+printf 'tok-%s-%s\n' $$ $RANDOM > token
+chmod 644 server.key token   # read by uid 10001 in the container
+"""
+
+
+def run_tls_and_token(env, cli, work, started):
+    """TLS and a bearer token on: the image's plaintext probe fails (as
+    documented), the documented --health-cmd override with --tls_ca turns
+    healthy without a token, and a job needs the token."""
+    if not shutil.which("openssl"):
+        raise Failure("openssl missing (scripts/install-deps.sh build installs it)")
+    pki = pathlib.Path(tempfile.mkdtemp(dir=work, prefix="pki-"))
+    pki.chmod(0o755)
+    run(["sh", "-c", PKI_SCRIPT], cwd=pki, quiet=True)
+    name = f"dgmm-deploy-tls-{os.getpid()}"
+    host_port, port = free_port(), CONTAINER_PORT + 1
+    started.append(name)
+    run(["podman", "run", "-d", "--name", name, "-v", f"{pki}:/run/dgmm-tls:ro",
+         "-e", f"DGMM_LISTEN=0.0.0.0:{port}", "-e", "DGMM_BACKEND=cpu", "-e", "DGMM_HOST_MEMORY_BUDGET=1GiB",
+         "-e", "DGMM_TLS_CERT=/run/dgmm-tls/server.pem", "-e", "DGMM_TLS_KEY=/run/dgmm-tls/server.key",
+         "-e", "DGMM_AUTH_TOKEN_FILE=/run/dgmm-tls/token",
+         "--health-cmd", "dgmm-cli health --tls_ca /run/dgmm-tls/ca.pem --deadline 3 --quiet",
+         "-p", f"127.0.0.1:{host_port}:{port}", IMAGE], env=env)
+    t = time.monotonic()
+    wait_healthy(env, name)
+    expect(True, f"TLS + token: healthy after {time.monotonic() - t:.1f} s through --health-cmd with --tls_ca and no token")
+    p = run(["podman", "exec", name, "dgmm-cli", "health", "--deadline", "2"], check=False, env=env)
+    expect(p.returncode != 0, f"TLS: the image's plaintext probe fails, so TLS needs the override (exit {p.returncode})")
+    tls = ["--tls_ca", pki / "ca.pem", "--server", f"127.0.0.1:{host_port}", "--deadline", "30"]
+    p = run([cli, "multiply", "--random", "64", "--check"] + tls, check=False)
+    expect(p.returncode != 0 and "UNAUTHENTICATED" in p.out, f"TLS + token: a job without the token is refused ({p.out.strip()[-120:]})")
+    p = run([cli, "multiply", "--random", "256", "--check", "--auth_token_file", pki / "token"] + tls)
+    expect(re.search(r"^max relative error: .*: OK$", p.out, re.M) is not None, "TLS + token: a checked job with the token passes")
+    run(["podman", "rm", "-f", "-t", "10", name], env=env, quiet=True)
+    started.remove(name)
+    shutil.rmtree(pki)
+
+
 def run_compose(env, cli, work, started):
     if not shutil.which("podman-compose"):
         raise Failure("podman-compose missing although scripts/install-deps.sh container installs it")
@@ -344,6 +393,7 @@ def main():
         build_image(env)
         check_image(env)
         run_image(env, a.cli, started)
+        run_tls_and_token(env, a.cli, work, started)
         if not a.no_compose:
             run_compose(env, a.cli, work, started)
     except Skip as e:
