@@ -8,13 +8,14 @@
 # build: compilers, libraries and test tools; runtime: only the shared
 # libraries dgmm-server and dgmm-cli link (the image's runtime stage);
 # container: podman and what tests/deploy/run_container.py needs to build and
-# run the image (rootful podman with runc and netavark; buildah, debootstrap
+# run the image (rootful podman with runc and netavark, whose port forwarding
+# needs iptables; podman builds without the buildah tool; debootstrap
 # for the local base image, podman-compose for docker/compose.yaml).
 set -euo pipefail
 mode=${1:-build}
 
 runtime_pkgs=(libgrpc++1.51 libprotobuf32 libcivetweb1)
-container_pkgs=(podman buildah runc netavark aardvark-dns iptables debootstrap podman-compose)
+container_pkgs=(podman runc netavark aardvark-dns iptables debootstrap podman-compose)
 build_pkgs=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev

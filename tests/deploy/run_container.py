@@ -323,7 +323,10 @@ def run_tls_and_token(env, cli, work, started):
     tls = ["--tls_ca", pki / "ca.pem", "--server", f"127.0.0.1:{host_port}", "--deadline", "30"]
     p = run([cli, "multiply", "--random", "64", "--check"] + tls, check=False)
     expect(p.returncode != 0 and "UNAUTHENTICATED" in p.out, f"TLS + token: a job without the token is refused ({p.out.strip()[-120:]})")
+    t = time.monotonic()
     p = run([cli, "multiply", "--random", "256", "--check", "--auth_token_file", pki / "token"] + tls)
+    print(p.out.strip())
+    log(f"that job took {time.monotonic() - t:.1f} s of wall time")
     expect(re.search(r"^max relative error: .*: OK$", p.out, re.M) is not None, "TLS + token: a checked job with the token passes")
     run(["podman", "rm", "-f", "-t", "10", name], env=env, quiet=True)
     started.remove(name)
