@@ -257,7 +257,6 @@ def run_image(env, cli, started):
     started.append(name)
     run(["podman", "run", "-d", "--name", name,
          "-e", f"DGMM_LISTEN=0.0.0.0:{CONTAINER_PORT}", "-e", "DGMM_BACKEND=cpu", "-e", "DGMM_DRAIN_TIMEOUT_S=5",
-         "-e", "DGMM_HOST_MEMORY_BUDGET=1GiB",
          "-p", f"127.0.0.1:{host_port}:{CONTAINER_PORT}", IMAGE], env=env)
     t = time.monotonic()
     out = wait_healthy(env, name)
@@ -339,15 +338,15 @@ def run_compose(env, cli, work, started):
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     svc = compose["services"]["dgmm-cpu"]  # anchors and << merges resolved by the YAML loader
     host_port = free_port()
-    # The service as written, but: the test's image instead of building the GPU
-    # default, its gRPC port on a free loopback port, metrics not published.
+    # The service as written (environment, healthcheck, restart, stop signal),
+    # but: the test's image instead of building the GPU default, its gRPC port
+    # on a free loopback port, metrics not published.
     container_port = int(str(svc["environment"]["DGMM_LISTEN"]).rsplit(":", 1)[1])
     published = [str(p) for p in svc.get("ports", [])]
     if not any(p.endswith(f":{container_port}") for p in published):
         raise Failure(f"compose dgmm-cpu does not publish DGMM_LISTEN's port {container_port}: {published}")
     svc = dict(svc, image=IMAGE, ports=[f"127.0.0.1:{host_port}:{container_port}"])
     svc.pop("build", None)
-    svc["environment"] = dict(svc["environment"], DGMM_HOST_MEMORY_BUDGET="1GiB")
     project = f"dgmmtest{os.getpid()}"
     path = work / "compose-cpu.yaml"
     path.write_text(yaml.safe_dump({"services": {"dgmm-cpu": svc}}, sort_keys=False))
