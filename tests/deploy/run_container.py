@@ -365,9 +365,32 @@ def run_compose(env, cli, work, started):
     expect(True, f"compose service dgmm-cpu healthy through its healthcheck ({out or 'exit 0'})")
     job_through(cli, host_port)
     expect(True, f"compose service dgmm-cpu answered a checked job through 127.0.0.1:{host_port}")
+    # podman-compose 1.0.3 does not pass stop_grace_period to podman (its stop
+    # waits podman's default 10 s, then SIGKILL): give it the file's value.
+    grace = int(re.fullmatch(r"(\d+)s", str(svc.get("stop_grace_period", "10s"))).group(1))
+    t = time.monotonic()
+    run(base + ["stop", "-t", str(grace), "dgmm-cpu"], env=env, timeout=grace + 60)
+    code = run(["podman", "inspect", "--format", "{{.State.ExitCode}}", names[0]], env=env, quiet=True).out.strip()
+    logs = run(["podman", "logs", names[0]], env=env, quiet=True).out
+    expect(code == "0" and "draining" in logs and "stopped" in logs,
+           f"podman-compose stop -t {grace} (stop_grace_period): drained and exit code {code} after {time.monotonic() - t:.1f} s")
     run(base + ["down"], env=env, timeout=120)
     started.remove(("compose", base, project))
     run(["podman", "network", "rm", f"{project}_default"], check=False, env=env, quiet=True)
+
+
+STALE = re.compile(r"^(?:dgmm-deploy-(?:test|tls)-|dgmmtest)(\d+)(?:_|$)")
+
+
+def remove_stale(env):
+    """Containers and networks of an earlier run that was killed (its pid is gone)."""
+    for kind, listing in (("container", ["podman", "ps", "-a", "--format", "{{.Names}}"]),
+                          ("network", ["podman", "network", "ls", "--format", "{{.Name}}"])):
+        for name in run(listing, check=False, env=env, quiet=True).out.split():
+            m = STALE.match(name)
+            if m and not pathlib.Path(f"/proc/{m.group(1)}").exists():
+                cmd = ["podman", "rm", "-f", "-t", "0", name] if kind == "container" else ["podman", "network", "rm", "-f", name]
+                run(cmd, check=False, env=env)
 
 
 def cleanup(env, started):
@@ -390,6 +413,7 @@ def main():
     env, started = None, []
     try:
         env = setup_podman(work)
+        remove_stale(env)
         base_image(env, work)
         can_run_containers(env)
         build_image(env)
