@@ -21,7 +21,7 @@ ABSL_FLAG(double, deadline, 0,
 ABSL_FLAG(std::string, chunk_bytes, "4MiB",
           "Largest block sent over MultiplyStream (whole rows or columns per block); at most "
           "the server's --max_block_bytes. Accepts 4194304, 4MiB, 1GiB, ...");
-ABSL_FLAG(std::string, max_unary_message_bytes, "64MiB",
+ABSL_FLAG(std::string, max_unary_message_bytes, "16MiB",
           "The server's --max_unary_message_bytes: no job over 7/8 of it is sent in one "
           "message.");
 ABSL_FLAG(std::string, load_balancing_policy, "",
