@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages), builds everything and runs the
-# whole ctest suite (labels: unit, integration; gpu tests skip without a GPU).
+# whole ctest suite (labels: unit, integration, container; gpu tests skip
+# without a GPU). The container test installs podman and caches its images.
 #
 #   ./test.sh [extra ctest args]     e.g. ./test.sh -L unit
 set -euo pipefail

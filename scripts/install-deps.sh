@@ -3,11 +3,19 @@
 # packages (Debian 12 or Ubuntu 24.04), skipping what is already there.
 # Used by ./run.sh, ./test.sh and docker/Dockerfile alike.
 #
-#   scripts/install-deps.sh [build|runtime]   (default: build)
+#   scripts/install-deps.sh [build|runtime|container]   (default: build)
+#
+# build: compilers, libraries and test tools; runtime: only the shared
+# libraries dgmm-server and dgmm-cli link (the image's runtime stage);
+# container: podman and what tests/deploy/run_container.py needs to build and
+# run the image (rootful podman with runc and netavark, whose port forwarding
+# needs iptables; podman builds without the buildah tool; debootstrap
+# for the local base image, podman-compose for docker/compose.yaml).
 set -euo pipefail
 mode=${1:-build}
 
 runtime_pkgs=(libgrpc++1.51 libprotobuf32 libcivetweb1)
+container_pkgs=(podman runc netavark aardvark-dns iptables debootstrap podman-compose)
 build_pkgs=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
@@ -20,7 +28,8 @@ build_pkgs=(
 case "$mode" in
   build) want=("${build_pkgs[@]}") ;;
   runtime) want=("${runtime_pkgs[@]}") ;;
-  *) echo "usage: $0 [build|runtime]" >&2; exit 2 ;;
+  container) want=("${container_pkgs[@]}") ;;
+  *) echo "usage: $0 [build|runtime|container]" >&2; exit 2 ;;
 esac
 
 # Ubuntu 24.04 (the Docker image's base) names some packages differently: t64

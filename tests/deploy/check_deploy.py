@@ -3,7 +3,9 @@
 against each other and against the code they deploy: every YAML parses; the
 Kubernetes objects carry what a GPU gRPC service needs (GPU request, gRPC
 probes, headless Service, PodDisruptionBudget, a grace period longer than the
-drain); the Dockerfile builds with the CI's scripts; every DGMM_* variable and
+drain); the Dockerfile builds with the CI's scripts, from base images given as
+build arguments (CUDA 13 by default), with a HEALTHCHECK that follows
+DGMM_LISTEN's port; every DGMM_* variable and
 --flag named anywhere in docker/ and docs/operations.md is a real flag of
 dgmm-server (or of dgmm-cli, or of the tool the line runs); the flags table of
 docs/operations.md is what docker/flags_table.py generates from service/main.cc.
@@ -44,6 +46,7 @@ OTHER_TOOL_FLAGS = {
                "detach", "build", "profile", "interval", "timeout", "start_period",
                "retries", "from", "format", "prefix", "strip", "install", "target", "build_arg",
                "read_only", "health_cmd"},
+    "podman": {"runtime", "ulimit"},
     "kubectl": {"namespace", "dry_run", "selector", "grace_period", "timeout", "for"},
     "useradd/groupadd": {"system", "uid", "gid", "no_create_home", "shell"},
     "grpcurl/curl": {"plaintext", "silent", "fail", "cacert", "insecure"},
@@ -67,6 +70,11 @@ def absl_flags(paths):
 SERVER_FLAGS = {name for name, *_ in flags_table.server_flags()}
 SERVER_DEFAULTS = {name: default for name, _, default, _ in flags_table.server_flags()}
 CLI_FLAGS = absl_flags(sorted((ROOT / "client" / "cpp" / "cli").glob("*.cc")))
+CLI_DEFAULTS = {name: default for path in sorted((ROOT / "client" / "cpp" / "cli").glob("*.cc"))
+                for name, _, default, _ in flags_table.parse_flags(path.read_text(encoding="utf-8"))}
+# dgmm-cli without --server talks to 127.0.0.1 on DGMM_LISTEN's port (common.cc).
+CLI_SERVER_FOLLOWS_LISTEN = (CLI_DEFAULTS.get("server") == "" and 'getenv("DGMM_LISTEN")' in
+                             (ROOT / "client" / "cpp" / "cli" / "common.cc").read_text(encoding="utf-8"))
 OTHER_FLAGS = set().union(*OTHER_TOOL_FLAGS.values())
 
 
@@ -313,6 +321,32 @@ def exec_form(rest):
     return value if isinstance(value, list) else None
 
 
+def expand_args(text, args):
+    """${NAME} and $NAME replaced with the ARG defaults known so far."""
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def stage_arg(instructions, name):
+    """The default of `ARG name=...` in one stage's instructions, or None."""
+    for word, rest in instructions:
+        key, eq, value = rest.partition("=")
+        if word == "ARG" and key.strip() == name:
+            return value.strip().strip("\"'") if eq else ""
+    return None
+
+
+def healthcheck_problem(server, listen, where):
+    """None when a health probe with --server `server` (None: not given) reaches DGMM_LISTEN `listen`."""
+    want = f"127.0.0.1:{port_of(listen)}"
+    if server is None:
+        if not CLI_SERVER_FOLLOWS_LISTEN:
+            return f"{where}: without --server the probe goes to 127.0.0.1:50051, but dgmm-cli no longer derives --server from DGMM_LISTEN"
+        return None
+    if server != want:
+        return f"{where}: --server {server} must be {want} (DGMM_LISTEN's port), or left out so that dgmm-cli follows DGMM_LISTEN"
+    return None
+
+
 def check_dockerfile(text):
     problems = []
     ins = dockerfile_instructions(text)
@@ -321,9 +355,9 @@ def check_dockerfile(text):
     for word, rest in ins:
         if word == "ARG" and not stages:
             key, _, value = rest.partition("=")
-            args[key.strip()] = value.strip()
+            args[key.strip()] = expand_args(value.strip(), args)
         elif word == "FROM":
-            image = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), rest.split()[0])
+            image = expand_args(rest.split()[0], args)
             name = rest.split()[2] if len(rest.split()) >= 3 and rest.split()[1].upper() == "AS" else None
             stages.append((image, name, []))
         elif stages:
@@ -351,8 +385,11 @@ def check_dockerfile(text):
         targets = re.search(r"BUILD_TARGETS=(\"[^\"]*\"|'[^']*'|\S+)", r)
         if not targets or not {"dgmm-server", "dgmm-cli"} <= set(targets.group(1).strip("\"'").split()):
             problems.append("Dockerfile: scripts/build.sh must get BUILD_TARGETS with dgmm-server and dgmm-cli")
-        if not re.search(r"\bDGMM_CUDA=ON\b", r):
-            problems.append("Dockerfile: scripts/build.sh must get DGMM_CUDA=ON (the image is for GPUs)")
+        cuda_on = re.search(r"\bDGMM_CUDA=ON\b", r)
+        cuda_arg = re.search(r"\bDGMM_CUDA=\"?\$\{?DGMM_CUDA\}?\"?(\s|$)", r)
+        if not cuda_on and not (cuda_arg and stage_arg(build, "DGMM_CUDA") == "ON"):
+            problems.append("Dockerfile: scripts/build.sh must get DGMM_CUDA=ON, or DGMM_CUDA=\"${DGMM_CUDA}\" "
+                            "from a build-stage ARG DGMM_CUDA=ON (the default image is for GPUs)")
     if not any(re.search(r"install-deps\.sh\s+runtime\b", r) for r in runtime_runs):
         problems.append("Dockerfile: the runtime stage must RUN install-deps.sh runtime")
     for r in build_runs + runtime_runs:
@@ -383,9 +420,9 @@ def check_dockerfile(text):
     if not cmd or cmd[:2] != ["dgmm-cli", "health"]:
         problems.append("Dockerfile: HEALTHCHECK must run [\"dgmm-cli\", \"health\", ...] (exec form)")
     else:
-        server = flags_in_argv(cmd).get("server")
-        if server != f"127.0.0.1:{port_of(env.get('DGMM_LISTEN', ':0'))}":
-            problems.append(f"Dockerfile: HEALTHCHECK --server {server} must be 127.0.0.1 and DGMM_LISTEN's port")
+        problem = healthcheck_problem(flags_in_argv(cmd).get("server"), env.get("DGMM_LISTEN", ":0"), "Dockerfile: HEALTHCHECK")
+        if problem:
+            problems.append(problem)
     return problems
 
 
@@ -427,8 +464,10 @@ def check_compose(doc):
                 problems.append(f"compose.yaml: host port {host} is published by both {host_ports[host]} and {name}")
             host_ports[host] = name
         test = [str(t) for t in dig(s, "healthcheck", "test", default=[])]
-        if test[:3] != ["CMD", "dgmm-cli", "health"] or flags_in_argv(test).get("server") != f"127.0.0.1:{port_of(listen)}":
-            problems.append(f"compose.yaml: {name}'s healthcheck must be [CMD, dgmm-cli, health, --server, 127.0.0.1:{port_of(listen)}, ...]")
+        if test[:3] != ["CMD", "dgmm-cli", "health"]:
+            problems.append(f"compose.yaml: {name}'s healthcheck must be [CMD, dgmm-cli, health, ...]")
+        elif healthcheck_problem(flags_in_argv(test).get("server"), listen, ""):
+            problems.append(f"compose.yaml: {name}'s healthcheck" + healthcheck_problem(flags_in_argv(test).get("server"), listen, ""))
         if s.get("restart") not in ("always", "unless-stopped", "on-failure") and not dig(s, "deploy", "restart_policy"):
             problems.append(f"compose.yaml: {name} needs a restart policy")
         drain = int(flags_in_argv([str(a) for a in s.get("command", []) or []]).get(
@@ -613,6 +652,25 @@ class ChecksCatchBreakage(unittest.TestCase):
     def test_dockerfile_running_as_root_or_on_cuda_12(self):
         self.assertFinds(check_dockerfile(self.dockerfile.replace("USER 10001:10001", "USER root")), "non-root")
         self.assertFinds(check_dockerfile(self.dockerfile.replace("CUDA_VERSION=13.0.0", "CUDA_VERSION=12.8.0")), "CUDA 13")
+
+    def test_dockerfile_bases_and_cuda_switch_are_build_arguments(self):
+        ins = dockerfile_instructions(self.dockerfile)
+        globals_ = [r.split("=")[0] for w, r in ins[:[w for w, _ in ins].index("FROM")] if w == "ARG"]
+        self.assertIn("BUILD_BASE", globals_)
+        self.assertIn("RUNTIME_BASE", globals_)
+        self.assertFinds(check_dockerfile(self.dockerfile.replace("ARG DGMM_CUDA=ON", "ARG DGMM_CUDA=OFF")), "DGMM_CUDA")
+        self.assertFinds(check_dockerfile(self.dockerfile.replace("-runtime-${UBUNTU_RELEASE}", "-base-${UBUNTU_RELEASE}")), "runtime stage")
+        self.assertFinds(check_dockerfile(self.dockerfile.replace("ARG BUILD_BASE=nvidia/cuda:", "ARG BUILD_BASE=debian:bookworm #")), "build stage")
+
+    def test_healthcheck_on_another_port_than_dgmm_listen(self):
+        broken = self.dockerfile.replace('CMD ["dgmm-cli", "health",', 'CMD ["dgmm-cli", "health", "--server", "127.0.0.1:50052",')
+        self.assertNotEqual(broken, self.dockerfile)
+        self.assertFinds(check_dockerfile(broken), "HEALTHCHECK")
+        fixed = self.dockerfile.replace('CMD ["dgmm-cli", "health",', 'CMD ["dgmm-cli", "health", "--server", "127.0.0.1:50051",')
+        self.assertEqual(check_dockerfile(fixed), [])
+        c = copy.deepcopy(self.compose)
+        c["services"]["dgmm-cpu"]["healthcheck"] = {"test": ["CMD", "dgmm-cli", "health", "--server", "127.0.0.1:50052"]}
+        self.assertFinds(check_compose(c), "dgmm-cpu's healthcheck")
 
     def test_compose_without_gpu_reservation_or_cpu_profile(self):
         c = copy.deepcopy(self.compose)

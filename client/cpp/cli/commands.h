@@ -12,6 +12,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "dgmm/client.h"
 
 ABSL_DECLARE_FLAG(bool, quiet);
@@ -33,7 +34,21 @@ enum ExitCode : int {
 // Prints "error: <CODE>: <message>" to stderr and returns `exit_code`.
 int ReportError(const absl::Status& status, int exit_code);
 
-// A client for --server with the common flags applied; INVALID_ARGUMENT for
+// The address dgmm-cli talks to when --server is not given.
+inline constexpr char kDefaultServer[] = "127.0.0.1:50051";
+
+// The client's address for a server listening on `listen` (its --listen or
+// DGMM_LISTEN): a wildcard host (0.0.0.0, [::], empty) becomes the loopback
+// address of the same family, with the same port ("0.0.0.0:50061" ->
+// "127.0.0.1:50061"); any other address is used as it is; empty gives
+// kDefaultServer.
+std::string ServerFromListen(absl::string_view listen);
+
+// --server if given, else ServerFromListen($DGMM_LISTEN). So a health probe
+// inside the server's container follows the port it was configured with.
+std::string ServerAddress();
+
+// A client for ServerAddress() with the common flags applied; INVALID_ARGUMENT for
 // a flag value that does not parse or a file (--tls_*, --auth_token_file)
 // that cannot be read.
 absl::StatusOr<std::unique_ptr<Client>> MakeClient();

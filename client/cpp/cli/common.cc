@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
@@ -10,8 +11,10 @@
 #include "cli/commands.h"
 #include "service/util/flag_names.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051",
-          "Server address HOST:PORT, or any gRPC target such as dns:///dgmm.example:50051.");
+ABSL_FLAG(std::string, server, "",
+          "Server address HOST:PORT, or any gRPC target such as dns:///dgmm.example:50051. "
+          "Empty (the default): the port of $DGMM_LISTEN on this host when that is set (the "
+          "server's own setting, e.g. in its container), else 127.0.0.1:50051.");
 ABSL_FLAG(double, deadline, 0,
           "Deadline of each RPC in seconds, for a job covering all of its attempts; 0 means "
           "none. An expired job fails with DEADLINE_EXCEEDED.");
@@ -84,6 +87,25 @@ absl::Status ApplySecurityFlags(ClientOptions* options) {
 
 }  // namespace
 
+std::string ServerFromListen(absl::string_view listen) {
+  if (listen.empty()) return std::string(kDefaultServer);
+  const size_t colon = listen.rfind(':');
+  if (colon == absl::string_view::npos) return std::string(listen);
+  const absl::string_view host = listen.substr(0, colon);
+  const absl::string_view port = listen.substr(colon);  // ":PORT"
+  // A wildcard address is bound on every interface, loopback included.
+  if (host.empty() || host == "0.0.0.0" || host == "*") return absl::StrCat("127.0.0.1", port);
+  if (host == "[::]") return absl::StrCat("[::1]", port);
+  return std::string(listen);
+}
+
+std::string ServerAddress() {
+  const std::string server = absl::GetFlag(FLAGS_server);
+  if (!server.empty()) return server;
+  const char* listen = std::getenv("DGMM_LISTEN");
+  return ServerFromListen(listen == nullptr ? "" : listen);
+}
+
 absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   ClientOptions options;
   const double deadline = absl::GetFlag(FLAGS_deadline);
@@ -109,7 +131,7 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
     return absl::InvalidArgumentError("--max_attempts must be at least 1 (1: no retries)");
   }
   if (absl::Status security = ApplySecurityFlags(&options); !security.ok()) return security;
-  return Client::Create(absl::GetFlag(FLAGS_server), options);
+  return Client::Create(ServerAddress(), options);
 }
 
 namespace {

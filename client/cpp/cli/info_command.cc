@@ -55,7 +55,7 @@ int RunInfo() {
   for (int d : info->dtypes()) dtypes.push_back(DTypeName(static_cast<v1::DType>(d)));
   const v1::Limits& limits = info->limits();
   std::printf("dgmm server %s at %s\n", info->version().c_str(),
-              absl::GetFlag(FLAGS_server).c_str());
+              ServerAddress().c_str());
   std::printf("default backend: %s\n", BackendName(info->default_backend()).c_str());
   std::printf("dtypes: %s\n", absl::StrJoin(dtypes, ", ").c_str());
   std::printf("limits: unary message %s, stream block %s, max dim %lld, max queue %lld\n",

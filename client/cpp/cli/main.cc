@@ -41,6 +41,10 @@ Subcommands:
             rejected job counts.
   health    Asks the standard grpc.health.v1 service; prints the state (SERVING,
             NOT_SERVING, ...) and exits 0 only when SERVING.
+            The server answers it without a token (--auth_token_file is not
+            needed); a TLS server needs --tls_ca (plus --tls_server_name when
+            its certificate does not name the --server host, and --tls_cert/
+            --tls_key under mutual TLS).
 
 multiply flags:
   --matrix=PATH        A, a 2-D .npy file.
@@ -64,8 +68,12 @@ health flags:
                        dgmm.v1.Dgmm the dgmm service.
 
 Common flags:
-  --server=HOST:PORT   Server address or gRPC target (default 127.0.0.1:50051;
-                       e.g. dns:///dgmm.example:50051 with round_robin).
+  --server=HOST:PORT   Server address or gRPC target (e.g. dns:///dgmm.example:50051
+                       with round_robin). Default: the port of $DGMM_LISTEN on
+                       this host when that variable is set (0.0.0.0:P -> 127.0.0.1:P,
+                       [::]:P -> [::1]:P, any other address as it is), else
+                       127.0.0.1:50051. So in the server's container (which sets
+                       DGMM_LISTEN) `dgmm-cli health` probes the configured port.
   --deadline=SECONDS   Deadline of each RPC (default none), for a job covering all
                        of its attempts; an expired job fails with
                        DEADLINE_EXCEEDED.
