@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "service/status_map.h"
+#include "service/util/retry_pushback.h"
 
 namespace dgmm {
 

@@ -12,6 +12,7 @@
 #include "service/host_buffers.h"
 #include "service/status_map.h"
 #include "service/validator.h"
+#include "service/wire_buffers.h"
 
 namespace dgmm {
 namespace {
@@ -93,7 +94,7 @@ struct UnaryCall {
     active->stats().set_bytes_out(s.ok() ? static_cast<int64_t>(matrix_bytes) : 0);
     active->End(s);
     if (s.ok()) {
-      *response = wire::EncodeMultiplyResponse(std::move(*buffer).ToSlice(matrix_bytes),
+      *response = wire::EncodeMultiplyResponse(ToSlice(std::move(*buffer), matrix_bytes),
                                                active->stats());
     }
     {
@@ -497,7 +498,7 @@ class StreamCall : public StreamWatchdog::Watched,
       // returns to its pool when gRPC has sent it.
       self->write_queue_.push_back(
           {wire::EncodeStreamBlock(block->first_line,
-                                   std::move(block->buffer).ToSlice(block->bytes)),
+                                   ToSlice(std::move(block->buffer), block->bytes)),
            true});
       self->PumpLocked();
     });
