@@ -283,6 +283,12 @@ grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+bool ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message) {
+  grpc::ByteBuffer copy(buffer);  // shares the slices; the reader consumes its own
+  grpc::ProtoBufferReader reader(&copy);
+  return message->ParseFromZeroCopyStream(&reader);
+}
+
 absl::Status DecodeMultiplyResponse(grpc::ByteBuffer* buffer, void* out, size_t out_bytes,
                                     v1::JobStats* stats) {
   grpc::ProtoBufferReader reader(buffer);

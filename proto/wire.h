@@ -79,6 +79,10 @@ grpc::ByteBuffer EncodeStreamBlock(int64_t first_line, grpc::Slice data);
 // acceptances, stats).
 grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message);
 
+// Parses a whole small message (a GetServerInfoRequest). False when the bytes
+// do not parse as `message`'s type.
+bool ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message);
+
 // Decodes a MultiplyResponse: its `result` must be exactly out_bytes long and
 // is copied into `out`; its stats into *stats. INTERNAL on a malformed
 // message or a result of the wrong size.

@@ -1,34 +1,12 @@
 #include "service/admission.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "service/util/retry_pushback.h"
 
 namespace dgmm {
-
-const char* OutcomeName(Outcome o) {
-  switch (o) {
-    case Outcome::kCompleted:
-      return "completed";
-    case Outcome::kTooLarge:
-      return "too_large";
-    case Outcome::kQueueFull:
-      return "queue_full";
-    case Outcome::kDeadline:
-      return "deadline";
-    case Outcome::kCancelled:
-      return "cancelled";
-    case Outcome::kInternal:
-      return "internal";
-    case Outcome::kInvalid:
-      return "invalid";
-    case Outcome::kUnavailable:
-      return "unavailable";
-  }
-  return "unknown";
-}
-
 Reservation& Reservation::operator=(Reservation&& other) noexcept {
   if (this != &other) {
     Release();
@@ -36,6 +14,7 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
     host_bytes_ = other.host_bytes_;
     device_pool_ = other.device_pool_;
     device_bytes_ = other.device_bytes_;
+    client_ = std::move(other.client_);
     other.owner_ = nullptr;
   }
   return *this;
@@ -45,11 +24,12 @@ void Reservation::Release() {
   if (owner_ == nullptr) return;
   Admission* owner = owner_;
   owner_ = nullptr;
-  owner->Return(host_bytes_, device_pool_, device_bytes_);
+  owner->Return(host_bytes_, device_pool_, device_bytes_, client_);
 }
 
-Admission::Admission(std::vector<Pool> pools, int max_queue, absl::Duration max_head_wait)
-    : max_queue_(max_queue), max_head_wait_(max_head_wait) {
+Admission::Admission(std::vector<Pool> pools, int max_queue, absl::Duration max_head_wait,
+                     ClientLimits client_limits)
+    : max_queue_(max_queue), client_limits_(client_limits), max_head_wait_(max_head_wait) {
   for (auto& p : pools) {
     PoolState state;
     state.config = std::move(p);
@@ -76,16 +56,55 @@ bool Admission::FitsLocked(const Need& n) const {
   return dev.reserved + n.device_bytes <= dev.config.capacity;
 }
 
-Reservation Admission::TakeLocked(const Need& n) {
+Reservation Admission::TakeLocked(const Need& n, const std::string& client) {
   pools_[0].reserved += n.host_bytes;
   if (n.device_pool != 0) pools_[n.device_pool].reserved += n.device_bytes;
   pools_[n.device_pool].running++;
+  ClientState& c = clients_[client];
+  c.running++;
+  c.reserved[0] += n.host_bytes;
+  if (n.device_pool != 0) c.reserved[n.device_pool] += n.device_bytes;
   Reservation r;
   r.owner_ = this;
   r.host_bytes_ = n.host_bytes;
   r.device_pool_ = n.device_pool;
   r.device_bytes_ = n.device_bytes;
+  r.client_ = client;
   return r;
+}
+
+bool Admission::WithinShareLocked(const ClientState& client, const Need& n) const {
+  if (client_limits_.max_running > 0 && client.running >= client_limits_.max_running) {
+    return false;
+  }
+  if (client.running == 0 || client_limits_.max_share_percent >= 100) return true;
+  auto held = [&](int pool) {
+    auto it = client.reserved.find(pool);
+    return it == client.reserved.end() ? int64_t{0} : it->second;
+  };
+  auto share = [&](int pool) {
+    return pools_[pool].config.capacity / 100 * client_limits_.max_share_percent;
+  };
+  if (held(0) + n.host_bytes > share(0)) return false;
+  return n.device_pool == 0 || held(n.device_pool) + n.device_bytes <= share(n.device_pool);
+}
+
+int64_t Admission::PushbackMsLocked() const {
+  // Wait roughly as long as the jobs ahead need to drain, from recent hold times.
+  int64_t running = 0;
+  for (const PoolState& p : pools_) running += p.running;
+  const int64_t per_job_ms = std::max<int64_t>(10, static_cast<int64_t>(ewma_hold_ms_));
+  return std::clamp<int64_t>(
+      per_job_ms * (static_cast<int64_t>(queue_.size()) + 1) / std::max<int64_t>(running, 1), 10,
+      30000);
+}
+
+std::list<Admission::Waiter>::iterator Admission::EraseLocked(std::list<Waiter>::iterator it) {
+  auto c = clients_.find(it->client);
+  if (c != clients_.end() && --c->second.queued == 0 && c->second.running == 0) {
+    clients_.erase(c);
+  }
+  return queue_.erase(it);
 }
 
 void Admission::Run(Fired& fired) {
@@ -94,7 +113,7 @@ void Admission::Run(Fired& fired) {
 }
 
 absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time deadline,
-                                                    Callback cb) {
+                                                    Callback cb, const std::string& client) {
   Fired fired;
   Ticket ticket;
   {
@@ -106,24 +125,34 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
     if (need.host_bytes > pools_[0].config.capacity ||
         (need.device_pool != 0 &&
          need.device_bytes > pools_[need.device_pool].config.capacity)) {
-      return absl::ResourceExhaustedError("job exceeds the budget's capacity");
+      return WithOutcome(absl::ResourceExhaustedError("job exceeds the budget's capacity"),
+                         Outcome::kTooLarge);
     }
     if (static_cast<int>(queue_.size()) >= max_queue_) {
-      // Wait roughly as long as the jobs ahead need to drain, from recent hold times.
-      int64_t running = 0;
-      for (const PoolState& p : pools_) running += p.running;
-      const int64_t per_job_ms = std::max<int64_t>(10, static_cast<int64_t>(ewma_hold_ms_));
-      const int64_t pushback = std::clamp<int64_t>(
-          per_job_ms * (static_cast<int64_t>(queue_.size()) + 1) / std::max<int64_t>(running, 1),
-          10, 30000);
-      return WithRetryPushback(
-          absl::ResourceExhaustedError(absl::StrCat(
-              "admission queue is full (", max_queue_, " jobs waiting, --max_queue); retry after ",
-              pushback, " ms")),
-          pushback);
+      const int64_t pushback = PushbackMsLocked();
+      return WithOutcome(
+          WithRetryPushback(absl::ResourceExhaustedError(absl::StrCat(
+                                "admission queue is full (", max_queue_,
+                                " jobs waiting, --max_queue); retry after ", pushback, " ms")),
+                            pushback),
+          Outcome::kQueueFull);
+    }
+    const auto known = clients_.find(client);
+    if (client_limits_.max_queued > 0 && known != clients_.end() &&
+        known->second.queued >= client_limits_.max_queued) {
+      const int64_t pushback = PushbackMsLocked();
+      return WithOutcome(
+          WithRetryPushback(
+              absl::ResourceExhaustedError(absl::StrCat(
+                  "this client already has ", known->second.queued,
+                  " jobs waiting for admission (--max_queued_per_client); retry after ",
+                  pushback, " ms")),
+              pushback),
+          Outcome::kClientLimit);
     }
     ticket = next_ticket_++;
-    queue_.push_back(Waiter{ticket, need, deadline, absl::Now(), std::move(cb)});
+    clients_[client].queued++;
+    queue_.push_back(Waiter{ticket, need, deadline, absl::Now(), std::move(cb), client});
     PumpLocked(&fired);
   }
   timer_cv_.notify_all();
@@ -132,16 +161,36 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
 }
 
 void Admission::PumpLocked(Fired* fired) {
+  if (queue_.empty()) return;
+  // Clients in turn: a waiter's rank is its client's admitted jobs plus the
+  // client's waiters ahead of it; lower ranks first, arrival order within.
+  struct Entry {
+    int rank;
+    std::list<Waiter>::iterator it;
+  };
+  std::vector<Entry> order;
+  order.reserve(queue_.size());
+  std::map<std::string, int> seen;
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    int& k = seen[it->client];
+    order.push_back({clients_[it->client].running + k, it});
+    ++k;
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Entry& a, const Entry& b) { return a.rank < b.rank; });
   const absl::Time now = absl::Now();
   const Waiter* blocked_head = nullptr;
-  for (auto it = queue_.begin(); it != queue_.end();) {
+  for (const Entry& e : order) {
     if (blocked_head != nullptr && now - blocked_head->enqueued >= max_head_wait_) break;
-    if (FitsLocked(it->need)) {
-      fired->emplace_back(std::move(it->cb), TakeLocked(it->need));
-      it = queue_.erase(it);
-    } else {
-      if (blocked_head == nullptr) blocked_head = &*it;
-      ++it;
+    Waiter& w = *e.it;
+    if (!WithinShareLocked(clients_[w.client], w.need)) {
+      continue;  // waits for one of its client's own jobs to end
+    }
+    if (FitsLocked(w.need)) {
+      fired->emplace_back(std::move(w.cb), TakeLocked(w.need, w.client));
+      EraseLocked(e.it);
+    } else if (blocked_head == nullptr) {
+      blocked_head = &w;
     }
   }
 }
@@ -153,7 +202,7 @@ void Admission::Cancel(Ticket t, absl::Status why) {
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       if (it->ticket == t) {
         fired.emplace_back(std::move(it->cb), std::move(why));
-        queue_.erase(it);
+        EraseLocked(it);
         break;
       }
     }
@@ -181,18 +230,24 @@ void Admission::Close() {
       fired.emplace_back(std::move(w.cb),
                          absl::UnavailableError("server is shutting down; retry on another replica"));
     }
-    queue_.clear();
+    while (!queue_.empty()) EraseLocked(queue_.begin());
   }
   Run(fired);
 }
 
-void Admission::Return(int64_t host_bytes, int device_pool, int64_t device_bytes) {
+void Admission::Return(int64_t host_bytes, int device_pool, int64_t device_bytes,
+                       const std::string& client) {
   Fired fired;
   {
     std::lock_guard lock(mu_);
     pools_[0].reserved -= host_bytes;
     if (device_pool != 0) pools_[device_pool].reserved -= device_bytes;
     pools_[device_pool].running--;
+    if (auto c = clients_.find(client); c != clients_.end()) {
+      c->second.reserved[0] -= host_bytes;
+      if (device_pool != 0) c->second.reserved[device_pool] -= device_bytes;
+      if (--c->second.running == 0 && c->second.queued == 0) clients_.erase(c);
+    }
     PumpLocked(&fired);
   }
   Run(fired);
@@ -216,7 +271,7 @@ void Admission::TimerLoop() {
         fired.emplace_back(std::move(it->cb),
                            absl::DeadlineExceededError(
                                "deadline expired while the job waited for memory budget"));
-        it = queue_.erase(it);
+        it = EraseLocked(it);
       } else {
         ++it;
       }

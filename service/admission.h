@@ -7,7 +7,14 @@
 // pool and, when it runs on a GPU, from that GPU's pool too; it is admitted
 // when both fit, atomically.
 //
-// Queue policy (docs/admission.md): FIFO. A job behind the queue's head may be
+// Queue policy (docs/admission.md): clients in turn, then FIFO. Every job
+// belongs to a client (a bearer token, or the peer's address). A client may
+// have at most `max_running_per_client` jobs admitted and
+// `max_queued_per_client` waiting; the queue is ordered so that each client's
+// k-th job (counting its admitted ones) comes before any client's (k+1)-th,
+// arrival order breaking ties, so one client's backlog never stands in front
+// of another client's first job, and a client with a job running may hold at
+// most `max_share_percent` of a budget. Over that order: a job behind the head may be
 // admitted first when it fits the free budget now ("backfill"), so that small
 // jobs do not wait behind a huge one, but only while the head has waited less
 // than `max_head_wait`; after that nothing passes the head until it is
@@ -30,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "service/outcome.h"
 
 namespace dgmm {
 
@@ -53,6 +61,7 @@ class Reservation {
   int64_t host_bytes_ = 0;
   int device_pool_ = 0;  // 0: host only
   int64_t device_bytes_ = 0;
+  std::string client_;
 };
 
 // What a job needs: host bytes, and device bytes from pool `device_pool`
@@ -63,9 +72,15 @@ struct Need {
   int64_t device_bytes = 0;
 };
 
-// Why a job ended otherwise than OK; the keys of the rejected_jobs counters.
-enum class Outcome { kCompleted, kTooLarge, kQueueFull, kDeadline, kCancelled, kInternal, kInvalid, kUnavailable };
-const char* OutcomeName(Outcome o);
+// Per-client limits of the admission queue (docs/admission.md).
+struct ClientLimits {
+  int max_running = 0;  // admitted jobs per client; 0: no limit
+  int max_queued = 0;   // waiting jobs per client; 0: no limit
+  // Most of each budget one client may hold, in percent, once it has a job
+  // running: a client with nothing running may always start one job that
+  // fits, however large. 100: no limit.
+  int max_share_percent = 100;
+};
 
 struct PoolStats {
   std::string name;
@@ -90,14 +105,17 @@ class Admission {
   using Callback = std::function<void(absl::StatusOr<Reservation>)>;
   using Ticket = uint64_t;
 
-  Admission(std::vector<Pool> pools, int max_queue, absl::Duration max_head_wait);
+  Admission(std::vector<Pool> pools, int max_queue, absl::Duration max_head_wait,
+            ClientLimits client_limits = {});
   ~Admission();
 
   // RESOURCE_EXHAUSTED at once when the need exceeds a pool's capacity (the
-  // caller words that message, it knows the job) or the queue is full (with a
-  // retry pushback). Otherwise returns a ticket; `cb` runs when the job is
+  // caller words that message, it knows the job), the queue is full, or
+  // `client` already has its most jobs waiting (both with a retry
+  // pushback). Otherwise returns a ticket; `cb` runs when the job is
   // admitted, its deadline passes while queued, or it is cancelled.
-  absl::StatusOr<Ticket> Submit(const Need& need, absl::Time deadline, Callback cb);
+  absl::StatusOr<Ticket> Submit(const Need& need, absl::Time deadline, Callback cb,
+                                const std::string& client = "");
 
   // Ends a queued job with `why` (CANCELLED, or DEADLINE_EXCEEDED when the
   // caller's deadline is what ended it); no effect if it was already admitted
@@ -131,6 +149,12 @@ class Admission {
     absl::Time deadline;
     absl::Time enqueued;
     Callback cb;
+    std::string client;
+  };
+  struct ClientState {
+    int running = 0;
+    int queued = 0;
+    std::map<int, int64_t> reserved;  // bytes held, by pool
   };
   struct PoolState {
     Pool config;
@@ -142,9 +166,15 @@ class Admission {
   using Fired = std::vector<std::pair<Callback, absl::StatusOr<Reservation>>>;
 
   friend class Reservation;
-  void Return(int64_t host_bytes, int device_pool, int64_t device_bytes);
+  void Return(int64_t host_bytes, int device_pool, int64_t device_bytes,
+              const std::string& client);
   bool FitsLocked(const Need& n) const;
-  Reservation TakeLocked(const Need& n);
+  // Whether `client` may take `n` under the per-client limits now.
+  bool WithinShareLocked(const ClientState& client, const Need& n) const;
+  Reservation TakeLocked(const Need& n, const std::string& client);
+  int64_t PushbackMsLocked() const;
+  // Removes a waiter from the queue and from its client's count.
+  std::list<Waiter>::iterator EraseLocked(std::list<Waiter>::iterator it);
   // Admits what the policy allows; moves the callbacks to run into *fired.
   void PumpLocked(Fired* fired);
   void TimerLoop();
@@ -154,7 +184,9 @@ class Admission {
   std::condition_variable timer_cv_;
   std::vector<PoolState> pools_;
   std::list<Waiter> queue_;
+  std::map<std::string, ClientState> clients_;  // clients with a job running or queued
   const int max_queue_;
+  const ClientLimits client_limits_;
   const absl::Duration max_head_wait_;
   Ticket next_ticket_ = 1;
   double ewma_hold_ms_ = 50;

@@ -23,16 +23,21 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 absl::StatusOr<TokenAuth> TokenAuth::FromFile(const std::string& path) {
   std::ifstream f(path);
   if (!f) return absl::InvalidArgumentError(absl::StrCat("--auth_token_file: cannot read ", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(ss.str()));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--auth_token_file: ", path, " is empty"));
+  std::vector<std::string> tokens;
+  std::string line;
+  while (std::getline(f, line)) {
+    const absl::string_view t = absl::StripAsciiWhitespace(line);
+    if (t.empty() || t.front() == '#') continue;
+    tokens.emplace_back(t);
   }
-  return TokenAuth(std::move(token));
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_token_file: ", path, " holds no token"));
+  }
+  return TokenAuth(std::move(tokens));
 }
 
-absl::Status TokenAuth::Check(
+absl::StatusOr<int> TokenAuth::Match(
     const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
   auto it = metadata.find("authorization");
   if (it == metadata.end()) {
@@ -41,11 +46,16 @@ absl::Status TokenAuth::Check(
   }
   absl::string_view value(it->second.data(), it->second.size());
   constexpr absl::string_view kBearer = "Bearer ";
-  if (value.size() < kBearer.size() || value.substr(0, kBearer.size()) != kBearer ||
-      !ConstantTimeEquals(value.substr(kBearer.size()), token_)) {
-    return absl::UnauthenticatedError("the bearer token is not valid for this server");
+  if (value.size() >= kBearer.size() && value.substr(0, kBearer.size()) == kBearer) {
+    const absl::string_view presented = value.substr(kBearer.size());
+    // Every token is compared, so the timing does not tell which matched.
+    int matched = -1;
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      if (ConstantTimeEquals(presented, tokens_[i]) && matched < 0) matched = static_cast<int>(i);
+    }
+    if (matched >= 0) return tokens_.size() == 1 ? 0 : matched + 1;
   }
-  return absl::OkStatus();
+  return absl::UnauthenticatedError("the bearer token is not valid for this server");
 }
 
 }  // namespace dgmm

@@ -5,7 +5,7 @@
 namespace dgmm {
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EchoService::Echo(grpc::CallbackServerContext* context) {
-  return NewEchoStreamReactor(engine_, context, auth_);
+  return NewEchoStreamReactor(engine_, context, auth_, &calls_);
 }
 
 }  // namespace dgmm

@@ -32,6 +32,7 @@ class EchoService final
  private:
   Engine* const engine_;
   const std::optional<TokenAuth> auth_;
+  std::atomic<int64_t> calls_{0};
 };
 
 }  // namespace dgmm

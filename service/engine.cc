@@ -22,26 +22,6 @@ v1::Backend ToWire(BackendKind b) {
   return v1::BACKEND_AUTO;
 }
 
-Outcome OutcomeOf(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kOk:
-      return Outcome::kCompleted;
-    case absl::StatusCode::kDeadlineExceeded:
-      return Outcome::kDeadline;
-    case absl::StatusCode::kCancelled:
-      return Outcome::kCancelled;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-      return Outcome::kInvalid;
-    case absl::StatusCode::kUnavailable:
-      return Outcome::kUnavailable;
-    case absl::StatusCode::kResourceExhausted:
-      return Outcome::kQueueFull;
-    default:
-      return Outcome::kInternal;
-  }
-}
-
 absl::string_view ModeName(JobMode m) { return m == JobMode::kWhole ? "unary" : "streamed"; }
 
 }  // namespace
@@ -105,8 +85,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   }
   e->cpu_ = std::move(cpu);
   e->gpus_ = std::move(gpus);
-  e->admission_ =
-      std::make_unique<Admission>(std::move(pools), options.max_queue, options.max_head_wait);
+  e->options_.limits.max_unary_message_bytes = options.max_unary_message_bytes;
+  e->admission_ = std::make_unique<Admission>(std::move(pools), options.max_queue,
+                                              options.max_head_wait, options.client_limits);
   const int threads = options.job_threads > 0 ? options.job_threads : std::max(8, 2 * streams);
   e->workers_ = std::make_unique<ThreadPool>(threads);
   return e;
@@ -200,23 +181,20 @@ absl::Status Engine::TooLarge(const Problem& p, JobMode mode, const Route& r) co
                             streamed);
     }
   }
-  return absl::ResourceExhaustedError(msg);
+  return WithOutcome(absl::ResourceExhaustedError(msg), Outcome::kTooLarge);
 }
 
 absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode mode,
                                                 absl::Time arrived, absl::Time deadline,
-                                                StartCallback done) {
+                                                StartCallback done, const std::string& client) {
   if (draining_) {
     admission_->RecordOutcome(0, Outcome::kUnavailable);
     return absl::UnavailableError("server is draining; retry on another replica");
   }
   auto route = RouteJob(job, mode);
   if (!route.ok()) {
-    const absl::Status& s = route.status();
-    admission_->RecordOutcome(0, s.code() == absl::StatusCode::kResourceExhausted
-                                     ? Outcome::kTooLarge
-                                     : OutcomeOf(s));
-    return s;
+    admission_->RecordOutcome(0, OutcomeOf(route.status()));
+    return route.status();
   }
   const Problem problem = job.problem;
   auto on_admit = [this, r = *route, problem, mode, arrived, diag = std::string(job.diagonal),
@@ -258,7 +236,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
       done(std::move(active));
     });
   };
-  auto ticket = admission_->Submit(route->need, deadline, std::move(on_admit));
+  auto ticket = admission_->Submit(route->need, deadline, std::move(on_admit), client);
   if (!ticket.ok()) admission_->RecordOutcome(route->pool, OutcomeOf(ticket.status()));
   return ticket;
 }

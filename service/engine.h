@@ -38,8 +38,15 @@ struct EngineOptions {
   // An admitted MultiplyStream that neither sends a block nor takes a result
   // for this long is ended, returning its reservation.
   absl::Duration stream_idle_timeout = absl::Seconds(120);
+  // An admitted MultiplyStream that sends no block within this time of its
+  // acceptance is ended, returning its reservation (a client that takes
+  // budget and then sends nothing).
+  absl::Duration stream_first_block_timeout = absl::Seconds(10);
   RequestLimits limits;
-  int64_t max_unary_message_bytes = int64_t{64} << 20;
+  int64_t max_unary_message_bytes = int64_t{16} << 20;
+  // Fair share (docs/admission.md): most jobs one client may have admitted
+  // and waiting at once; 0: no limit.
+  ClientLimits client_limits{.max_running = 8, .max_queued = 16, .max_share_percent = 50};
 };
 
 // Job latency histogram buckets, in seconds (Prometheus convention).
@@ -101,9 +108,17 @@ class Engine {
   // backend this server lacks; UNAVAILABLE when draining. Otherwise `done`
   // runs once on a job worker: with the job, or DEADLINE_EXCEEDED, CANCELLED,
   // UNAVAILABLE, INTERNAL. Use the returned ticket to Cancel while queued.
+  // `client` names who asked (a token or a peer address), for the fair
+  // share of the queue.
   absl::StatusOr<Admission::Ticket> Start(const JobRequest& job, JobMode mode,
                                           absl::Time arrived, absl::Time deadline,
-                                          StartCallback done);
+                                          StartCallback done, const std::string& client = "");
+  // The footprint check of Start alone: OK if the job could ever fit, else
+  // RESOURCE_EXHAUSTED (too_large) worded as Start words it. Lets a handler
+  // answer "too large" before looking at a payload.
+  absl::Status CheckFits(const JobRequest& job, JobMode mode) const {
+    return RouteJob(job, mode).status();
+  }
   void Cancel(Admission::Ticket ticket, absl::Status why) {
     admission_->Cancel(ticket, std::move(why));
   }
@@ -111,7 +126,8 @@ class Engine {
   // Runs fn on a job worker thread (for work that blocks: compute, copies).
   void Post(std::function<void()> fn) { workers_->Post(std::move(fn)); }
 
-  // Counts a job refused before it was routed (validation, limits).
+  // Counts a job refused before it was routed (validation, limits), under
+  // the outcome `s` is tagged with (service/outcome.h) or its code implies.
   void RecordRejected(const absl::Status& s);
 
   // Server info: devices, budgets, counters, limits.
@@ -119,6 +135,8 @@ class Engine {
   // Latency histogram of completed jobs, per mode ("unary", "stream").
   LatencyHistogram Latency(JobMode mode) const;
 
+  // True once Drain has begun.
+  bool draining() const { return draining_; }
   // True while the engine accepts jobs and has a device in service.
   bool serving() const;
   // Called whenever serving() may have changed (a device fell out, drain).

@@ -1,15 +1,18 @@
 #include "service/handlers.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "proto/wire.h"
 #include "service/host_buffers.h"
+#include "service/receive_gate.h"
 #include "service/status_map.h"
 #include "service/validator.h"
 #include "service/wire_buffers.h"
@@ -33,6 +36,40 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
 // as the deadline.
 constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(250);
 
+// Who a call comes from, for the fair share of the queue: the peer's address
+// without its port ("127.0.0.1", "::1"), so that one client's connections
+// count as one, with the index of its bearer token when several are
+// configured.
+std::string ClientKey(const grpc::CallbackServerContext* context, int token_index) {
+  std::string peer = context->peer();  // "ipv4:1.2.3.4:5", "ipv6:[::1]:5", "unix:..."
+  absl::string_view host(peer);
+  if (const size_t colon = host.find(':'); colon != absl::string_view::npos) {
+    const absl::string_view scheme = host.substr(0, colon);
+    if (scheme == "ipv4" || scheme == "ipv6") {
+      host.remove_prefix(colon + 1);
+      if (!host.empty() && host.front() == '[') {
+        host = host.substr(1, host.find(']') - 1);
+      } else if (const size_t port = host.rfind(':'); port != absl::string_view::npos) {
+        host = host.substr(0, port);
+      }
+    }
+  }
+  return token_index > 0 ? absl::StrCat("token", token_index, "@", host) : std::string(host);
+}
+
+// Counts a call of the service from its start until gRPC is done with it
+// (Server::Drain waits for the count to reach zero).
+class CallCount {
+ public:
+  explicit CallCount(std::atomic<int64_t>* n) : n_(n) { n_->fetch_add(1); }
+  ~CallCount() { n_->fetch_sub(1); }
+  CallCount(const CallCount&) = delete;
+  CallCount& operator=(const CallCount&) = delete;
+
+ private:
+  std::atomic<int64_t>* n_;
+};
+
 absl::Status CancelledStatus(absl::Time deadline) {
   if (absl::Now() + kDeadlineMargin >= deadline) {
     return absl::DeadlineExceededError("the client's deadline expired while the job ran");
@@ -42,32 +79,154 @@ absl::Status CancelledStatus(absl::Time deadline) {
 
 // ---------------------------------------------------------------- Multiply
 
-// State shared by the reactor and the job's worker; outlives both. Multiply
-// is served at the ByteBuffer level like MultiplyStream: the header is read
-// first without touching the matrix, and once the job is admitted the matrix
-// is copied once out of gRPC's buffers into a block buffer of the job's device
-// (pinned for a GPU), computed in place, and sent back as a slice that owns
-// the buffer.
-struct UnaryCall {
-  Engine* engine;
-  grpc::CallbackServerContext* context;
-  const grpc::ByteBuffer* request;
-  grpc::ByteBuffer* response;
+// Multiply is unary on the wire, but the server takes it as a stream of
+// one message (handlers.h): its reactor starts before the message is read,
+// so the message is read only once the ReceiveGate has room for it, and a
+// draining server refuses it without reading it. The header is then read
+// without touching the matrix; once the job is admitted the matrix is copied
+// once out of gRPC's buffers into a block buffer of the job's device (pinned
+// for a GPU), computed in place, and sent back as a slice that owns the
+// buffer.
+//
+// State shared by the reactor, the gate's callback and the job's worker;
+// outlives all three. Every field is guarded by mu, except that the reactor's
+// read owns `request` until it completes and the job's worker owns it and
+// `response` after admission.
+struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
+  Engine* engine = nullptr;
+  ReceiveGate* gate = nullptr;
+  grpc::CallbackServerContext* context = nullptr;
+  absl::Time arrived;
   absl::Time deadline;
+  std::string client;
   std::atomic<bool> cancelled{false};
+
   std::mutex mu;
-  grpc::ServerUnaryReactor* reactor;  // null once finished
-  std::optional<Admission::Ticket> ticket;
+  StreamReactorBase* reactor = nullptr;  // null once finished
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  std::optional<ReceiveGate::Ticket> gate_ticket;  // while waiting at the gate
+  int64_t gate_hold = 0;                           // bytes held in the gate
+  std::optional<Admission::Ticket> ticket;         // while waiting for admission
   std::unique_ptr<ActiveJob> job;  // released in OnDone, after the reply is sent
   int64_t lines = 0;
   size_t matrix_bytes = 0;
 
+  // Ends the call with `s` (once); an OK status sends `response` first.
   void Finish(const absl::Status& s) {
     std::lock_guard lock(mu);
     if (reactor == nullptr) return;
-    grpc::ServerUnaryReactor* r = reactor;
+    StreamReactorBase* r = reactor;
     reactor = nullptr;
-    r->Finish(ToGrpcStatus(s, context));
+    if (s.ok()) {
+      r->StartWriteAndFinish(&response, grpc::WriteOptions(), grpc::Status::OK);
+    } else {
+      r->Finish(ToGrpcStatus(s, context));
+    }
+  }
+
+  // Counts a refusal and ends the call with it.
+  void Refuse(const absl::Status& s) {
+    engine->RecordRejected(s);
+    ReleaseGate();
+    Finish(s);
+  }
+
+  // Gives the gate back whatever this call holds there.
+  void ReleaseGate() {
+    int64_t hold = 0;
+    {
+      std::lock_guard lock(mu);
+      std::swap(hold, gate_hold);
+    }
+    if (hold > 0) gate->Shrink(client, hold, 0);
+  }
+
+  // The gate let the call in (or cancelled its wait): read the message.
+  void OnGate(const absl::Status& s) {
+    if (!s.ok()) {
+      Finish(s);
+      return;
+    }
+    StreamReactorBase* r = nullptr;
+    {
+      std::lock_guard lock(mu);
+      gate_ticket.reset();
+      gate_hold = engine->options().max_unary_message_bytes;
+      if (!cancelled) r = reactor;
+    }
+    if (r == nullptr) {
+      // Finished or cancelled meanwhile: end it (once) and give the room back.
+      ReleaseGate();
+      Finish(CancelledStatus(deadline));
+      return;
+    }
+    // Outside mu: a reaction may run inline. Nothing else finishes the call
+    // while its read is not started, so the reactor is still there.
+    r->StartRead(&request);
+  }
+
+  // The message is in (or the call ended without one).
+  void OnMessage(bool ok) {
+    if (!ok) {
+      ReleaseGate();
+      Finish(context->IsCancelled()
+                 ? CancelledStatus(deadline)
+                 : absl::InvalidArgumentError(
+                       "the Multiply call ended without its request message"));
+      return;
+    }
+    const int64_t size = static_cast<int64_t>(request.Length());
+    {
+      // Hold what the message really takes until the job is admitted.
+      std::lock_guard lock(mu);
+      const int64_t hold = std::min(gate_hold, size);
+      gate->Shrink(client, gate_hold, hold);
+      gate_hold = hold;
+    }
+    const EngineOptions& o = engine->options();
+    if (size > o.max_unary_message_bytes) {
+      Refuse(WithOutcome(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "Multiply request of ", size, " bytes exceeds this server's max unary message of ",
+              o.max_unary_message_bytes,
+              " bytes (--max_unary_message_bytes); send it with MultiplyStream")),
+          Outcome::kMessageTooLarge));
+      return;
+    }
+    // Checks in the order the proto states: the message's size, the header,
+    // whether the job could ever fit (RESOURCE_EXHAUSTED, too_large), and
+    // only then the matrix payload against the header.
+    absl::StatusOr<wire::MultiplyRequestView> view = wire::PeekMultiplyRequest(request);
+    absl::StatusOr<JobRequest> job_request =
+        view.ok() ? ValidateHeader(view->header, o.limits, /*streamed=*/false) : view.status();
+    absl::Status valid =
+        job_request.ok() ? engine->CheckFits(*job_request, JobMode::kWhole) : job_request.status();
+    if (valid.ok()) valid = ValidateMatrixPayload(job_request->problem, view->matrix_bytes);
+    if (!valid.ok()) {
+      Refuse(valid);
+      return;
+    }
+    lines = job_request->problem.lines();
+    matrix_bytes = view->matrix_bytes;
+    std::lock_guard lock(mu);  // OnCancel must see the ticket
+    auto started = engine->Start(
+        *job_request, JobMode::kWhole, arrived, deadline,
+        [call = shared_from_this()](absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
+          call->ReleaseGate();  // the job's reservation covers the request now
+          call->Run(std::move(admitted));
+        },
+        client);
+    if (!started.ok()) {
+      const int64_t hold = std::exchange(gate_hold, 0);
+      if (hold > 0) gate->Shrink(client, hold, 0);
+      if (reactor != nullptr) {
+        StreamReactorBase* r = std::exchange(reactor, nullptr);
+        r->Finish(ToGrpcStatus(started.status(), context));
+      }
+      return;
+    }
+    ticket = *started;
   }
 
   // Runs on a job worker once admitted.
@@ -83,7 +242,7 @@ struct UnaryCall {
     if (!buffer.ok()) {
       s = buffer.status();
     } else {
-      s = wire::CopyMultiplyMatrix(*request, buffer->data(), matrix_bytes);
+      s = wire::CopyMultiplyMatrix(request, buffer->data(), matrix_bytes);
     }
     if (s.ok()) {
       const Tile tile{buffer->data(), buffer->data(), 0, lines};
@@ -94,8 +253,8 @@ struct UnaryCall {
     active->stats().set_bytes_out(s.ok() ? static_cast<int64_t>(matrix_bytes) : 0);
     active->End(s);
     if (s.ok()) {
-      *response = wire::EncodeMultiplyResponse(ToSlice(std::move(*buffer), matrix_bytes),
-                                               active->stats());
+      response = wire::EncodeMultiplyResponse(ToSlice(std::move(*buffer), matrix_bytes),
+                                              active->stats());
     }
     {
       std::lock_guard lock(mu);
@@ -105,77 +264,72 @@ struct UnaryCall {
   }
 };
 
-class UnaryReactor final : public grpc::ServerUnaryReactor {
+class UnaryReactor final : public StreamReactorBase {
  public:
-  UnaryReactor(Engine* engine, grpc::CallbackServerContext* context,
-               const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
-      : call_(std::make_shared<UnaryCall>()) {
-    const absl::Time arrived = absl::Now();
-    call_->engine = engine;
-    call_->context = context;
-    call_->request = request;
-    call_->response = response;
-    call_->deadline = DeadlineOf(context);
-    call_->reactor = this;
-    // The transport admits messages up to the larger of this limit and a
-    // stream block; hold unary requests to their own limit here.
-    const int64_t size = static_cast<int64_t>(request->Length());
-    if (size > engine->options().max_unary_message_bytes) {
-      absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
-          "Multiply request of ", size, " bytes exceeds this server's max unary message of ",
-          engine->options().max_unary_message_bytes,
-          " bytes (--max_unary_message_bytes); send it with MultiplyStream"));
-      engine->RecordRejected(too_big);
-      call_->Finish(too_big);
+  UnaryReactor(Engine* engine, ReceiveGate* gate, grpc::CallbackServerContext* context,
+               std::atomic<int64_t>* calls, std::string client)
+      : count_(calls), call_(std::make_shared<UnaryCall>()) {
+    UnaryCall& c = *call_;
+    c.engine = engine;
+    c.gate = gate;
+    c.context = context;
+    c.arrived = absl::Now();
+    c.deadline = DeadlineOf(context);
+    c.client = std::move(client);
+    c.reactor = this;
+    if (engine->draining()) {
+      engine->RecordRejected(absl::UnavailableError(""));
+      c.Finish(absl::UnavailableError("server is draining; retry on another replica"));
       return;
     }
-    absl::StatusOr<wire::MultiplyRequestView> view = wire::PeekMultiplyRequest(*request);
-    absl::StatusOr<JobRequest> job =
-        view.ok() ? ValidateHeader(view->header, engine->options().limits, /*streamed=*/false)
-                  : view.status();
-    absl::Status valid =
-        job.ok() ? ValidateMatrixPayload(job->problem, view->matrix_bytes) : job.status();
-    if (!valid.ok()) {
-      engine->RecordRejected(valid);
-      call_->Finish(valid);
-      return;
+    bool read_now = false;
+    {
+      std::lock_guard lock(c.mu);  // OnGate and OnCancel see the ticket
+      auto acquired = gate->Acquire(c.client, engine->options().max_unary_message_bytes,
+                                    [call = call_](absl::Status s) { call->OnGate(s); });
+      if (!acquired.ok()) {
+        engine->RecordRejected(acquired.status());
+        StreamReactorBase* r = std::exchange(c.reactor, nullptr);
+        r->Finish(ToGrpcStatus(acquired.status(), context));
+        return;
+      }
+      if (acquired->granted) {
+        c.gate_hold = engine->options().max_unary_message_bytes;
+        read_now = true;
+      } else {
+        c.gate_ticket = acquired->ticket;
+      }
     }
-    call_->lines = job->problem.lines();
-    call_->matrix_bytes = view->matrix_bytes;
-    std::lock_guard lock(call_->mu);  // OnCancel must see the ticket
-    auto ticket = engine->Start(
-        *job, JobMode::kWhole, arrived, call_->deadline,
-        [call = call_](absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
-          call->Run(std::move(admitted));
-        });
-    if (!ticket.ok()) {
-      grpc::ServerUnaryReactor* r = call_->reactor;
-      call_->reactor = nullptr;
-      r->Finish(ToGrpcStatus(ticket.status(), context));
-      return;
-    }
-    call_->ticket = *ticket;
+    if (read_now) StartRead(&c.request);
   }
+
+  void OnReadDone(bool ok) override { call_->OnMessage(ok); }
 
   void OnCancel() override {
     call_->cancelled = true;
+    std::optional<ReceiveGate::Ticket> waiting;
     std::optional<Admission::Ticket> ticket;
     {
       std::lock_guard lock(call_->mu);
+      waiting = call_->gate_ticket;
       ticket = call_->ticket;
     }
+    if (waiting) call_->gate->Cancel(*waiting, CancelledStatus(call_->deadline));
     if (ticket) call_->engine->Cancel(*ticket, CancelledStatus(call_->deadline));
   }
 
   void OnDone() override {
+    call_->ReleaseGate();
     {
       std::lock_guard lock(call_->mu);
+      call_->reactor = nullptr;
       call_->job.reset();
     }
     delete this;
   }
 
  private:
+  CallCount count_;
   std::shared_ptr<UnaryCall> call_;
 };
 
@@ -211,14 +365,15 @@ class StreamCall : public StreamWatchdog::Watched,
   // as it came (the streaming benchmark's Echo service); everything else, the
   // protocol checks and the pipeline, is the same.
   StreamCall(Engine* engine, grpc::CallbackServerContext* context, StreamReactorBase* reactor,
-             bool echo, StreamWatchdog* watchdog)
+             bool echo, StreamWatchdog* watchdog, std::string client)
       : engine_(engine),
         watchdog_(watchdog),
         context_(context),
         reactor_(reactor),
         echo_(echo),
         arrived_(absl::Now()),
-        deadline_(DeadlineOf(context)) {}
+        deadline_(DeadlineOf(context)),
+        client_(std::move(client)) {}
 
   void Begin() {
     {
@@ -237,6 +392,12 @@ class StreamCall : public StreamWatchdog::Watched,
       FailLocked(absl::DeadlineExceededError(
           absl::StrCat("no header within ", absl::FormatDuration(o.stream_header_timeout),
                        " of the stream's start (--stream_header_timeout_s)")));
+    } else if (phase_ == Phase::kBlocks && blocks_received_ == 0 && !input_done_ &&
+               now - accepted_at_ >= o.stream_first_block_timeout) {
+      FailLocked(absl::DeadlineExceededError(absl::StrCat(
+          "no block within ", absl::FormatDuration(o.stream_first_block_timeout),
+          " of the job's acceptance (--stream_first_block_timeout_s); the job's memory is "
+          "given back")));
     } else if (phase_ == Phase::kBlocks && !stats_sent_ &&
                now - last_progress_ >= o.stream_idle_timeout) {
       FailLocked(absl::DeadlineExceededError(absl::StrCat(
@@ -338,7 +499,8 @@ class StreamCall : public StreamWatchdog::Watched,
         *job, JobMode::kStreamed, arrived_, deadline_,
         [self = shared_from_this()](absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
           self->OnAdmitted(std::move(admitted));
-        });
+        },
+        client_);
     if (!ticket.ok()) {
       FailLocked(ticket.status());
       return;
@@ -361,6 +523,7 @@ class StreamCall : public StreamWatchdog::Watched,
   void AcceptLocked(uint64_t job_id) {
     phase_ = Phase::kBlocks;
     last_progress_ = absl::Now();
+    accepted_at_ = last_progress_;
     v1::MultiplyStreamResponse accepted;
     accepted.mutable_accepted()->set_job_id(job_id);
     accepted.mutable_accepted()->set_max_block_bytes(engine_->options().limits.max_block_bytes);
@@ -393,12 +556,16 @@ class StreamCall : public StreamWatchdog::Watched,
     if (request_.Length() > limit) {
       const size_t size = request_.Length();
       request_.Clear();
-      FailLocked(absl::InvalidArgumentError(absl::StrCat(
-          "message of ", size, " bytes exceeds max_block_bytes ",
-          engine_->options().limits.max_block_bytes, " plus ", kBlockFramingSlack,
-          " bytes for its fields")));
+      absl::Status too_big = WithOutcome(
+          absl::InvalidArgumentError(absl::StrCat(
+              "message of ", size, " bytes exceeds max_block_bytes ",
+              engine_->options().limits.max_block_bytes, " plus ", kBlockFramingSlack,
+              " bytes for its fields")),
+          Outcome::kMessageTooLarge);
+      FailLocked(too_big);
       return;
     }
+    blocks_received_++;
     PendingBlock block;
     block.message.Swap(&request_);
     last_progress_ = absl::Now();
@@ -543,7 +710,10 @@ class StreamCall : public StreamWatchdog::Watched,
   const bool echo_;
   const absl::Time arrived_;
   const absl::Time deadline_;
+  const std::string client_;
   std::atomic<bool> cancelled_{false};
+  absl::Time accepted_at_;
+  int64_t blocks_received_ = 0;
   absl::Time last_progress_;  // last block received or result written
 
   Phase phase_ = Phase::kHeader;
@@ -572,8 +742,10 @@ class StreamCall : public StreamWatchdog::Watched,
 class StreamReactor final : public StreamReactorBase {
  public:
   StreamReactor(Engine* engine, grpc::CallbackServerContext* context, bool echo,
-                StreamWatchdog* watchdog)
-      : call_(std::make_shared<StreamCall>(engine, context, this, echo, watchdog)) {
+                StreamWatchdog* watchdog, std::atomic<int64_t>* calls, std::string client)
+      : count_(calls),
+        call_(std::make_shared<StreamCall>(engine, context, this, echo, watchdog,
+                                           std::move(client))) {
     call_->Begin();
   }
   void OnReadDone(bool ok) override { call_->OnReadDone(ok); }
@@ -585,21 +757,33 @@ class StreamReactor final : public StreamReactorBase {
   }
 
  private:
+  CallCount count_;
   std::shared_ptr<StreamCall> call_;
 };
 
 // Ends a stream at once with `status` (authentication failures).
 class RefusedStream final : public StreamReactorBase {
  public:
-  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  RefusedStream(const grpc::Status& status, std::atomic<int64_t>* calls) : count_(calls) {
+    Finish(status);
+  }
   void OnDone() override { delete this; }
+
+ private:
+  CallCount count_;
 };
 
-grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const absl::Status& s) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s, context));
-  return reactor;
-}
+// Ends a unary call at once with `status`.
+class RefusedUnary final : public grpc::ServerUnaryReactor {
+ public:
+  RefusedUnary(const grpc::Status& status, std::atomic<int64_t>* calls) : count_(calls) {
+    Finish(status);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  CallCount count_;
+};
 
 }  // namespace
 
@@ -638,44 +822,62 @@ void StreamWatchdog::Loop() {
   }
 }
 
-absl::Status DgmmService::Authenticate(const grpc::CallbackServerContext* context) const {
-  if (!auth_.has_value()) return absl::OkStatus();
-  return auth_->Check(context->client_metadata());
+absl::StatusOr<int> DgmmService::Authenticate(const grpc::CallbackServerContext* context) const {
+  if (!auth_.has_value()) return 0;
+  return auth_->Match(context->client_metadata());
 }
 
-grpc::ServerUnaryReactor* DgmmService::Multiply(grpc::CallbackServerContext* context,
-                                                const grpc::ByteBuffer* request,
-                                                grpc::ByteBuffer* response) {
-  if (absl::Status s = Authenticate(context); !s.ok()) return Refuse(context, s);
-  return new UnaryReactor(engine_, context, request, response);
+StreamReactorBase* DgmmService::NewMultiply(grpc::CallbackServerContext* context) {
+  absl::StatusOr<int> token = Authenticate(context);
+  if (!token.ok()) return new RefusedStream(ToGrpcStatus(token.status(), context), &calls_);
+  return new UnaryReactor(engine_, &gate_, context, &calls_, ClientKey(context, *token));
+}
+
+StreamReactorBase* DgmmGenericService::CreateReactor(grpc::GenericCallbackServerContext* context) {
+  if (context->method() == kMultiplyMethod) return service_->NewMultiply(context);
+  return new RefusedStream(
+      grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                   absl::StrCat("unknown method ", context->method())),
+      &unknown_calls_);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DgmmService::MultiplyStream(
     grpc::CallbackServerContext* context) {
-  if (absl::Status s = Authenticate(context); !s.ok()) {
-    return new RefusedStream(ToGrpcStatus(s, context));
-  }
-  return new StreamReactor(engine_, context, /*echo=*/false, &watchdog_);
+  absl::StatusOr<int> token = Authenticate(context);
+  if (!token.ok()) return new RefusedStream(ToGrpcStatus(token.status(), context), &calls_);
+  return new StreamReactor(engine_, context, /*echo=*/false, &watchdog_, &calls_,
+                           ClientKey(context, *token));
 }
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context,
-                     const std::optional<TokenAuth>& auth) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewEchoStreamReactor(
+    Engine* engine, grpc::CallbackServerContext* context, const std::optional<TokenAuth>& auth,
+    std::atomic<int64_t>* calls) {
   if (auth.has_value()) {
     if (absl::Status s = auth->Check(context->client_metadata()); !s.ok()) {
-      return new RefusedStream(ToGrpcStatus(s, context));
+      return new RefusedStream(ToGrpcStatus(s, context), calls);
     }
   }
-  return new StreamReactor(engine, context, /*echo=*/true, /*watchdog=*/nullptr);
+  return new StreamReactor(engine, context, /*echo=*/true, /*watchdog=*/nullptr, calls, "");
 }
 
+// Served at the ByteBuffer level so that a request that does not parse gets
+// INVALID_ARGUMENT like the other RPCs (gRPC's generated parsing would answer
+// UNIMPLEMENTED with an empty message).
 grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext* context,
-                                                     const v1::GetServerInfoRequest* request,
-                                                     v1::GetServerInfoResponse* response) {
-  if (absl::Status s = Authenticate(context); !s.ok()) return Refuse(context, s);
-  *response = engine_->Info();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  absl::StatusOr<int> token = Authenticate(context);
+  if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
+  v1::GetServerInfoRequest parsed;
+  if (!wire::ParseMessage(*request, &parsed)) {
+    return new RefusedUnary(
+        ToGrpcStatus(absl::InvalidArgumentError(
+                         "GetServerInfo request does not parse as a dgmm.v1.GetServerInfoRequest"),
+                     context),
+        &calls_);
+  }
+  *response = wire::EncodeMessage(engine_->Info());
+  return new RefusedUnary(grpc::Status::OK, &calls_);
 }
 
 }  // namespace dgmm

@@ -4,6 +4,7 @@
 #ifndef DGMM_SERVICE_HANDLERS_H_
 #define DGMM_SERVICE_HANDLERS_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -13,8 +14,10 @@
 #include <vector>
 
 #include "dgmm/v1/dgmm.grpc.pb.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "service/auth.h"
 #include "service/engine.h"
+#include "service/receive_gate.h"
 
 namespace dgmm {
 
@@ -53,40 +56,69 @@ class StreamWatchdog {
 
 using StreamReactorBase = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-// Multiply and MultiplyStream are served at the ByteBuffer level, so their
-// payloads skip protobuf's copies (handlers.cc, proto/wire.h); GetServerInfo
-// is typed.
+inline constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
+
+// Every RPC is served at the ByteBuffer level: MultiplyStream so that its
+// payloads skip protobuf's copies (handlers.cc, proto/wire.h), GetServerInfo
+// so that a request that does not parse gets INVALID_ARGUMENT. Multiply is
+// left to DgmmGenericService, which takes it as a stream of one message: a
+// unary method's message is read whole by gRPC before its handler runs,
+// a stream's only when the handler asks (see ReceiveGate).
 class DgmmService final
-    : public v1::Dgmm::WithRawCallbackMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
-          v1::Dgmm::WithCallbackMethod_GetServerInfo<v1::Dgmm::Service>>> {
+    : public v1::Dgmm::WithGenericMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
+          v1::Dgmm::WithRawCallbackMethod_GetServerInfo<v1::Dgmm::Service>>> {
  public:
   // `engine` must outlive the service. With `auth`, every RPC of this
-  // service needs the bearer token (UNAUTHENTICATED otherwise).
-  explicit DgmmService(Engine* engine, std::optional<TokenAuth> auth = std::nullopt)
-      : engine_(engine), auth_(std::move(auth)) {}
+  // service needs the bearer token (UNAUTHENTICATED otherwise). Multiply
+  // requests not yet admitted hold at most `unary_receive_bytes` (at least
+  // one request of --max_unary_message_bytes is let in), and at most
+  // `unary_max_waiting` calls wait for that room.
+  DgmmService(Engine* engine, std::optional<TokenAuth> auth, int64_t unary_receive_bytes,
+              int unary_max_waiting)
+      : engine_(engine), auth_(std::move(auth)), gate_(unary_receive_bytes, unary_max_waiting) {}
 
-  grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
-                                     const grpc::ByteBuffer* request,
-                                     grpc::ByteBuffer* response) override;
+  // A Multiply call (from DgmmGenericService).
+  StreamReactorBase* NewMultiply(grpc::CallbackServerContext* context);
   StreamReactorBase* MultiplyStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const v1::GetServerInfoRequest* request,
-                                          v1::GetServerInfoResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+
+  // Calls of this service that gRPC is not yet done with.
+  int64_t calls_in_progress() const { return calls_.load(); }
 
  private:
-  absl::Status Authenticate(const grpc::CallbackServerContext* context) const;
+  // Which bearer token the call carries (TokenAuth::Match), or
+  // UNAUTHENTICATED; 0 when no token is configured.
+  absl::StatusOr<int> Authenticate(const grpc::CallbackServerContext* context) const;
 
   Engine* engine_;
   std::optional<TokenAuth> auth_;
+  std::atomic<int64_t> calls_{0};
+  ReceiveGate gate_;
   StreamWatchdog watchdog_;
+};
+
+// Takes the calls of methods no service registered: Multiply (for
+// DgmmService) and unknown methods (UNIMPLEMENTED).
+class DgmmGenericService final : public grpc::CallbackGenericService {
+ public:
+  explicit DgmmGenericService(DgmmService* service) : service_(service) {}
+  StreamReactorBase* CreateReactor(grpc::GenericCallbackServerContext* context) override;
+
+ private:
+  DgmmService* service_;
+  std::atomic<int64_t> unknown_calls_{0};
 };
 
 // The MultiplyStream reactor with admission and compute left out: the same
 // protocol checks, window and worker hand-off, each block sent back as it
 // came. Only for the streaming benchmark's Echo service (echo_service.h).
 // With `auth`, the call needs the bearer token like dgmm's own RPCs.
+// `calls` counts the call while gRPC holds it.
 StreamReactorBase* NewEchoStreamReactor(Engine* engine, grpc::CallbackServerContext* context,
-                     const std::optional<TokenAuth>& auth);
+                                        const std::optional<TokenAuth>& auth,
+                                        std::atomic<int64_t>* calls);
 
 }  // namespace dgmm
 

@@ -2,7 +2,10 @@
 #include <malloc.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -19,6 +22,7 @@
 #include "service/backends/cpu/cpu_device.h"
 #include "service/server.h"
 #include "service/server_flags.h"
+#include "service/util/conn_guard.h"
 #include "service/util/log.h"
 #include "util/flag_names.h"
 #include "util/flag_types.h"
@@ -36,7 +40,7 @@ ABSL_FLAG(dgmm::ServerBackend, backend, dgmm::ServerBackend::kAuto,
           "Where BACKEND_AUTO jobs run: auto (GPU if one is usable, else CPU, said at start), "
           "cpu, cuda (GPU, fastest kernel), cuda-kernel (dgmm's kernel) or cublas "
           "(cublas<t>dgmm). Clients may still ask for a specific backend per job.");
-ABSL_FLAG(dgmm::ByteSize, max_unary_message_bytes, dgmm::ByteSize::MiB(64),
+ABSL_FLAG(dgmm::ByteSize, max_unary_message_bytes, dgmm::ByteSize::MiB(16),
           "Largest Multiply request accepted (bytes, or with a unit: 64MiB). Larger matrices "
           "must use MultiplyStream, which the dgmm clients do on their own.");
 ABSL_FLAG(dgmm::ByteSize, max_block_bytes, dgmm::ByteSize::MiB(4),
@@ -66,6 +70,33 @@ ABSL_FLAG(int, max_concurrent_streams, 64,
 ABSL_FLAG(int, stream_header_timeout_s, 30,
           "A MultiplyStream that sends no header within this many seconds is ended with "
           "DEADLINE_EXCEEDED.");
+ABSL_FLAG(int, stream_first_block_timeout_s, 10,
+          "An admitted MultiplyStream that sends no block within this many seconds of its "
+          "acceptance is ended with DEADLINE_EXCEEDED and its memory given back.");
+ABSL_FLAG(int, max_running_per_client, 8,
+          "Fair share: most jobs one client (its bearer token, else its address) may have "
+          "admitted at once; its further jobs wait while other clients' jobs go first. 0 = no "
+          "limit.");
+ABSL_FLAG(int, max_queued_per_client, 16,
+          "Fair share: most jobs one client may have waiting for admission; beyond it its jobs "
+          "get RESOURCE_EXHAUSTED with a grpc-retry-pushback-ms hint. 0 = no limit.");
+ABSL_FLAG(int, max_client_share_percent, 50,
+          "Fair share: most of each memory budget one client may hold while it has a job "
+          "running (a client with nothing running may always start one job that fits). 100 = "
+          "no limit.");
+ABSL_FLAG(std::string, transport_memory_budget, "auto",
+          "Memory gRPC itself may hold (messages being received, connection buffers), as a "
+          "grpc::ResourceQuota: bytes (128MiB), or auto = half the host budget within [64MiB, "
+          "256MiB], and at least --max_unary_message_bytes + 16MiB (a unary request is held "
+          "whole). "
+          "Past it gRPC shrinks its windows, closes idle connections, then cancels streams with "
+          "RESOURCE_EXHAUSTED. The server's peak memory is about --host_memory_budget plus this "
+          "plus a fixed overhead (docs/operations.md).");
+ABSL_FLAG(int, max_connections, 4096,
+          "Most client connections held at once (counted as open file descriptors beyond the "
+          "server's own); a connection beyond it is closed at once (the client sees "
+          "UNAVAILABLE). Also kept 64 below the open-files limit, which the server raises to "
+          "its hard limit at start.");
 ABSL_FLAG(int, stream_idle_timeout_s, 120,
           "An admitted MultiplyStream that neither sends a block nor takes a result for this "
           "many seconds is ended with DEADLINE_EXCEEDED and its memory given back.");
@@ -124,6 +155,13 @@ absl::Status CheckFlagRanges() {
       CheckFlagRange("max_concurrent_streams", absl::GetFlag(FLAGS_max_concurrent_streams), 1),
       CheckFlagRange("stream_header_timeout_s", absl::GetFlag(FLAGS_stream_header_timeout_s), 1),
       CheckFlagRange("stream_idle_timeout_s", absl::GetFlag(FLAGS_stream_idle_timeout_s), 1),
+      CheckFlagRange("stream_first_block_timeout_s",
+                     absl::GetFlag(FLAGS_stream_first_block_timeout_s), 1),
+      CheckFlagRange("max_running_per_client", absl::GetFlag(FLAGS_max_running_per_client), 0),
+      CheckFlagRange("max_queued_per_client", absl::GetFlag(FLAGS_max_queued_per_client), 0),
+      CheckFlagRange("max_client_share_percent", absl::GetFlag(FLAGS_max_client_share_percent),
+                     1, 100),
+      CheckFlagRange("max_connections", absl::GetFlag(FLAGS_max_connections), 1),
       CheckFlagRange("max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 1,
                      kMaxSeconds),
       CheckFlagRange("keepalive_time_s", absl::GetFlag(FLAGS_keepalive_time_s), 1,
@@ -195,7 +233,13 @@ int Main(int argc, char** argv) {
   eo.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
   eo.stream_header_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_header_timeout_s));
   eo.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
-  eo.max_unary_message_bytes = absl::GetFlag(FLAGS_max_unary_message_bytes).bytes;
+  eo.stream_first_block_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_stream_first_block_timeout_s));
+  eo.client_limits.max_running = absl::GetFlag(FLAGS_max_running_per_client);
+  eo.client_limits.max_queued = absl::GetFlag(FLAGS_max_queued_per_client);
+  eo.client_limits.max_share_percent = absl::GetFlag(FLAGS_max_client_share_percent);
+  const int64_t unary = absl::GetFlag(FLAGS_max_unary_message_bytes).bytes;
+  eo.max_unary_message_bytes = unary;
   eo.limits.max_block_bytes = absl::GetFlag(FLAGS_max_block_bytes).bytes;
 
   std::vector<std::unique_ptr<Device>> gpus;
@@ -224,6 +268,30 @@ int Main(int argc, char** argv) {
                                std::move(gpus));
   if (!engine.ok()) return UsageError(engine.status());
   Engine* e = engine->get();
+  const int64_t host_budget = e->Info().devices(0).budget_bytes();
+  // A unary request is held whole by gRPC before the handler sees it, so the
+  // quota must admit the largest one, with room for stream blocks besides.
+  int64_t transport_bytes = std::max<int64_t>(
+      std::clamp<int64_t>(host_budget / 2, int64_t{64} << 20, int64_t{256} << 20),
+      unary + (int64_t{16} << 20));
+  if (const std::string t = absl::GetFlag(FLAGS_transport_memory_budget); t != "auto") {
+    auto parsed = ParseBytes(t);
+    if (!parsed.ok()) {
+      return UsageError(absl::InvalidArgumentError(
+          absl::StrCat("--transport_memory_budget=", t, ": ", parsed.status().message())));
+    }
+    if (*parsed < unary + (int64_t{16} << 20)) {
+      std::fprintf(stderr,
+                   "dgmm-server: --transport_memory_budget=%lld must be at least "
+                   "--max_unary_message_bytes + 16MiB = %lld (gRPC holds a unary request "
+                   "whole before the server sees it)\n",
+                   static_cast<long long>(*parsed),
+                   static_cast<long long>(unary + (int64_t{16} << 20)));
+      return 2;
+    }
+    transport_bytes = *parsed;
+  }
+  const int64_t open_files = RaiseOpenFileLimit();
 
   ServerOptions so;
   so.listen = absl::GetFlag(FLAGS_listen);
@@ -237,11 +305,42 @@ int Main(int argc, char** argv) {
   so.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   so.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   so.enable_bench_echo = absl::GetFlag(FLAGS_enable_bench_echo);
+  so.transport_memory_bytes = transport_bytes;
   auto server = Server::Start(so, std::move(*engine));
   if (!server.ok()) {
     std::fprintf(stderr, "dgmm-server: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
+  // Connections are capped by the descriptors they take: those beyond the
+  // server's own (open now) plus --max_connections, and never within 64 of
+  // the open-files limit, so that accept4 never meets EMFILE
+  // (service/util/conn_guard.h).
+  const int own_fds = LowestFreeFd();
+  const int64_t ceiling = std::min<int64_t>(
+      {open_files - 64, static_cast<int64_t>(own_fds) + absl::GetFlag(FLAGS_max_connections),
+       INT32_MAX});
+  ArmConnGuard(static_cast<int>(std::max<int64_t>(ceiling, own_fds + 1)));
+  LogInfo("open files: limit ", open_files, ", connections refused beyond descriptor ",
+          GetConnGuardStats().ceiling, "; gRPC transport memory ", transport_bytes, " bytes");
+  // Freed receive buffers go back to the system while the server idles
+  // (glibc keeps them in its arenas otherwise: RSS stays at a burst's peak).
+  std::mutex trim_mu;
+  std::condition_variable trim_cv;
+  bool trim_stop = false;
+  std::thread trimmer([&] {
+    std::unique_lock lock(trim_mu);
+    while (!trim_cv.wait_for(lock, std::chrono::seconds(2), [&] { return trim_stop; })) {
+      if (e->total_reserved() == 0) malloc_trim(0);
+    }
+  });
+  auto stop_trimmer = [&] {
+    {
+      std::lock_guard lock(trim_mu);
+      trim_stop = true;
+    }
+    trim_cv.notify_all();
+    if (trimmer.joinable()) trimmer.join();
+  };
   const v1::GetServerInfoResponse info = e->Info();
   for (const v1::DeviceInfo& d : info.devices()) {
     LogInfo("device ", d.index() < 0 ? std::string("cpu") : absl::StrCat("cuda:", d.index()),
@@ -279,11 +378,14 @@ int Main(int argc, char** argv) {
     LogInfo("shutdown did not finish within the drain timeout plus 10s; exiting");
     std::_Exit(1);
   }).detach();
+  stop_trimmer();
   const bool clean = (*server)->Drain(drain);
   LogInfo(clean ? "drained; every job finished" : "drain timeout; unfinished jobs were ended");
-  server->reset();
   LogInfo("stopped");
-  return 0;
+  // Exit with the connections still open (Server::Drain says why): the
+  // kernel closes them, and a call caught in flight fails with UNAVAILABLE.
+  std::fflush(nullptr);
+  std::_Exit(0);
 }
 
 }  // namespace

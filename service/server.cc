@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "service/util/log.h"
 
 namespace dgmm {
@@ -53,6 +54,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                       std::unique_ptr<Engine> engine) {
   std::unique_ptr<Server> s(new Server());
   s->engine_ = std::move(engine);
+  s->shutdown_grace_ = options.shutdown_grace;
   std::optional<TokenAuth> auth;
   if (!options.auth_token_file.empty()) {
     auto loaded = TokenAuth::FromFile(options.auth_token_file);
@@ -61,24 +63,46 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   auto credentials = Credentials(options);
   if (!credentials.ok()) return credentials.status();
-  s->service_ = std::make_unique<DgmmService>(s->engine_.get(), auth);
+  // Multiply requests not yet admitted share the transport budget with
+  // stream blocks in flight: they get what is left above 16 MiB.
+  const int64_t unary_receive = std::max<int64_t>(
+      options.transport_memory_bytes - (int64_t{16} << 20),
+      s->engine_->options().max_unary_message_bytes);
+  s->service_ = std::make_unique<DgmmService>(s->engine_.get(), auth, unary_receive,
+                                              options.max_waiting_unary_calls);
+  s->generic_ = std::make_unique<DgmmGenericService>(s->service_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (options.transport_memory_bytes > 0) {
+    grpc::ResourceQuota quota("dgmm-transport");
+    quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
+    builder.SetResourceQuota(quota);
+  }
+  // Requests are never inflated: gzip and deflate are not offered, a call
+  // that uses them anyway is refused by gRPC before its message is read
+  // (UNIMPLEMENTED, "Compression algorithm 'gzip' is disabled"), and the
+  // decompression filter is left out. The payloads are floating point and
+  // would not compress; a compressed all-zero matrix would inflate ~1000x.
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
   builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
+  builder.RegisterCallbackGenericService(s->generic_.get());
   if (options.enable_bench_echo) {
     s->echo_ = std::make_unique<EchoService>(s->engine_.get(), auth);
     builder.RegisterService(s->echo_.get());
   }
-  const EngineOptions& eo = s->engine_->options();
-  // Stream blocks travel in messages too: the limit must admit the largest block.
-  const int64_t max_message = std::max<int64_t>(eo.max_unary_message_bytes,
-                                                eo.limits.max_block_bytes +
-                                                    static_cast<int64_t>(kBlockFramingSlack));
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT32_MAX)));
-  builder.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT32_MAX)));
+  // gRPC checks its message limit only once a message has arrived whole
+  // (message_size_filter), so it saves no memory; the handlers check each
+  // message against its own limit instead (Multiply: --max_unary_message_bytes,
+  // a stream block: --max_block_bytes plus framing) and count the refusal as
+  // message_too_large. What a message can hold while it arrives is bounded by
+  // the transport quota above.
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_idle)));
@@ -126,10 +150,18 @@ void Server::SetServing(bool serving) {
 bool Server::Drain(absl::Duration timeout) {
   SetServing(false);
   const bool clean = engine_->Drain(timeout);
-  // Replies of finished jobs may still be on their way out: give them a moment.
-  grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  grpc_->Wait();
-  grpc_.reset();
+  // Replies of finished jobs may still be on their way out, and calls that
+  // arrive now are refused with UNAVAILABLE by the handlers: wait until no
+  // call is in progress. gRPC's own Shutdown is not called: in gRPC 1.51 a
+  // call that reaches an open connection after Shutdown has begun and before
+  // its GOAWAY goes out is dropped by gRPC core, and its client sees
+  // CANCELLED (src/core/lib/surface/server.cc, StartNewRpc: "ZOMBIED"). The
+  // process exits instead (main.cc), closing every connection: a call caught
+  // in flight then fails with UNAVAILABLE at its client, which may retry it.
+  const absl::Time grace_end = absl::Now() + shutdown_grace_;
+  while (service_->calls_in_progress() > 0 && absl::Now() < grace_end) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   return clean;
 }
 

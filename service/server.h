@@ -35,6 +35,19 @@ struct ServerOptions {
   std::string auth_token_file;
   // Also serve the benchmark-only dgmm.bench.v1.Echo (service/echo_service.h).
   bool enable_bench_echo = false;
+  // gRPC's own memory (receive buffers of messages being read, connection
+  // state) is held to this many bytes by a grpc::ResourceQuota: past it,
+  // gRPC shrinks its flow-control windows, closes idle connections and then
+  // cancels streams ("Buffers full", RESOURCE_EXHAUSTED) until it is back
+  // under. 0: no quota.
+  int64_t transport_memory_bytes = 0;
+  // Most Multiply calls that may wait for room to have their request read
+  // (ReceiveGate); beyond it they get RESOURCE_EXHAUSTED with a pushback.
+  int max_waiting_unary_calls = 1024;
+  // How long Drain waits, after the engine has drained, for calls still in
+  // progress (replies on their way out, requests refused with UNAVAILABLE)
+  // before gRPC cancels what is left.
+  absl::Duration shutdown_grace = absl::Seconds(5);
 };
 
 class Server {
@@ -48,9 +61,12 @@ class Server {
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   Engine& engine() { return *engine_; }
 
-  // Graceful drain: health turns NOT_SERVING at once, new jobs get
+  // Graceful drain: health turns NOT_SERVING at once, new calls get
   // UNAVAILABLE, queued and running jobs get up to `timeout` to finish, then
-  // the gRPC server shuts down. Returns true if no job was cut short.
+  // up to shutdown_grace for the calls still in progress to end. Returns true
+  // if no job was cut short. The process should then exit without shutting
+  // the gRPC server down (server.cc says why); destroying the Server shuts it
+  // down (tests, or a drain that is not followed by an exit).
   bool Drain(absl::Duration timeout);
 
  private:
@@ -59,10 +75,12 @@ class Server {
 
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<DgmmService> service_;
+  std::unique_ptr<DgmmGenericService> generic_;
   std::unique_ptr<EchoService> echo_;  // null unless enable_bench_echo
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<MetricsServer> metrics_;
   int port_ = 0;
+  absl::Duration shutdown_grace_;
 };
 
 }  // namespace dgmm

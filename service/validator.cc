@@ -1,9 +1,11 @@
 #include "service/validator.h"
 
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "service/outcome.h"
 
 namespace dgmm {
 namespace {
@@ -105,9 +107,11 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
                                 "must be < 2^63"));
   }
   if (p.rows > limits.max_dim || p.cols > limits.max_dim) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "matrix shape ", p.rows, "x", p.cols, " exceeds this server's limit of ",
-        limits.max_dim, " rows or columns (--max_dim)"));
+    return WithOutcome(absl::ResourceExhaustedError(absl::StrCat(
+                           "matrix shape ", p.rows, "x", p.cols,
+                           " exceeds this server's limit of ", limits.max_dim,
+                           " rows or columns (--max_dim)")),
+                       Outcome::kTooLarge);
   }
   const int64_t want = p.diag_len();
   const int64_t have_bytes = static_cast<int64_t>(header.diagonal().size());
@@ -119,12 +123,25 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
         p.side == Side::kRight ? "one per column" : "one per row", p.diag_bytes()));
   }
   if (streamed && p.line_bytes() > limits.max_block_bytes) {
+    // Advise only what can work: the other layout if its lines fit a block,
+    // Multiply if the whole request fits one message.
+    const bool row_major = p.layout == Layout::kRowMajor;
+    const int64_t other_line = (row_major ? p.rows : p.cols) * p.elem_size();
+    std::string advice;
+    if (other_line <= limits.max_block_bytes) {
+      absl::StrAppendFormat(&advice, "; in %s-major layout a line is %d bytes and streams",
+                            row_major ? "column" : "row", other_line);
+    }
+    if (limits.max_unary_message_bytes > 0 &&
+        p.matrix_bytes() + p.diag_bytes() < limits.max_unary_message_bytes) {
+      absl::StrAppend(&advice, advice.empty() ? "; " : ", or ",
+                      "send it in one Multiply request");
+    }
     return Invalid(absl::StrFormat(
         "one %s line of this matrix is %d bytes, over the server's max block of %d "
-        "bytes, so it cannot be streamed in whole lines; use the other layout or "
-        "Multiply",
-        p.layout == Layout::kRowMajor ? "row" : "column", p.line_bytes(),
-        limits.max_block_bytes));
+        "bytes, so it cannot be streamed in whole lines%s",
+        row_major ? "row" : "column", p.line_bytes(), limits.max_block_bytes,
+        advice.empty() ? std::string(" (--max_block_bytes)") : advice));
   }
   job.diagonal = header.diagonal();
   return job;

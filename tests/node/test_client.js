@@ -223,3 +223,148 @@ test('docs/protocol.md quotes the quickstart example verbatim', () => {
   assert.ok(fs.readFileSync(path.join(REPO, 'docs', 'protocol.md'), 'utf8').includes(example),
     `docs/protocol.md must quote ${EXAMPLE}`);
 });
+
+test('retryDelay: the C++ client\'s rules (UNAVAILABLE backs off; pushback only with the trailer)', () => {
+  const policy = { ...dgmm.DEFAULT_RETRY_POLICY, maxAttempts: 10, initialBackoffMs: 100, maxBackoffMs: 350 };
+  const s = dgmm.grpc.status;
+  assert.equal(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, Infinity, 0), 100);
+  assert.equal(dgmm.retryDelay(policy, 2, s.UNAVAILABLE, null, 0, Infinity, 0), 200);
+  assert.equal(dgmm.retryDelay(policy, 3, s.UNAVAILABLE, null, 0, Infinity, 0), 350);
+  assert.ok(Math.abs(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, Infinity, 1) - 120) < 1e-9);
+  assert.equal(dgmm.retryDelay(policy, 10, s.UNAVAILABLE, null, 0, Infinity, 0), null);
+  assert.equal(dgmm.retryDelay(policy, 1, s.RESOURCE_EXHAUSTED, 42, 0, Infinity, 0), 42);
+  assert.equal(dgmm.retryDelay(policy, 1, s.RESOURCE_EXHAUSTED, null, 0, Infinity, 0), null);
+  assert.equal(dgmm.retryDelay(policy, 1, s.INVALID_ARGUMENT, null, 0, Infinity, 0), null);
+  assert.equal(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, 50, 0), null); // past the deadline
+});
+
+// A loopback port nothing listens on (bound, read, released).
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = require('node:net').createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+test('a dead server fails fast without retries, and after the reconnect wait with them', async () => {
+  const port = await freePort();
+  const a = new Float32Array(16).fill(1);
+  const d = new Float32Array(4).fill(1);
+  const once = dgmm.createClient(`127.0.0.1:${port}`, undefined, { retry: { maxAttempts: 1 } });
+  const retrying = dgmm.createClient(`127.0.0.1:${port}`, undefined, { retry: { maxReconnectWaitMs: 500 } });
+  try {
+    let start = Date.now();
+    await assert.rejects(dgmm.multiply(once, a, 4, 4, d),
+      (err) => err.code === dgmm.grpc.status.UNAVAILABLE && !/attempts/.test(err.details));
+    assert.ok(Date.now() - start < 1000, `took ${Date.now() - start} ms`);
+    start = Date.now();
+    await assert.rejects(dgmm.multiply(retrying, a, 4, 4, d),
+      (err) => err.code === dgmm.grpc.status.UNAVAILABLE &&
+        /no connection to the server within/.test(err.details) && /\(after 2 attempts\)/.test(err.details));
+    const elapsed = Date.now() - start;
+    assert.ok(elapsed >= 500 && elapsed < 3000, `took ${elapsed} ms`);
+  } finally {
+    once.close();
+    retrying.close();
+  }
+});
+
+// True when a fresh client of `address` gets SERVING from health.
+async function answersHealth(address) {
+  const probe = dgmm.createClient(address);
+  try {
+    return (await dgmm.health(probe, '', { timeoutMs: 500 })) === 'SERVING';
+  } catch {
+    return false;
+  } finally {
+    probe.close();
+  }
+}
+
+test('issue 12: 4 busy clients resume within 2 s of a restart on the same port', async () => {
+  const CLIENTS = 4;
+  const DOWNTIME_MS = 3000;
+  const ALLOWED_MS = 2000;
+  const port = await freePort();
+  const address = `127.0.0.1:${port}`;
+  const flags = [`--listen=${address}`, '--threads=2'];
+  let srv = await startServer(flags);
+  assert.equal(srv.address, address);
+  const now = () => performance.now();
+  const successes = Array.from({ length: CLIENTS }, () => []);
+  const errors = Array.from({ length: CLIENTS }, () => []);
+  let stop = false;
+  const loops = Array.from({ length: CLIENTS }, async (_, i) => {
+    const c = dgmm.createClient(address);
+    const next = random(100 + i);
+    const a = Float32Array.from({ length: 256 }, next);
+    const d = Float32Array.from({ length: 16 }, next);
+    try {
+      while (!stop) {
+        try {
+          const r = await dgmm.multiply(c, a, 16, 16, d, 'right');
+          let right = true;
+          for (let k = 0; k < 256; k++) right = right && r[k] === Math.fround(a[k] * d[k % 16]);
+          if (right) successes[i].push(now()); else errors[i].push('wrong result');
+        } catch (err) {
+          errors[i].push(String(err));
+        }
+        await new Promise((r) => setTimeout(r, 2));
+      }
+    } finally {
+      c.close();
+    }
+  });
+  let killed;
+  let restart;
+  let up;
+  try {
+    const warm = Date.now() + 20000;
+    while (Math.min(...successes.map((s) => s.length)) < 3 && Date.now() < warm) await new Promise((r) => setTimeout(r, 20));
+    assert.ok(Math.min(...successes.map((s) => s.length)) >= 3, 'not every client ran 3 jobs before the kill');
+
+    const exited = new Promise((r) => srv.proc.once('exit', (code, signal) => r(signal)));
+    srv.proc.kill('SIGKILL');
+    assert.equal(await exited, 'SIGKILL');
+    killed = now();
+    fs.rmSync(srv.dir, { recursive: true, force: true });
+    srv = null;
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(await answersHealth(address), false, `something still answers on ${address}`);
+
+    await new Promise((r) => setTimeout(r, Math.max(0, killed + DOWNTIME_MS - now())));
+    restart = now();
+    srv = await startServer(flags);
+    assert.equal(srv.address, address);
+    while (!(await answersHealth(address))) {
+      assert.ok(now() < restart + 20000, 'the restarted server never answered');
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    up = now();
+    for (let i = 0; i < CLIENTS; i++) {
+      assert.equal(successes[i].filter((t) => t >= killed && t < restart).length, 0,
+        `client ${i} completed a job while the server was down`);
+    }
+    const giveUp = up + 25000;
+    while (!successes.every((s) => s.some((t) => t >= restart)) && now() < giveUp) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  } finally {
+    stop = true;
+    await Promise.all(loops);
+    if (srv) await stopServer(srv);
+  }
+  console.log(`# server down ${(restart - killed).toFixed(0)} ms, up ${(up - restart).toFixed(0)} ms after the restart; ` +
+    'first job after it answered health (ms):');
+  const firsts = successes.map((s) => s.find((t) => t >= restart));
+  firsts.forEach((t, i) => console.log(`#   client ${i}: ${t === undefined ? 'none' : (t - up).toFixed(1)} ` +
+    `(${errors[i].length} failed jobs; last error: ${errors[i].at(-1) || '-'})`));
+  firsts.forEach((t, i) => {
+    assert.notEqual(t, undefined, `client ${i} never completed a job after the restart`);
+    assert.ok(t - up <= ALLOWED_MS, `client ${i} took ${(t - up).toFixed(1)} ms`);
+  });
+});

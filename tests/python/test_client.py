@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -351,6 +352,157 @@ class socket_free_port:
 
     def __exit__(self, *exc):
         self.sock.close()
+
+
+class RetryPolicyTest(unittest.TestCase):
+    """dgmm.RetryPolicy.delay: the same rules as the C++ client's RetryDelay."""
+
+    def test_backoff_grows_by_the_multiplier_up_to_the_cap_with_bounded_jitter(self):
+        policy = dgmm.RetryPolicy(max_attempts=10, initial_backoff=0.1, max_backoff=0.35,
+                                  backoff_multiplier=2)
+        unavailable = grpc.StatusCode.UNAVAILABLE
+
+        def delay(made, jitter):
+            return policy.delay(made, unavailable, None, 0.0, None, jitter)
+        self.assertAlmostEqual(delay(1, 0), 0.1)
+        self.assertAlmostEqual(delay(2, 0), 0.2)
+        self.assertAlmostEqual(delay(3, 0), 0.35)
+        self.assertAlmostEqual(delay(1, 1), 0.12)
+        self.assertAlmostEqual(delay(1, -1), 0.08)
+        self.assertIsNone(delay(10, 0))  # no attempts left
+
+    def test_only_unavailable_and_hinted_resource_exhausted_are_retried(self):
+        policy = dgmm.RetryPolicy()
+        code = grpc.StatusCode
+        self.assertAlmostEqual(policy.delay(1, code.RESOURCE_EXHAUSTED, 42, 0.0, None, 0), 0.042)
+        self.assertIsNone(policy.delay(1, code.RESOURCE_EXHAUSTED, None, 0.0, None, 0))
+        self.assertIsNone(policy.delay(1, code.DEADLINE_EXCEEDED, None, 0.0, None, 0))
+        self.assertIsNone(policy.delay(1, code.INVALID_ARGUMENT, None, 0.0, None, 0))
+        self.assertIsNone(policy.delay(1, code.UNAVAILABLE, None, 0.0, 0.05, 0))  # past deadline
+
+    def test_unusable_policy_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "max_attempts"):
+            dgmm.RetryPolicy(max_attempts=0)
+
+    def test_dead_server_fails_fast_without_retries_and_after_the_reconnect_wait_with(self):
+        a, d = np.ones((4, 4), np.float32), np.ones(4, np.float32)
+        with socket_free_port() as port:
+            target = "127.0.0.1:%d" % port
+            with dgmm.Client(target, unary_limit_bytes=1 << 20, block_bytes=1 << 20,
+                             retry=dgmm.RetryPolicy(max_attempts=1)) as client:
+                start = time.monotonic()
+                with self.assertRaises(dgmm.DgmmError) as raised:
+                    client.multiply(a, d)
+                self.assertLess(time.monotonic() - start, 1.0)
+                self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
+                self.assertNotIn("attempts", raised.exception.details)
+            with dgmm.Client(target, unary_limit_bytes=1 << 20, block_bytes=1 << 20,
+                             retry=dgmm.RetryPolicy(max_reconnect_wait=0.5)) as client:
+                start = time.monotonic()
+                with self.assertRaises(dgmm.DgmmError) as raised:
+                    client.multiply(a, d)
+                elapsed = time.monotonic() - start
+                self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
+                self.assertIn("no connection to the server within", raised.exception.details)
+                self.assertIn("(after 2 attempts)", raised.exception.details)
+                self.assertGreaterEqual(elapsed, 0.5)
+                self.assertLess(elapsed, 3.0)
+
+
+class ReconnectTest(unittest.TestCase):
+    """Issue 12: busy clients resume within 2 s of a restart on the same port."""
+
+    CLIENTS = 4
+    DOWNTIME = 3.0
+    ALLOWED = 2.0
+
+    def test_busy_clients_resume_within_two_seconds_of_a_restart(self):
+        with socket_free_port() as port:
+            pass  # Free again now; the server takes it.
+        address = "127.0.0.1:%d" % port
+        flags = ("--listen=" + address, "--threads=2")
+        server = Server(*flags)
+        self.assertEqual(server.address, address)
+        stop = threading.Event()
+        successes = [[] for _ in range(self.CLIENTS)]
+        errors = [[] for _ in range(self.CLIENTS)]
+
+        def busy(i):
+            rng = np.random.default_rng(i)
+            a = rng.uniform(-2, 2, (16, 16)).astype(np.float32)
+            d = rng.uniform(-2, 2, 16).astype(np.float32)
+            with dgmm.Client(address) as client:
+                while not stop.is_set():
+                    try:
+                        c = client.multiply(a, d)
+                        if np.array_equal(c, a * d):
+                            successes[i].append(time.monotonic())
+                        else:
+                            errors[i].append("wrong result")
+                    except dgmm.DgmmError as e:
+                        errors[i].append(str(e))
+                    time.sleep(0.002)
+
+        threads = [threading.Thread(target=busy, args=(i,)) for i in range(self.CLIENTS)]
+        for t in threads:
+            t.start()
+        try:
+            deadline = time.monotonic() + 20
+            while (min(len(s) for s in successes) < 3) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.assertGreaterEqual(min(len(s) for s in successes), 3,
+                                    "not every client ran 3 jobs before the kill")
+
+            server.process.kill()
+            self.assertEqual(server.process.wait(), -signal.SIGKILL)
+            killed = time.monotonic()
+            server.dir.cleanup()
+            time.sleep(0.3)
+            self.assertFalse(answers_health(address), "something still answers on " + address)
+
+            time.sleep(max(0.0, killed + self.DOWNTIME - time.monotonic()))
+            restart = time.monotonic()
+            server = Server(*flags)
+            self.assertEqual(server.address, address)
+            while not answers_health(address):
+                self.assertLess(time.monotonic(), restart + 20, "the restarted server never answered")
+                time.sleep(0.005)
+            up = time.monotonic()
+            for i in range(self.CLIENTS):
+                self.assertFalse([t for t in successes[i] if killed <= t < restart],
+                                 "client %d completed a job while the server was down" % i)
+
+            give_up = up + 25
+            while (not all(any(t >= restart for t in s) for s in successes)
+                   and time.monotonic() < give_up):
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+            server.stop()
+
+        print("\nserver down %.0f ms, up %.0f ms after the restart; first job after it answered "
+              "health (ms):" % ((restart - killed) * 1000, (up - restart) * 1000))
+        firsts = []
+        for i in range(self.CLIENTS):
+            first = next((t for t in successes[i] if t >= restart), None)
+            firsts.append(first)
+            print("  client %d: %s (%d failed jobs; last error: %s)"
+                  % (i, "none" if first is None else "%.1f" % ((first - up) * 1000),
+                     len(errors[i]), errors[i][-1] if errors[i] else "-"))
+        for i, first in enumerate(firsts):
+            self.assertIsNotNone(first, "client %d never completed a job after the restart" % i)
+            self.assertLessEqual(first - up, self.ALLOWED, "client %d" % i)
+
+
+def answers_health(address):
+    """True when a fresh channel to `address` gets SERVING from health."""
+    try:
+        with dgmm.Client(address) as probe:
+            return probe.health(timeout=0.5) == "SERVING"
+    except dgmm.DgmmError:
+        return False
 
 
 class ExampleAndDocTest(unittest.TestCase):

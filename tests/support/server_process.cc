@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,7 +33,7 @@ std::string ReadFile(const std::string& path) {
 std::string ServerBinary() { return FromEnvOr("DGMM_SERVER_BIN", DGMM_SERVER_BIN); }
 std::string CliBinary() { return FromEnvOr("DGMM_CLI_BIN", DGMM_CLI_BIN); }
 
-ServerProcess::ServerProcess(std::vector<std::string> extra_flags) {
+ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int open_files_limit) {
   char tmpl[] = "/tmp/dgmm-test-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     std::perror("mkdtemp");
@@ -51,6 +52,11 @@ ServerProcess::ServerProcess(std::vector<std::string> extra_flags) {
     if (fd >= 0) {
       dup2(fd, 1);
       dup2(fd, 2);
+    }
+    if (open_files_limit > 0) {
+      const rlimit limit{static_cast<rlim_t>(open_files_limit),
+                         static_cast<rlim_t>(open_files_limit)};
+      setrlimit(RLIMIT_NOFILE, &limit);
     }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

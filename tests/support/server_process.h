@@ -21,7 +21,9 @@ class ServerProcess {
   // Launches dgmm-server with `--listen=127.0.0.1:0 --port_file=...` plus
   // `extra_flags`, and waits (up to 30 s) until it has written its port.
   // Aborts the test binary if the server does not come up.
-  explicit ServerProcess(std::vector<std::string> extra_flags = {});
+  // With `open_files_limit` > 0, the server starts with RLIMIT_NOFILE (soft
+  // and hard) at that value.
+  explicit ServerProcess(std::vector<std::string> extra_flags = {}, int open_files_limit = 0);
   ~ServerProcess();
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;

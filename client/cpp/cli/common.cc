@@ -18,7 +18,7 @@ ABSL_FLAG(double, deadline, 0,
 ABSL_FLAG(dgmm::ByteSize, chunk_bytes, dgmm::ByteSize::MiB(4),
           "Largest block sent over MultiplyStream (whole rows or columns per block); at most "
           "the server's --max_block_bytes. Accepts 4194304, 4MiB, 1GiB, ...");
-ABSL_FLAG(dgmm::ByteSize, max_unary_message_bytes, dgmm::ByteSize::MiB(64),
+ABSL_FLAG(dgmm::ByteSize, max_unary_message_bytes, dgmm::ByteSize::MiB(16),
           "The server's --max_unary_message_bytes: no job over 7/8 of it is sent in one "
           "message.");
 ABSL_FLAG(std::string, load_balancing_policy, "",

@@ -71,7 +71,7 @@ Common flags:
   --chunk_bytes=BYTES  Largest streamed block (default 4MiB; at most the server's
                        max_block_bytes, see `info`). Accepts 4194304, 4MiB, 1GiB.
   --max_unary_message_bytes=BYTES
-                       The server's unary message limit (default 64MiB).
+                       The server's unary message limit (default 16MiB).
   --load_balancing_policy=NAME
                        gRPC load-balancing policy: round_robin spreads jobs over
                        every address of --server (a DNS name with several

@@ -1,5 +1,6 @@
 #include "dgmm/client.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
@@ -21,12 +22,28 @@ namespace {
 
 constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
 
+// A duration as a channel argument in ms (CheckClientOptions rejects those
+// out of range; this only keeps the conversion defined for them).
+int ChannelArgMs(absl::Duration d) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1,
+                                              std::numeric_limits<int>::max()));
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const ClientOptions& options) {
   grpc::ChannelArguments args;
   // Responses are as large as the requests the server accepted; the server's
   // limits bound them, not the client's.
   args.SetMaxReceiveMessageSize(-1);
+  // Its own connections: without this, Clients of one process that have the
+  // same server and options share gRPC's global subchannel pool, so one lost
+  // connection and one reconnect backoff serve all of them.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // See ClientOptions: how soon a restarted server is found again.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              ChannelArgMs(options.initial_reconnect_backoff));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, ChannelArgMs(options.min_reconnect_backoff));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ChannelArgMs(options.max_reconnect_backoff));
   if (!options.load_balancing_policy.empty()) {
     args.SetLoadBalancingPolicyName(options.load_balancing_policy);
   }
@@ -52,7 +69,7 @@ template <typename AttemptFn>
 absl::StatusOr<JobResult> WithRetries(const RetryPolicy& policy, absl::Time deadline,
                                       AttemptFn attempt) {
   for (int made = 1;; ++made) {
-    auto [result, retryable, pushback] = attempt();
+    auto [result, retryable, pushback] = attempt(/*retried=*/made > 1);
     if (result.ok()) {
       result->attempts = made;
       return result;
@@ -119,10 +136,22 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
   }
   const RetryPolicy& retry = options.retry;
   if (retry.max_attempts < 1 || retry.initial_backoff <= absl::ZeroDuration() ||
-      retry.max_backoff < retry.initial_backoff || !(retry.backoff_multiplier >= 1.0)) {
+      retry.max_backoff < retry.initial_backoff || !(retry.backoff_multiplier >= 1.0) ||
+      retry.max_reconnect_wait <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "ClientOptions.retry: max_attempts must be >= 1, initial_backoff > 0, max_backoff >= "
-        "initial_backoff and backoff_multiplier >= 1");
+        "initial_backoff, backoff_multiplier >= 1 and max_reconnect_wait > 0");
+  }
+  const auto valid_ms = [](absl::Duration d) {
+    return d >= absl::Milliseconds(1) && d <= absl::Milliseconds(std::numeric_limits<int>::max());
+  };
+  if (!valid_ms(options.initial_reconnect_backoff) || !valid_ms(options.min_reconnect_backoff) ||
+      !valid_ms(options.max_reconnect_backoff) ||
+      options.max_reconnect_backoff < options.initial_reconnect_backoff) {
+    return absl::InvalidArgumentError(
+        "ClientOptions: initial_reconnect_backoff, min_reconnect_backoff and "
+        "max_reconnect_backoff must be from 1 ms to INT_MAX ms, and max_reconnect_backoff >= "
+        "initial_reconnect_backoff");
   }
   if (options.tls.has_value()) {
     if (options.credentials != nullptr) {
@@ -188,11 +217,29 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
 
 absl::Time Client::Deadline() const { return absl::Now() + options_.deadline; }
 
-void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline) const {
+void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline,
+                            bool wait_for_ready) const {
   if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
+  if (wait_for_ready) context->set_wait_for_ready(true);
   if (!options_.bearer_token.empty()) {
     context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
   }
+}
+
+absl::Status Client::AwaitConnection(absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  const absl::Duration wait = options_.retry.max_reconnect_wait;
+  const bool deadline_first = deadline <= start + wait;
+  const absl::Time until = deadline_first ? deadline : start + wait;
+  if (channel_->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
+  const std::string waited =
+      absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
+  // UNAVAILABLE either way: the server could not be reached, which is what
+  // the caller needs to know (a deadline that passed without any call made
+  // is not a slow job).
+  return absl::UnavailableError(absl::StrCat(
+      "no connection to the server within ", waited,
+      deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
 }
 
 absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out_bytes,
@@ -215,15 +262,23 @@ absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   const absl::Time deadline = Deadline();
-  return WithRetries(options_.retry, deadline,
-                     [&] { return UnaryAttempt(job, *bytes, out, out_bytes, deadline, progress); });
+  return WithRetries(options_.retry, deadline, [&](bool retried) {
+    return UnaryAttempt(job, *bytes, out, out_bytes, deadline, retried, progress);
+  });
 }
 
 Client::Attempt Client::UnaryAttempt(const Job& job, size_t matrix_bytes, void* out,
-                                     size_t out_bytes, absl::Time deadline,
+                                     size_t out_bytes, absl::Time deadline, bool retried,
                                      const ProgressCallback& progress) {
-  const v1::JobHeader header = MakeHeader(job);
   Attempt attempt;
+  if (retried) {
+    if (absl::Status connected = AwaitConnection(deadline); !connected.ok()) {
+      attempt.result = connected;
+      attempt.retryable = false;  // It has waited its share already.
+      return attempt;
+    }
+  }
+  const v1::JobHeader header = MakeHeader(job);
   JobResult result;
   result.mode = TransferMode::kUnary;
   absl::Status outcome;
@@ -231,7 +286,7 @@ Client::Attempt Client::UnaryAttempt(const Job& job, size_t matrix_bytes, void* 
   wire::SliceLoans loans;
   {
     grpc::ClientContext context;
-    PrepareContext(&context, deadline);
+    PrepareContext(&context, deadline, /*wait_for_ready=*/retried);
     grpc::ByteBuffer request =
         wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
@@ -275,21 +330,30 @@ absl::StatusOr<JobResult> Client::MultiplyStream(const Job& job, void* out, size
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   const absl::Time deadline = Deadline();
-  return WithRetries(options_.retry, deadline,
-                     [&] { return StreamAttempt(job, *bytes, out, deadline, progress); });
+  return WithRetries(options_.retry, deadline, [&](bool retried) {
+    return StreamAttempt(job, *bytes, out, deadline, retried, progress);
+  });
 }
 
 Client::Attempt Client::StreamAttempt(const Job& job, size_t matrix_bytes, void* out,
-                                      absl::Time deadline, const ProgressCallback& progress) {
+                                      absl::Time deadline, bool retried,
+                                      const ProgressCallback& progress) {
+  Attempt attempt;
+  if (retried) {
+    if (absl::Status connected = AwaitConnection(deadline); !connected.ok()) {
+      attempt.result = connected;
+      attempt.retryable = false;  // It has waited its share already.
+      return attempt;
+    }
+  }
   const v1::JobHeader header = MakeHeader(job);
   const StreamPlan plan = PlanStream(job.matrix, matrix_bytes, options_.chunk_bytes);
-  Attempt attempt;
   absl::StatusOr<v1::JobStats> stats;
   // Declared first so that it outlives the context and buffers holding its slices.
   wire::SliceLoans loans;
   {
     grpc::ClientContext context;
-    PrepareContext(&context, deadline);
+    PrepareContext(&context, deadline, /*wait_for_ready=*/retried);
     StreamCall call(header, static_cast<const char*>(job.matrix.data), static_cast<char*>(out),
                     plan, progress, &loans);
     stats = call.Run(&generic_stub_, &context);

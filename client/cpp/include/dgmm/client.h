@@ -64,6 +64,16 @@ using ProgressCallback =
 //    (the server's admission queue was full), after the time it names.
 // Other errors are final, and so is any error of a streamed job once a
 // result block has arrived. No wait may end past the job's deadline.
+//
+// The first attempt fails fast when there is no connection (UNAVAILABLE at
+// once, so that max_attempts = 1 sees a dead server as it is). Retried
+// attempts are wait-for-ready: each first waits for the channel to connect
+// (gRPC reconnects by itself, see ClientOptions' reconnect backoff), up to
+// the job's deadline and at most max_reconnect_wait, and is then sent with
+// wait_for_ready so that it is queued rather than failed while the
+// connection is being made. A server that does not come back within that
+// wait (or the job's deadline) ends the job with UNAVAILABLE ("no connection
+// to the server within ...").
 struct RetryPolicy {
   // Attempts per job, the first included; 1 turns retries off.
   int max_attempts = 4;
@@ -73,6 +83,10 @@ struct RetryPolicy {
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
   double backoff_multiplier = 2.0;
+  // How long a retried attempt waits for a connection (bounded by the job's
+  // deadline too). Covers a server restart; a server that stays down fails
+  // the job after about this long instead of after the backoffs alone.
+  absl::Duration max_reconnect_wait = absl::Seconds(5);
 };
 
 struct ClientOptions {
@@ -81,7 +95,7 @@ struct ClientOptions {
   absl::Duration deadline = absl::InfiniteDuration();
   // Largest Multiply request this client sends in one message. Match it to
   // the server's --max_unary_message_bytes (GetServerInfo.limits).
-  int64_t max_unary_message_bytes = int64_t{64} << 20;
+  int64_t max_unary_message_bytes = int64_t{16} << 20;
   // Largest block payload sent over MultiplyStream (whole lines are sent, so
   // a block holds max(1, chunk_bytes / line_bytes) lines). Must not exceed
   // the server's max_block_bytes.
@@ -109,10 +123,33 @@ struct ClientOptions {
   // (pick_first: one address at a time).
   std::string load_balancing_policy;
   RetryPolicy retry;
+  // How the channel reconnects after losing its server (gRPC channel args
+  // grpc.initial_reconnect_backoff_ms, grpc.min_reconnect_backoff_ms,
+  // grpc.max_reconnect_backoff_ms; ignored by the constructor that takes a
+  // channel). gRPC's own defaults are 1 s, 20 s and 120 s, with which
+  // clients took 19-22 s to reconnect to a restarted server (issue 12). In
+  // gRPC 1.51 (src/core/ext/filters/client_channel/subchannel.cc), each
+  // value is raised to at least 100 ms, and:
+  //  - initial_reconnect_backoff: the wait after the first failed connection
+  //    attempt; each later wait is 1.6x longer (jittered by +-20%), up to
+  //  - max_reconnect_backoff: so a restarted server is found at most about
+  //    1.2x this long after it is up;
+  //  - min_reconnect_backoff: despite its name, not a backoff but the
+  //    shortest time a connection attempt (TCP connect, TLS and HTTP/2
+  //    handshakes) may take before it is abandoned: an attempt's deadline is
+  //    the later of its next backoff time and now + this. gRPC's 20 s here
+  //    is what kept a client whose connect hung (no answer to its SYN) from
+  //    trying again. Keep it above the slowest handshake you expect (TLS to
+  //    a distant or loaded server), or connections never complete.
+  // grpc-js (the Node client) has initial and max but no min.
+  absl::Duration initial_reconnect_backoff = absl::Milliseconds(100);
+  absl::Duration min_reconnect_backoff = absl::Seconds(2);
+  absl::Duration max_reconnect_backoff = absl::Seconds(1);
 };
 
-// OK when `options` can be used: positive sizes, a sane retry policy, usable
-// TLS options and bearer token, not both `tls` and `credentials`.
+// OK when `options` can be used: positive sizes, a sane retry policy and
+// reconnect backoff (each from 1 ms to INT_MAX ms, max at least initial),
+// usable TLS options and bearer token, not both `tls` and `credentials`.
 // INVALID_ARGUMENT naming the field otherwise.
 absl::Status CheckClientOptions(const ClientOptions& options);
 
@@ -207,14 +244,20 @@ class Client {
  private:
   // The deadline of a call or job starting now.
   absl::Time Deadline() const;
-  // Applies `deadline` and the bearer token to a fresh context.
-  void PrepareContext(grpc::ClientContext* context, absl::Time deadline) const;
+  // Applies `deadline` and the bearer token to a fresh context, and
+  // wait_for_ready for a retried attempt.
+  void PrepareContext(grpc::ClientContext* context, absl::Time deadline,
+                      bool wait_for_ready = false) const;
+  // Before a retried attempt: waits until the channel is connected, up to
+  // `deadline` and RetryPolicy::max_reconnect_wait. UNAVAILABLE if it is not.
+  absl::Status AwaitConnection(absl::Time deadline);
   // One try of a job: its outcome, and what decides whether to try again.
   struct Attempt;
+  // `retried`: not the job's first attempt (see RetryPolicy).
   Attempt UnaryAttempt(const Job& job, size_t matrix_bytes, void* out, size_t out_bytes,
-                       absl::Time deadline, const ProgressCallback& progress);
+                       absl::Time deadline, bool retried, const ProgressCallback& progress);
   Attempt StreamAttempt(const Job& job, size_t matrix_bytes, void* out, absl::Time deadline,
-                        const ProgressCallback& progress);
+                        bool retried, const ProgressCallback& progress);
 
   ClientOptions options_;
   // CheckClientOptions(options_), returned by every call when not OK.

@@ -1,0 +1,521 @@
+// Hostile and careless clients against the real server on loopback: each
+// test attacks one promise of docs/operations.md ("Hostile load") or of the
+// proto's status codes, and checks the server keeps it.
+#include <arpa/inet.h>
+#include <signal.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/integration/rpc_util.h"
+#include "tests/support/server_process.h"
+
+namespace dgmm::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool WaitUntil(const std::function<bool()>& pred, int ms) {
+  const auto end = Clock::now() + std::chrono::milliseconds(ms);
+  while (Clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+std::map<std::string, int64_t> RejectedByReason(v1::Dgmm::Stub* stub) {
+  std::map<std::string, int64_t> out;
+  const v1::GetServerInfoResponse info = Info(stub);
+  for (const auto& d : info.devices()) {
+    for (const auto& [reason, n] : d.rejected_jobs()) out[reason] += n;
+  }
+  return out;
+}
+
+// A channel on a connection of its own (no subchannel sharing).
+std::shared_ptr<grpc::Channel> OwnConnection(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+long RssBytes(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/statm").c_str(), "r");
+  if (f == nullptr) return -1;
+  long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * sysconf(_SC_PAGESIZE) : -1;
+}
+
+// ------------------------------------------------------- codes and counters
+
+TEST(Hardening, EachRefusalIsCountedUnderItsOwnReason) {
+  ServerProcess server({"--backend=cpu", "--max_unary_message_bytes=64KiB",
+                        "--max_block_bytes=4KiB", "--max_dim=1000",
+                        "--host_memory_budget=100KiB", "--max_queue=1",
+                        "--max_queued_per_client=0", "--max_client_share_percent=100"});
+  auto stub = Connect(server.address());
+
+  // An oversized Multiply message: RESOURCE_EXHAUSTED, message_too_large.
+  RandomJob big = MakeJob(100, 200, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1);
+  v1::MultiplyResponse resp;
+  grpc::Status s = UnaryJob(stub.get(), big, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max_unary_message_bytes"), std::string::npos);
+
+  // An oversized block message: INVALID_ARGUMENT, message_too_large too.
+  RandomJob small = MakeJob(8, 8, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 2);
+  {
+    grpc::ClientContext ctx;
+    auto stream = stub->MultiplyStream(&ctx);
+    v1::MultiplyStreamRequest h;
+    *h.mutable_header() = small.header;
+    ASSERT_TRUE(stream->Write(h));
+    v1::MultiplyStreamResponse accepted;
+    ASSERT_TRUE(stream->Read(&accepted) && accepted.has_accepted());
+    v1::MultiplyStreamRequest b;
+    b.mutable_block()->set_first_line(0);
+    b.mutable_block()->set_data(std::string(200 << 10, '\1'));
+    stream->Write(b);
+    stream->WritesDone();
+    while (stream->Read(&accepted)) {
+    }
+    s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find("exceeds max_block_bytes"), std::string::npos);
+  }
+
+  // Past --max_dim: RESOURCE_EXHAUSTED, too_large.
+  RandomJob wide = MakeJob(2, 2000, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 3);
+  s = UnaryJob(stub.get(), wide, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max_dim"), std::string::npos);
+
+  // Past the budget's capacity: RESOURCE_EXHAUSTED, too_large.
+  RandomJob heavy = MakeJob(80, 80, v1::DTYPE_FLOAT64, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 4);
+  s = UnaryJob(stub.get(), heavy, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("largest square"), std::string::npos) << s.error_message();
+
+  // A full queue: RESOURCE_EXHAUSTED with a pushback, queue_full. Three
+  // held streams take 3 x (2 x 4 x 4 KiB + 8) of the 100 KiB budget.
+  HeldStream holder(stub.get(), 2, 2), holder2(stub.get(), 2, 2), holder3(stub.get(), 2, 2);
+  ASSERT_TRUE(holder.accepted() && holder2.accepted() && holder3.accepted());
+  RandomJob fits = MakeJob(64, 64, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 5);
+  std::thread waiting([&] {
+    v1::MultiplyResponse r;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    UnaryJob(stub.get(), fits, &r, &ctx);
+  });
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        int64_t q = 0;
+        const v1::GetServerInfoResponse info = Info(stub.get());
+        for (const auto& d : info.devices()) q += d.queued_jobs();
+        return q == 1;
+      },
+      5000));
+  grpc::ClientContext full_ctx;
+  s = UnaryJob(stub.get(), fits, &resp, &full_ctx);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max_queue"), std::string::npos) << s.error_message();
+  EXPECT_EQ(full_ctx.GetServerTrailingMetadata().count("grpc-retry-pushback-ms"), 1u);
+  EXPECT_TRUE(holder.Finish().ok());
+  EXPECT_TRUE(holder2.Finish().ok());
+  EXPECT_TRUE(holder3.Finish().ok());
+  waiting.join();
+
+  const auto reasons = RejectedByReason(stub.get());
+  EXPECT_EQ(reasons.count("message_too_large") ? reasons.at("message_too_large") : 0, 2);
+  EXPECT_EQ(reasons.count("too_large") ? reasons.at("too_large") : 0, 2);
+  EXPECT_EQ(reasons.count("queue_full") ? reasons.at("queue_full") : 0, 1);
+  for (const auto& [reason, n] : reasons) std::printf("rejected %s: %lld\n", reason.c_str(),
+                                                      static_cast<long long>(n));
+}
+
+TEST(Hardening, AClientOverItsQueueShareIsCountedAsClientLimit) {
+  ServerProcess server({"--backend=cpu", "--host_memory_budget=100KiB", "--max_block_bytes=4KiB",
+                        "--max_queued_per_client=1", "--max_client_share_percent=100"});
+  auto stub = Connect(server.address());
+  HeldStream holder(stub.get(), 2, 2), holder2(stub.get(), 2, 2), holder3(stub.get(), 2, 2);
+  ASSERT_TRUE(holder.accepted() && holder2.accepted() && holder3.accepted());
+  RandomJob fits = MakeJob(64, 64, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 5);
+  std::thread waiting([&] {
+    v1::MultiplyResponse r;
+    UnaryJob(stub.get(), fits, &r);
+  });
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        int64_t q = 0;
+        const v1::GetServerInfoResponse info = Info(stub.get());
+        for (const auto& d : info.devices()) q += d.queued_jobs();
+        return q == 1;
+      },
+      5000));
+  grpc::ClientContext ctx;
+  v1::MultiplyResponse resp;
+  grpc::Status s = UnaryJob(stub.get(), fits, &resp, &ctx);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max_queued_per_client"), std::string::npos);
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("grpc-retry-pushback-ms"), 1u);
+  EXPECT_TRUE(holder.Finish().ok());
+  EXPECT_TRUE(holder2.Finish().ok());
+  EXPECT_TRUE(holder3.Finish().ok());
+  waiting.join();
+  const auto reasons = RejectedByReason(stub.get());
+  EXPECT_EQ(reasons.count("client_limit") ? reasons.at("client_limit") : 0, 1);
+  EXPECT_EQ(reasons.count("queue_full"), 0u);
+}
+
+TEST(Hardening, UnaryJobThatCanNeverFitIsTooLargeBeforeItsPayloadIsLookedAt) {
+  ServerProcess server({"--backend=cpu", "--host_memory_budget=1GiB"});
+  auto stub = Connect(server.address());
+  // 10^6 x 10^6 float64, no matrix at all: the footprint decides first.
+  v1::MultiplyRequest req;
+  v1::JobHeader* h = req.mutable_header();
+  h->set_rows(1000000);
+  h->set_cols(1000000);
+  h->set_dtype(v1::DTYPE_FLOAT64);
+  h->set_layout(v1::LAYOUT_ROW_MAJOR);
+  h->set_side(v1::SIDE_LEFT);
+  h->set_diagonal(std::string(8 * 1000000, '\1'));
+  grpc::ClientContext ctx;
+  v1::MultiplyResponse resp;
+  grpc::Status s = stub->Multiply(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("the largest square float64 matrix that fits unary"),
+            std::string::npos)
+      << s.error_message();
+}
+
+TEST(Hardening, StreamedLineTooLongGetsOnlyAdviceThatCanWork) {
+  ServerProcess server({"--backend=cpu"});
+  auto stub = Connect(server.address());
+  auto header_status = [&](int64_t rows, int64_t cols) {
+    v1::JobHeader h;
+    h.set_rows(rows);
+    h.set_cols(cols);
+    h.set_dtype(v1::DTYPE_FLOAT64);
+    h.set_layout(v1::LAYOUT_ROW_MAJOR);
+    h.set_side(v1::SIDE_LEFT);
+    h.set_diagonal(std::string(8 * rows, '\1'));
+    grpc::ClientContext ctx;
+    auto stream = stub->MultiplyStream(&ctx);
+    v1::MultiplyStreamRequest r;
+    *r.mutable_header() = h;
+    stream->Write(r);
+    stream->WritesDone();
+    v1::MultiplyStreamResponse resp;
+    while (stream->Read(&resp)) {
+    }
+    return stream->Finish();
+  };
+  // 10^6 x 10^6: no layout streams it and no Multiply holds it: no advice.
+  grpc::Status s = header_status(1000000, 1000000);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message().find("layout"), std::string::npos) << s.error_message();
+  EXPECT_EQ(s.error_message().find("Multiply"), std::string::npos) << s.error_message();
+  // 10 x 10^6: its columns (80 bytes) stream, and 80 MB exceeds a Multiply.
+  s = header_status(10, 1000000);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("in column-major layout a line is 80 bytes"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(s.error_message().find("Multiply"), std::string::npos) << s.error_message();
+}
+
+TEST(Hardening, MalformedGetServerInfoIsInvalidArgument) {
+  ServerProcess server({"--backend=cpu"});
+  grpc::GenericStub generic(OwnConnection(server.address()));
+  const std::string junk = "\xff\xff\xff";  // a field 0 tag: does not parse
+  grpc::Slice slice(junk);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::ClientContext ctx;
+  std::atomic<bool> done{false};
+  grpc::Status status;
+  grpc::StubOptions options;
+  generic.UnaryCall(&ctx, "/dgmm.v1.Dgmm/GetServerInfo", options, &request, &response,
+                    [&](grpc::Status s) {
+                      status = s;
+                      done = true;
+                    });
+  ASSERT_TRUE(WaitUntil([&] { return done.load(); }, 5000));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_FALSE(status.error_message().empty());
+}
+
+// ----------------------------------------------------------------- streams
+
+TEST(Hardening, AdmittedStreamThatSendsNoBlockIsCutAfterTheFirstBlockTimeout) {
+  ServerProcess server({"--backend=cpu", "--stream_first_block_timeout_s=1"});
+  auto stub = Connect(server.address());
+  HeldStream quiet(stub.get(), 64, 64);
+  ASSERT_TRUE(quiet.accepted());
+  EXPECT_GT(Reserved(stub.get()), 0);
+  const auto start = Clock::now();
+  EXPECT_TRUE(WaitUntil([&] { return Reserved(stub.get()) == 0; }, 4000));
+  std::printf("reservation returned %.2f s after acceptance\n",
+              std::chrono::duration<double>(Clock::now() - start).count());
+  grpc::Status s = quiet.Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--stream_first_block_timeout_s"), std::string::npos)
+      << s.error_message();
+}
+
+// One client (over IPv4, 17 connections) holds 1000 streams that send a
+// header and then nothing; another (over IPv6) runs small jobs meanwhile.
+TEST(Hardening, OneClientsThousandStalledStreamsLeaveAFairShareToAnother) {
+  ServerProcess server({"--backend=cpu", "--listen=[::]:0", "--host_memory_budget=256MiB"});
+  const std::string port = server.address().substr(server.address().rfind(':') + 1);
+  constexpr int kConnections = 17;
+  constexpr int kPerConnection = 59;  // under --max_concurrent_streams=64
+  struct Stalled {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::MultiplyStreamRequest,
+                                             v1::MultiplyStreamResponse>>
+        stream;
+  };
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<Stalled> stalled;
+  v1::MultiplyStreamRequest header;
+  v1::JobHeader* h = header.mutable_header();
+  h->set_rows(2048);
+  h->set_cols(2048);
+  h->set_dtype(v1::DTYPE_FLOAT32);
+  h->set_layout(v1::LAYOUT_ROW_MAJOR);
+  h->set_side(v1::SIDE_RIGHT);
+  h->set_diagonal(std::string(4 * 2048, '\1'));
+  for (int c = 0; c < kConnections; ++c) {
+    channels.push_back(OwnConnection("127.0.0.1:" + port));
+    auto stub = v1::Dgmm::NewStub(channels.back());
+    for (int i = 0; i < kPerConnection; ++i) {
+      Stalled st;
+      st.ctx = std::make_unique<grpc::ClientContext>();
+      st.stream = stub->MultiplyStream(st.ctx.get());
+      st.stream->Write(header);
+      stalled.push_back(std::move(st));
+    }
+  }
+  ASSERT_EQ(stalled.size(), 1003u);
+
+  auto victim = v1::Dgmm::NewStub(OwnConnection("[::1]:" + port));
+  ASSERT_GT(Info(victim.get()).devices_size(), 0) << "no IPv6 loopback here";
+  int ok = 0;
+  constexpr int kJobs = 40;
+  std::vector<double> latency_ms;
+  for (int i = 0; i < kJobs; ++i) {
+    RandomJob job = MakeJob(256, 256, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT,
+                            100 + i);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::MultiplyResponse resp;
+    const auto start = Clock::now();
+    grpc::Status s = UnaryJob(victim.get(), job, &resp, &ctx);
+    latency_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    if (s.ok() && MaxRelError(job, resp.result()) <= 1.2e-7) ++ok;
+  }
+  std::sort(latency_ms.begin(), latency_ms.end());
+  std::printf("second client: %d of %d jobs ok; latency ms p50 %.1f p95 %.1f max %.1f\n", ok,
+              kJobs, latency_ms[kJobs / 2], latency_ms[kJobs * 95 / 100], latency_ms.back());
+  const v1::GetServerInfoResponse info = Info(victim.get());
+  for (const auto& [reason, n] : info.devices(0).rejected_jobs()) {
+    std::printf("rejected %s: %lld\n", reason.c_str(), static_cast<long long>(n));
+  }
+  EXPECT_GE(ok, kJobs * 95 / 100);
+  EXPECT_LE(info.devices(0).running_jobs(), 8) << "one client holds more than its share";
+  for (auto& st : stalled) st.ctx->TryCancel();
+  for (auto& st : stalled) st.stream->Finish();
+  EXPECT_TRUE(WaitUntil([&] { return Reserved(victim.get()) == 0; }, 10000));
+}
+
+// ------------------------------------------------------------- connections
+
+TEST(Hardening, ListenerSurvivesRunningOutOfFileDescriptors) {
+  ServerProcess server({"--backend=cpu"}, /*open_files_limit=*/128);
+  auto kept = Connect(server.address());  // an established client
+  ASSERT_GT(Info(kept.get()).devices_size(), 0);
+  const int port = std::stoi(server.address().substr(server.address().rfind(':') + 1));
+  std::vector<int> sockets;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      sockets.push_back(fd);
+    } else {
+      close(fd);
+    }
+  }
+  std::printf("%zu raw connections opened against a limit of 128 descriptors\n", sockets.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The established client is not disturbed while the flood is on.
+  EXPECT_GT(Info(kept.get()).devices_size(), 0);
+  for (int fd : sockets) close(fd);
+  // A new client gets through within 5 s of the flood's end.
+  const auto start = Clock::now();
+  bool served = false;
+  while (!served && Clock::now() - start < std::chrono::seconds(5)) {
+    auto fresh = v1::Dgmm::NewStub(OwnConnection(server.address()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::GetServerInfoResponse info;
+    served = fresh->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info).ok();
+  }
+  std::printf("new client served %.2f s after the flood ended\n",
+              std::chrono::duration<double>(Clock::now() - start).count());
+  EXPECT_TRUE(served) << server.Log();
+  EXPECT_EQ(server.Log().find("Failed accept4"), std::string::npos) << server.Log();
+}
+
+// ------------------------------------------------------------------ memory
+
+TEST(Hardening, UnaryFloodStaysWithinTheBudgetPlusTransportAndMemoryReturns) {
+  // 48 requests of 16 MiB at once (768 MiB offered) against a 128 MiB budget
+  // and a 64 MiB transport quota.
+  ServerProcess server({"--backend=cpu", "--host_memory_budget=128MiB",
+                        "--max_unary_message_bytes=17MiB", "--transport_memory_budget=64MiB"});
+  const long idle = RssBytes(server.pid());
+  constexpr int kCalls = 48;
+  RandomJob job = MakeJob(2048, 2048, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 7);
+  std::atomic<int> ok{0}, exhausted{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCalls; ++i) {
+    threads.emplace_back([&] {
+      auto stub = v1::Dgmm::NewStub(OwnConnection(server.address()));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      v1::MultiplyResponse resp;
+      grpc::Status s = UnaryJob(stub.get(), job, &resp, &ctx);
+      if (s.ok()) {
+        ++ok;
+      } else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        ++exhausted;
+      } else {
+        ++other;
+        std::printf("other: %d %s\n", s.error_code(), s.error_message().c_str());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const long peak = server.PeakRssBytes();
+  std::printf("flood: %d ok, %d RESOURCE_EXHAUSTED, %d other; idle RSS %ld MiB, peak %ld MiB\n",
+              ok.load(), exhausted.load(), other.load(), idle >> 20, peak >> 20);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GT(ok.load(), 0);
+  // Budget + transport quota + 96 MiB of fixed overhead and slack.
+  EXPECT_LE(peak, (128L + 64 + 96) << 20);
+  // Memory goes back once the burst is over (trimmed every 2 s when idle).
+  EXPECT_TRUE(WaitUntil([&] { return RssBytes(server.pid()) < idle + (48L << 20); }, 8000))
+      << "RSS stayed at " << (RssBytes(server.pid()) >> 20) << " MiB";
+}
+
+TEST(Hardening, GzipBombIsRefusedWithoutBeingInflated) {
+  ServerProcess server({"--backend=cpu", "--max_unary_message_bytes=1GiB"});
+  auto stub = Connect(server.address());
+  ASSERT_GT(Info(stub.get()).devices_size(), 0);
+  const long before = server.PeakRssBytes();
+  // 256 MiB of zeros: a valid 8192 x 8192 float32 job, about 256 KiB gzipped.
+  v1::MultiplyRequest req;
+  v1::JobHeader* h = req.mutable_header();
+  h->set_rows(8192);
+  h->set_cols(8192);
+  h->set_dtype(v1::DTYPE_FLOAT32);
+  h->set_layout(v1::LAYOUT_ROW_MAJOR);
+  h->set_side(v1::SIDE_RIGHT);
+  h->set_diagonal(std::string(4 * 8192, '\0'));
+  req.mutable_matrix()->assign(size_t{256} << 20, '\0');
+  grpc::ClientContext ctx;
+  ctx.set_compression_algorithm(GRPC_COMPRESS_GZIP);
+  v1::MultiplyResponse resp;
+  grpc::Status s = stub->Multiply(&ctx, req, &resp);
+  const long growth = server.PeakRssBytes() - before;
+  std::printf("gzip bomb: %s \"%s\", server peak RSS grew %ld KiB\n",
+              s.ok() ? "OK" : "refused", s.error_message().c_str(), growth >> 10);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("gzip"), std::string::npos) << s.error_message();
+  EXPECT_LT(growth, 64L << 20);
+  // The server still serves uncompressed calls.
+  EXPECT_GT(Info(stub.get()).devices_size(), 0);
+}
+
+// ------------------------------------------------------------------- drain
+
+TEST(Hardening, CallsRefusedDuringDrainGetUnavailableNeverCancelled) {
+  ServerProcess server({"--backend=cpu", "--drain_timeout_s=5"});
+  RandomJob job = MakeJob(64, 64, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 9);
+  std::atomic<bool> stop{false};
+  std::atomic<bool> terminated{false};
+  std::mutex mu;
+  std::map<int, int> after_term;  // status code -> count, calls started after SIGTERM
+  int before_ok = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      auto stub = v1::Dgmm::NewStub(OwnConnection(server.address()));
+      while (!stop) {
+        const bool after = terminated.load();
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        v1::MultiplyResponse resp;
+        grpc::Status s = UnaryJob(stub.get(), job, &resp, &ctx);
+        std::lock_guard lock(mu);
+        if (after) {
+          after_term[s.error_code()]++;
+        } else if (s.ok()) {
+          ++before_ok;
+        }
+      }
+    });
+  }
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        std::lock_guard lock(mu);
+        return before_ok > 50;
+      },
+      10000));
+  terminated = true;
+  server.Signal(SIGTERM, /*wait=*/false);
+  EXPECT_GE(server.WaitForExit(15000), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& t : threads) t.join();
+  int total = 0;
+  for (const auto& [code, n] : after_term) {
+    std::printf("after SIGTERM: code %d x %d\n", code, n);
+    total += n;
+  }
+  EXPECT_GT(total, 0);
+  EXPECT_EQ(after_term.count(grpc::StatusCode::CANCELLED), 0u)
+      << after_term[grpc::StatusCode::CANCELLED] << " calls got CANCELLED";
+  for (const auto& [code, n] : after_term) {
+    EXPECT_TRUE(code == grpc::StatusCode::OK || code == grpc::StatusCode::UNAVAILABLE)
+        << "code " << code << " x " << n;
+  }
+}
+
+}  // namespace
+}  // namespace dgmm::testing
