@@ -214,7 +214,7 @@ TEST_F(CliIntegrationTest, InfoPrintsVersionLimitsAndDevices) {
   CliRun run = Cli("info");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   for (const char* expected :
-       {"dgmm server ", "default backend:", "limits:", "64.0 MiB", "devices:", "cpu", "budget",
+       {"dgmm server ", "default backend:", "limits:", "16.0 MiB", "devices:", "cpu", "budget",
         "reserved", "queued", "running", "completed", "rejected"}) {
     EXPECT_THAT(run.output, HasSubstr(expected));
   }

@@ -197,7 +197,7 @@ TEST(ClientIntegrationTest, ServerInfoReportsVersionLimitsAndTheCpuDevice) {
   absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_FALSE(info->version().empty());
-  EXPECT_EQ(info->limits().max_unary_message_bytes(), int64_t{64} << 20);
+  EXPECT_EQ(info->limits().max_unary_message_bytes(), int64_t{16} << 20);
   EXPECT_EQ(info->limits().max_block_bytes(), int64_t{4} << 20);
   bool has_cpu = false;
   for (const v1::DeviceInfo& d : info->devices()) has_cpu |= d.index() == -1;

@@ -83,8 +83,13 @@ TEST(Limits, AdmittedStreamThatGoesQuietIsEndedAndGivesItsMemoryBack) {
 
 TEST(Limits, ConcurrentStreamsPerConnectionAreCapped) {
   ServerProcess server({"--backend=cpu", "--max_concurrent_streams=2"});
-  auto stub = Connect(server.address());        // one connection for the three
-  auto observer = Connect(server.address());    // another, to watch
+  auto stub = Connect(server.address());  // one connection for the three
+  // Another connection, to watch: channels with the same arguments would
+  // share the first one (gRPC's global subchannel pool).
+  grpc::ChannelArguments own;
+  own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto observer = v1::Dgmm::NewStub(
+      grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), own));
   HeldStream a(stub.get(), 4, 4), b(stub.get(), 4, 4);
   ASSERT_TRUE(a.accepted() && b.accepted());
   // The third stream on the same connection is held back by HTTP/2 until a

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, after
+# `source .gpu/env.sh`: the GPU tests, then how long dgmm-cli processes take
+# to exit after their job (issue: 10 s there, 0.04-0.2 s on the build
+# machine), under gRPC's settings that could explain it. Logs go to $OUT (or
+# ./gpu-out), each headed with the date, the GPU, the commit and the command.
+#
+#   bench/run_gpu_exit.sh COMMIT [BUILD_DIR]
+set -uo pipefail
+# shellcheck source=bench/gpu_run_setup.sh
+source "$(dirname "$0")/gpu_run_setup.sh"  # commit, build, out, header; shifts 2
+tests_cmd="ctest --test-dir $build -L gpu --output-on-failure"
+{ header "$tests_cmd -V"; $tests_cmd -V 2>&1; echo "ctest exit: $?"; } > "$out/gpu_tests.log" 2>&1
+tail -n 12 "$out/gpu_tests.log"
+
+work=$(mktemp -d)
+"$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$work/port" 2>"$work/server.log" &
+server=$!
+for _ in $(seq 600); do [[ -s $work/port ]] && break; sleep 0.1; done
+addr=127.0.0.1:$(cat "$work/port")
+cli="$build/client/cpp/dgmm-cli"
+now() { date +%s%N; }
+# Prints: label, wall seconds of the whole process.
+timed() {
+  local label=$1; shift
+  local t0 t1 rc
+  t0=$(now)
+  "$@" >"$work/last.out" 2>"$work/last.err"; rc=$?
+  t1=$(now)
+  printf '%-58s rc=%d  process %.3f s\n' "$label" "$rc" "$(( (t1 - t0) / 1000 ))e-6"
+}
+{
+  header "bench/run_gpu_exit.sh $commit $build"
+  echo "# /etc/resolv.conf:"; sed 's/^/#   /' /etc/resolv.conf 2>/dev/null
+  echo "# nproc: $(nproc)"
+  timed "health" "$cli" health --server "$addr"
+  timed "multiply --random=4000" "$cli" multiply --random=4000 --server "$addr" --quiet
+  timed "multiply --random=4000 (GRPC_DNS_RESOLVER=native)" env GRPC_DNS_RESOLVER=native "$cli" multiply --random=4000 --server "$addr" --quiet
+  timed "multiply --random=4000 (GRPC_POLL_STRATEGY=poll)" env GRPC_POLL_STRATEGY=poll "$cli" multiply --random=4000 --server "$addr" --quiet
+  timed "multiply --random=4000 (GRPC_ENABLE_FORK_SUPPORT=0)" env GRPC_ENABLE_FORK_SUPPORT=0 "$cli" multiply --random=4000 --server "$addr" --quiet
+  timed "info" "$cli" info --server "$addr"
+  echo "# with GRPC_VERBOSITY=debug (the iomgr shutdown names what it waits for):"
+  GRPC_VERBOSITY=debug "$cli" multiply --random=1000 --server "$addr" --quiet 2>&1 |
+    grep -E "shutdown|iomgr|LEAKED|Waiting|clean-up|OBJECT" | sed 's/^/#   /' | head -40
+  if command -v strace >/dev/null; then
+    echo "# strace -f -tt (last 60 lines):"
+    strace -f -tt -o "$work/strace" "$cli" health --server "$addr" >/dev/null 2>&1
+    tail -n 60 "$work/strace" | sed 's/^/#   /'
+  else
+    echo "# no strace here"
+  fi
+} > "$out/cli_exit.log" 2>&1
+cat "$out/cli_exit.log"
+kill -TERM "$server"; wait "$server"
+cp "$work/server.log" "$out/server.log"
+rm -rf "$work"
