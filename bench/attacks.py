@@ -173,6 +173,9 @@ class Watcher:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._sample, daemon=True)]
         if second_client:
+            # The second client is connected before the attack starts.
+            self._ch = channel(self.server.v6())
+            grpc.channel_ready_future(self._ch).result(timeout=10)
             self._threads.append(threading.Thread(target=self._client, daemon=True))
         for t in self._threads:
             t.start()
@@ -184,7 +187,7 @@ class Watcher:
             time.sleep(0.02)
 
     def _client(self):
-        ch = channel(self.server.v6())
+        ch = self._ch
         call = ch.unary_unary("/dgmm.v1.Dgmm/Multiply")
         req = multiply_request(64, 64)
         while not self._stop.is_set():
@@ -244,9 +247,9 @@ def unary_flood(args, budget):
             codes[e.code().name] = codes.get(e.code().name, 0) + 1
     w.stop()
     peak = server.peak()
-    recover = wait_rss_below(server, idle + 64 * MIB)
     for c in chans:
         c.close()
+    recover = wait_rss_below(server, idle + 64 * MIB)
     server.stop()
     return dict(attack="%d concurrent %d MiB Multiply calls, %d connections" % (calls, len(req) // MIB, calls),
                 peak=peak, fds=w.max_fds, second=w.second(), recover=recover,

@@ -20,27 +20,37 @@ for _ in $(seq 600); do [[ -s $work/port ]] && break; sleep 0.1; done
 addr=127.0.0.1:$(cat "$work/port")
 cli="$build/client/cpp/dgmm-cli"
 now() { date +%s%N; }
-# Prints: label, wall seconds of the whole process.
+# Prints: label, wall seconds of the whole process, and for a multiply the
+# job's own wall time (as dgmm-cli reports it) and whether the process ended
+# within 1 s of it.
 timed() {
   local label=$1; shift
-  local t0 t1 rc
+  local t0 t1 rc job
   t0=$(now)
   "$@" >"$work/last.out" 2>"$work/last.err"; rc=$?
   t1=$(now)
-  printf '%-58s rc=%d  process %.3f s\n' "$label" "$rc" "$(( (t1 - t0) / 1000 ))e-6"
+  job=$(sed -n 's/.* \([0-9.]*\) ms wall (client).*/\1/p' "$work/last.out")
+  printf '%-58s rc=%d  process %.3f s' "$label" "$rc" "$(( (t1 - t0) / 1000 ))e-6"
+  if [[ -n $job ]]; then
+    local after_ms=$(( (t1 - t0) / 1000000 - ${job%.*} ))
+    printf '  job %s ms  exit %d ms after the job: %s' "$job" "$after_ms" \
+      "$([[ $after_ms -lt 1000 ]] && echo "within 1 s: OK" || echo "over 1 s: FAILED")"
+  fi
+  printf '\n'
 }
 {
   header "bench/run_gpu_exit.sh $commit $build"
   echo "# /etc/resolv.conf:"; sed 's/^/#   /' /etc/resolv.conf 2>/dev/null
   echo "# nproc: $(nproc)"
   timed "health" "$cli" health --server "$addr"
-  timed "multiply --random=4000" "$cli" multiply --random=4000 --server "$addr" --quiet
-  timed "multiply --random=4000 (GRPC_DNS_RESOLVER=native)" env GRPC_DNS_RESOLVER=native "$cli" multiply --random=4000 --server "$addr" --quiet
-  timed "multiply --random=4000 (GRPC_POLL_STRATEGY=poll)" env GRPC_POLL_STRATEGY=poll "$cli" multiply --random=4000 --server "$addr" --quiet
-  timed "multiply --random=4000 (GRPC_ENABLE_FORK_SUPPORT=0)" env GRPC_ENABLE_FORK_SUPPORT=0 "$cli" multiply --random=4000 --server "$addr" --quiet
+  timed "multiply --random=4000" "$cli" multiply --random=4000 --server "$addr"
+  timed "multiply --random=4000 (GRPC_DNS_RESOLVER=native)" env GRPC_DNS_RESOLVER=native "$cli" multiply --random=4000 --server "$addr"
+  timed "multiply --random=4000 (GRPC_POLL_STRATEGY=poll)" env GRPC_POLL_STRATEGY=poll "$cli" multiply --random=4000 --server "$addr"
+  timed "multiply --random=4000 (GRPC_ENABLE_FORK_SUPPORT=0)" env GRPC_ENABLE_FORK_SUPPORT=0 "$cli" multiply --random=4000 --server "$addr"
+  timed "multiply --random=4000 (GRPC_ENABLE_FORK_SUPPORT=1)" env GRPC_ENABLE_FORK_SUPPORT=1 "$cli" multiply --random=4000 --server "$addr"
   timed "info" "$cli" info --server "$addr"
   echo "# with GRPC_VERBOSITY=debug (the iomgr shutdown names what it waits for):"
-  GRPC_VERBOSITY=debug "$cli" multiply --random=1000 --server "$addr" --quiet 2>&1 |
+  GRPC_VERBOSITY=debug "$cli" multiply --random=1000 --server "$addr" 2>&1 |
     grep -E "shutdown|iomgr|LEAKED|Waiting|clean-up|OBJECT" | sed 's/^/#   /' | head -40
   if command -v strace >/dev/null; then
     echo "# strace -f -tt (last 60 lines):"

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -348,4 +349,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace dgmm::bench
 
-int main(int argc, char** argv) { return dgmm::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Never forks: gRPC's fork support off, else a process can wait ~10 s in
+  // grpc_shutdown on some hosts (dgmm::DisableGrpcForkSupport, client.h).
+  setenv("GRPC_ENABLE_FORK_SUPPORT", "0", /*overwrite=*/0);
+  return dgmm::bench::Main(argc, argv);
+}

@@ -92,6 +92,9 @@ ABSL_FLAG(std::string, transport_memory_budget, "auto",
           "Past it gRPC shrinks its windows, closes idle connections, then cancels streams with "
           "RESOURCE_EXHAUSTED. The server's peak memory is about --host_memory_budget plus this "
           "plus a fixed overhead (docs/operations.md).");
+ABSL_FLAG(int, handshake_timeout_s, 10,
+          "A connection that has not completed its TLS and HTTP/2 handshakes within this many "
+          "seconds is closed (a socket opened and left silent gives its slot back).");
 ABSL_FLAG(int, max_connections, 4096,
           "Most client connections held at once (counted as open file descriptors beyond the "
           "server's own); a connection beyond it is closed at once (the client sees "
@@ -162,6 +165,7 @@ absl::Status CheckFlagRanges() {
       CheckFlagRange("max_client_share_percent", absl::GetFlag(FLAGS_max_client_share_percent),
                      1, 100),
       CheckFlagRange("max_connections", absl::GetFlag(FLAGS_max_connections), 1),
+      CheckFlagRange("handshake_timeout_s", absl::GetFlag(FLAGS_handshake_timeout_s), 1, 3600),
       CheckFlagRange("max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 1,
                      kMaxSeconds),
       CheckFlagRange("keepalive_time_s", absl::GetFlag(FLAGS_keepalive_time_s), 1,
@@ -300,6 +304,7 @@ int Main(int argc, char** argv) {
   so.max_connection_idle = absl::Seconds(absl::GetFlag(FLAGS_max_connection_idle_s));
   so.keepalive_time = absl::Seconds(absl::GetFlag(FLAGS_keepalive_time_s));
   so.keepalive_timeout = absl::Seconds(absl::GetFlag(FLAGS_keepalive_timeout_s));
+  so.handshake_timeout = absl::Seconds(absl::GetFlag(FLAGS_handshake_timeout_s));
   so.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   so.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   so.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

@@ -26,6 +26,9 @@ struct ServerOptions {
   absl::Duration max_connection_idle = absl::Minutes(10);
   absl::Duration keepalive_time = absl::Minutes(1);
   absl::Duration keepalive_timeout = absl::Seconds(20);
+  // A connection that has not completed its TLS and HTTP/2 handshakes within
+  // this time is closed.
+  absl::Duration handshake_timeout = absl::Seconds(10);
   // TLS: PEM files. Both cert and key turn TLS on; a client CA also requires
   // and verifies client certificates (mutual TLS).
   std::string tls_cert_file;

@@ -390,6 +390,31 @@ TEST(Hardening, ListenerSurvivesRunningOutOfFileDescriptors) {
   EXPECT_EQ(server.Log().find("Failed accept4"), std::string::npos) << server.Log();
 }
 
+TEST(Hardening, ASilentSocketIsClosedAfterTheHandshakeTimeout) {
+  ServerProcess server({"--backend=cpu", "--handshake_timeout_s=1"});
+  const int port = std::stoi(server.address().substr(server.address().rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval tv{.tv_sec = 5, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const auto start = Clock::now();
+  char buf[256];
+  ssize_t n = 0;
+  // The server may send its HTTP/2 settings first; then it closes.
+  while ((n = recv(fd, buf, sizeof buf, 0)) > 0) {
+  }
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  close(fd);
+  std::printf("silent socket closed by the server after %.2f s (recv %zd)\n", waited, n);
+  EXPECT_EQ(n, 0) << "the server did not close the silent socket within 5 s";
+  EXPECT_LT(waited, 4.0);
+}
+
 // ------------------------------------------------------------------ memory
 
 TEST(Hardening, UnaryFloodStaysWithinTheBudgetPlusTransportAndMemoryReturns) {

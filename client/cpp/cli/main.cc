@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "cli/command_line.h"
 #include "cli/commands.h"
+#include "dgmm/client.h"
 
 namespace {
 
@@ -108,6 +109,7 @@ error or an unusable input file; 3 --check failed.
 }  // namespace
 
 int main(int argc, char** argv) {
+  dgmm::DisableGrpcForkSupport();  // exits promptly after a job (client.h)
   using dgmm::cli::ReportError;
   absl::StatusOr<dgmm::cli::CommandLine> command_line = dgmm::cli::ParseCommandLine(argc, argv);
   if (!command_line.ok()) return ReportError(command_line.status(), dgmm::cli::kExitUsage);

@@ -5,6 +5,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <limits>
 #include <utility>
@@ -124,6 +125,8 @@ struct Client::Attempt {
   bool retryable = true;
   std::optional<absl::Duration> pushback;
 };
+
+void DisableGrpcForkSupport() { setenv("GRPC_ENABLE_FORK_SUPPORT", "0", /*overwrite=*/0); }
 
 absl::Status CheckClientOptions(const ClientOptions& options) {
   if (options.deadline <= absl::ZeroDuration()) {
