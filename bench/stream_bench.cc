@@ -350,8 +350,8 @@ int Main(int argc, char** argv) {
 }  // namespace dgmm::bench
 
 int main(int argc, char** argv) {
-  // Never forks: gRPC's fork support off, else a process can wait ~10 s in
-  // grpc_shutdown on some hosts (dgmm::DisableGrpcForkSupport, client.h).
-  setenv("GRPC_ENABLE_FORK_SUPPORT", "0", /*overwrite=*/0);
+  // A short-lived client: gRPC's poll poller, else the process can wait
+  // ~10 s in grpc_shutdown on a many-core host (dgmm::ConfigureGrpcForQuickExit).
+  setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
   return dgmm::bench::Main(argc, argv);
 }

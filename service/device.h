@@ -20,10 +20,6 @@ namespace dgmm {
 
 class HostBufferPool;  // service/host_buffers.h
 
-// Blocks of a streamed job a server holds at once (read, computing, or being
-// written back). A streamed job's working set is this many blocks each way.
-inline constexpr int kStreamWindowBlocks = 4;
-
 // How a job hands its matrix to a device: all at once (Multiply) or as a
 // sequence of blocks of at most `max_block_bytes` (MultiplyStream).
 enum class JobMode { kWhole, kStreamed };
@@ -78,7 +74,9 @@ class Device {
   // Bytes of this device's budget a job holds while admitted. Computed from
   // the shape alone. kWhole: what the whole-matrix job holds (input and output
   // matrices plus diagonal). kStreamed: a fixed tile working set that does not
-  // grow with the number of lines.
+  // grow with the number of lines. The host side of every job (its payload
+  // in host memory) is HostFootprint (service/pipeline/block_pipeline.h),
+  // which the engine reserves from the host budget for every job.
   virtual int64_t Footprint(const Problem& p, JobMode mode,
                             int64_t max_block_bytes) const = 0;
 

@@ -25,7 +25,8 @@ class EchoService final
 
   // Header, accepted, then each block back as it came, then stats. The same
   // protocol checks as MultiplyStream (INVALID_ARGUMENT); no admission, no
-  // compute. At most kStreamWindowBlocks blocks are held at once.
+  // compute (an echo stage in the same BlockPipeline). At most
+  // kStreamWindowBlocks blocks are held at once.
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Echo(
       grpc::CallbackServerContext* context) override;
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "service/pipeline/block_pipeline.h"
 #include "util/flag_names.h"
 
 namespace dgmm {
@@ -130,7 +131,7 @@ absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mo
     r.need.device_pool = r.pool;
     r.need.device_bytes = r.device->Footprint(p, mode, options_.limits.max_block_bytes);
   }
-  r.need.host_bytes = cpu_->Footprint(p, mode, options_.limits.max_block_bytes);
+  r.need.host_bytes = HostFootprint(p, mode, options_.limits.max_block_bytes);
   if (r.need.host_bytes > admission_->capacity(0) ||
       (r.pool != 0 && r.need.device_bytes > admission_->capacity(r.pool))) {
     return TooLarge(p, mode, r);
@@ -154,7 +155,8 @@ absl::Status Engine::TooLarge(const Problem& p, JobMode mode, const Route& r) co
       const int64_t mid = lo + (hi - lo + 1) / 2;
       Problem sq = p;
       sq.rows = sq.cols = mid;
-      if (dev.Footprint(sq, m, max_block) <= capacity) {
+      const int64_t fp = host_short ? HostFootprint(sq, m, max_block) : dev.Footprint(sq, m, max_block);
+      if (fp <= capacity) {
         lo = mid;
       } else {
         hi = mid - 1;
@@ -172,7 +174,8 @@ absl::Status Engine::TooLarge(const Problem& p, JobMode mode, const Route& r) co
       host_short ? "--host_memory_budget" : "--gpu_memory_budget", DTypeName(p.dtype),
       ModeName(mode), largest_n(mode));
   if (mode == JobMode::kWhole) {
-    const int64_t streamed = dev.Footprint(p, JobMode::kStreamed, max_block);
+    const int64_t streamed = host_short ? HostFootprint(p, JobMode::kStreamed, max_block)
+                                        : dev.Footprint(p, JobMode::kStreamed, max_block);
     if (streamed <= capacity && p.line_bytes() <= max_block) {
       absl::StrAppendFormat(&msg,
                             " Streamed, this job needs only %d bytes and fits: use "

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/wire.h"
 #include "service/host_buffers.h"
+#include "service/pipeline/block_pipeline.h"
 #include "service/receive_gate.h"
 #include "service/status_map.h"
 #include "service/validator.h"
@@ -77,6 +78,31 @@ absl::Status CancelledStatus(absl::Time deadline) {
   return absl::CancelledError("the client cancelled the call");
 }
 
+// The work on a job's blocks: each is computed in place on the job's device.
+// The streamed path runs it through a BlockPipeline, the unary path on its
+// one block.
+class ComputeStage final : public BlockStage {
+ public:
+  ComputeStage(std::unique_ptr<ActiveJob> job, absl::Time deadline)
+      : job_(std::move(job)), deadline_(deadline) {}
+  absl::Status Process(std::byte* data, int64_t first_line, int64_t lines,
+                       const CancelFn& cancelled) override {
+    absl::Status s = job_->Process(Tile{data, data, first_line, lines}, cancelled);
+    if (s.code() == absl::StatusCode::kCancelled) s = CancelledStatus(deadline_);
+    return s;
+  }
+  void End(const absl::Status& outcome, int64_t bytes_in, int64_t bytes_out) override {
+    job_->stats().set_bytes_in(bytes_in);
+    job_->stats().set_bytes_out(bytes_out);
+    job_->End(outcome);
+  }
+  ActiveJob& job() { return *job_; }
+
+ private:
+  std::unique_ptr<ActiveJob> job_;  // destroyed with the stage: the reservation goes back
+  const absl::Time deadline_;
+};
+
 // ---------------------------------------------------------------- Multiply
 
 // Multiply is unary on the wire, but the server takes it as a stream of
@@ -108,7 +134,7 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
   std::optional<ReceiveGate::Ticket> gate_ticket;  // while waiting at the gate
   int64_t gate_hold = 0;                           // bytes held in the gate
   std::optional<Admission::Ticket> ticket;         // while waiting for admission
-  std::unique_ptr<ActiveJob> job;  // released in OnDone, after the reply is sent
+  std::unique_ptr<ComputeStage> job;  // released in OnDone, after the reply is sent
   int64_t lines = 0;
   size_t matrix_bytes = 0;
 
@@ -229,36 +255,32 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
     ticket = *started;
   }
 
-  // Runs on a job worker once admitted.
+  // Runs on a job worker once admitted: the compute stage on the job's one
+  // block, the request's matrix copied into a block buffer first.
   void Run(absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
     if (!admitted.ok()) {
       Finish(admitted.status());
       return;
     }
-    std::unique_ptr<ActiveJob> active = std::move(*admitted);
+    auto stage = std::make_unique<ComputeStage>(std::move(*admitted), deadline);
     absl::Status s;
     absl::StatusOr<HostBuffer> buffer =
-        active->block_buffers().Take(static_cast<int64_t>(matrix_bytes));
+        stage->job().block_buffers().Take(static_cast<int64_t>(matrix_bytes));
     if (!buffer.ok()) {
       s = buffer.status();
     } else {
       s = wire::CopyMultiplyMatrix(request, buffer->data(), matrix_bytes);
     }
-    if (s.ok()) {
-      const Tile tile{buffer->data(), buffer->data(), 0, lines};
-      s = active->Process(tile, [this] { return cancelled.load(); });
-      if (s.code() == absl::StatusCode::kCancelled) s = CancelledStatus(deadline);
-    }
-    active->stats().set_bytes_in(static_cast<int64_t>(matrix_bytes));
-    active->stats().set_bytes_out(s.ok() ? static_cast<int64_t>(matrix_bytes) : 0);
-    active->End(s);
+    if (s.ok()) s = stage->Process(buffer->data(), 0, lines, [this] { return cancelled.load(); });
+    const int64_t bytes = static_cast<int64_t>(matrix_bytes);
+    stage->End(s, bytes, s.ok() ? bytes : 0);
     if (s.ok()) {
       response = wire::EncodeMultiplyResponse(ToSlice(std::move(*buffer), matrix_bytes),
-                                              active->stats());
+                                              stage->job().stats());
     }
     {
       std::lock_guard lock(mu);
-      job = std::move(active);
+      job = std::move(stage);  // its reservation goes back once the reply is sent
     }
     Finish(s);
   }
@@ -335,141 +357,237 @@ class UnaryReactor final : public StreamReactorBase {
 
 // ---------------------------------------------------------- MultiplyStream
 
-// One block of lines on its way through the job: its message as received,
-// then its payload in a block buffer, computed in place there and sent back
-// from it.
-struct PendingBlock {
-  grpc::ByteBuffer message;
-  int64_t first_line = 0;
-  int64_t lines = 0;
-  size_t bytes = 0;
-  HostBuffer buffer;
+// A MultiplyStream message as it arrived, for the block pipeline: decoded on
+// the job's worker, its payload copied once out of gRPC's slices.
+class StreamMessage final : public BlockMessage {
+ public:
+  explicit StreamMessage(grpc::ByteBuffer* message) { message_.Swap(message); }
+  size_t size() const override { return message_.Length(); }
+  absl::StatusOr<Decoded> Decode(const Place& place) override {
+    absl::StatusOr<wire::StreamRequest> request = wire::DecodeStreamRequest(
+        &message_, [&](int64_t first_line, size_t size) { return place(first_line, size); });
+    message_.Clear();  // gRPC's buffers go back now
+    if (!request.ok()) return request.status();
+    if (request->kind == wire::StreamRequest::Kind::kHeader) {
+      return absl::InvalidArgumentError(
+          "a second header arrived; MultiplyStream takes exactly one header, then blocks");
+    }
+    return Decoded{request->first_line, request->size};
+  }
+
+ private:
+  grpc::ByteBuffer message_;
 };
 
-// The state of one streamed job, shared by the reactor and the workers that
-// compute its blocks. MultiplyStream is served at the ByteBuffer level
-// (proto/wire.h): each block's payload is copied once, out of gRPC's receive
-// slices into a block buffer of the job's device (pinned for a GPU), computed
-// there in place and sent back as a slice that owns the buffer, so protobuf
-// never copies a payload. Every field is guarded by mu, except that the one
-// read in flight owns request_ and the one block being computed owns the
-// assembler. At most
-// kStreamWindowBlocks blocks are between read and written at any time, one
-// read and one write are in flight, and blocks are computed one at a time in
-// order: receive of block k+1, compute of block k and send of block k-1
-// overlap.
+// The echo benchmark's stage: each block goes back as it came.
+class EchoStage final : public BlockStage {
+ public:
+  absl::Status Process(std::byte*, int64_t, int64_t, const CancelFn&) override {
+    return absl::OkStatus();
+  }
+  void End(const absl::Status&, int64_t bytes_in, int64_t bytes_out) override {
+    stats_.set_device("echo");
+    stats_.set_device_index(-1);
+    stats_.set_bytes_in(bytes_in);
+    stats_.set_bytes_out(bytes_out);
+    stats_.set_total_ns(absl::ToInt64Nanoseconds(absl::Now() - started_));
+  }
+  const v1::JobStats& stats() const { return stats_; }
+
+ private:
+  const absl::Time started_ = absl::Now();
+  v1::JobStats stats_;
+};
+
+// One streamed job (or echo) at the transport level: the header, admission
+// and the acceptance, then the blocks through a BlockPipeline, then the
+// stats. The header and admission phases are guarded by mu_; once the
+// pipeline runs, its events go straight to it and mu_ is never held while
+// calling into it (the pipeline calls this object's PipelineIo methods under
+// its own lock; those use only reactor_, which stays valid until OnDone
+// detaches the pipeline).
 class StreamCall : public StreamWatchdog::Watched,
+                   public PipelineIo,
                    public std::enable_shared_from_this<StreamCall> {
  public:
-  // With `echo`, admission and compute are left out and each block goes back
-  // as it came (the streaming benchmark's Echo service); everything else, the
-  // protocol checks and the pipeline, is the same.
+  // With `echo`, admission and compute are left out (the streaming
+  // benchmark's Echo service); the protocol checks and the pipeline are the
+  // same.
   StreamCall(Engine* engine, grpc::CallbackServerContext* context, StreamReactorBase* reactor,
              bool echo, StreamWatchdog* watchdog, std::string client)
       : engine_(engine),
         watchdog_(watchdog),
         context_(context),
-        reactor_(reactor),
         echo_(echo),
         arrived_(absl::Now()),
         deadline_(DeadlineOf(context)),
-        client_(std::move(client)) {}
+        client_(std::move(client)),
+        reactor_(reactor) {}
 
   void Begin() {
     {
       std::lock_guard lock(mu_);
-      reading_ = true;
       reactor_->StartRead(&request_);
     }
     if (watchdog_ != nullptr) watchdog_->Watch(weak_from_this());
   }
 
-  void CheckIdle(absl::Time now) override {
+  // ---- gRPC's reactions, forwarded by StreamReactor.
+
+  void OnReadDone(bool ok) {
+    std::shared_ptr<BlockPipeline> pipeline;
+    {
+      std::lock_guard lock(mu_);
+      if (phase_ == Phase::kHeader) {
+        if (!finished_ && !done_) OnHeaderLocked(ok);
+        return;
+      }
+      pipeline = pipeline_;
+    }
+    if (pipeline == nullptr) return;
+    if (ok) {
+      pipeline->OnMessage(std::make_unique<StreamMessage>(&request_));
+    } else if (context_->IsCancelled()) {
+      pipeline->Fail(CancelledStatus(deadline_));
+    } else {
+      pipeline->OnHalfClose();
+    }
+  }
+
+  void OnWriteDone(bool ok) {
+    std::shared_ptr<BlockPipeline> pipeline;
+    bool accepted = false;
+    std::optional<absl::Status> failed;
+    {
+      std::lock_guard lock(mu_);
+      pipeline = pipeline_;
+      if (phase_ == Phase::kAccepting) {
+        // The acceptance is out: the blocks may come.
+        phase_ = Phase::kBlocks;
+        accepted = true;
+        if (!ok && !pending_error_.has_value()) pending_error_ = CancelledStatus(deadline_);
+        failed = pending_error_;
+      } else {
+        block_write_.Clear();
+      }
+    }
+    if (pipeline == nullptr) return;
+    if (accepted) {
+      pipeline->Start();
+      if (failed.has_value()) pipeline->Fail(*failed);
+      return;
+    }
+    pipeline->OnWriteDone(ok ? absl::OkStatus() : CancelledStatus(deadline_));
+  }
+
+  void OnCancel() { Fail(CancelledStatus(deadline_)); }
+
+  void OnDone() {
+    std::shared_ptr<BlockPipeline> pipeline;
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+      pipeline = pipeline_;
+    }
+    if (pipeline != nullptr) pipeline->DetachIo();
     std::lock_guard lock(mu_);
-    if (finished_ || pending_error_.has_value()) return;
+    reactor_ = nullptr;
+  }
+
+  void CheckIdle(absl::Time now) override {
     const EngineOptions& o = engine_->options();
-    if (phase_ == Phase::kHeader && now - arrived_ >= o.stream_header_timeout) {
-      FailLocked(absl::DeadlineExceededError(
-          absl::StrCat("no header within ", absl::FormatDuration(o.stream_header_timeout),
-                       " of the stream's start (--stream_header_timeout_s)")));
-    } else if (phase_ == Phase::kBlocks && blocks_received_ == 0 && !input_done_ &&
-               now - accepted_at_ >= o.stream_first_block_timeout) {
-      FailLocked(absl::DeadlineExceededError(absl::StrCat(
+    std::shared_ptr<BlockPipeline> pipeline;
+    absl::Time accepted_at;
+    {
+      std::lock_guard lock(mu_);
+      if (finished_ || done_) return;
+      if (phase_ == Phase::kHeader) {
+        if (now - arrived_ >= o.stream_header_timeout) {
+          FailLocked(absl::DeadlineExceededError(
+              absl::StrCat("no header within ", absl::FormatDuration(o.stream_header_timeout),
+                           " of the stream's start (--stream_header_timeout_s)")));
+        }
+        return;
+      }
+      if (phase_ != Phase::kBlocks) return;
+      pipeline = pipeline_;
+      accepted_at = accepted_at_;
+    }
+    if (pipeline->ended()) return;
+    if (pipeline->blocks_received() == 0 && now - accepted_at >= o.stream_first_block_timeout) {
+      pipeline->Fail(absl::DeadlineExceededError(absl::StrCat(
           "no block within ", absl::FormatDuration(o.stream_first_block_timeout),
           " of the job's acceptance (--stream_first_block_timeout_s); the job's memory is "
           "given back")));
-    } else if (phase_ == Phase::kBlocks && !stats_sent_ &&
-               now - last_progress_ >= o.stream_idle_timeout) {
-      FailLocked(absl::DeadlineExceededError(absl::StrCat(
+    } else if (now - pipeline->last_progress() >= o.stream_idle_timeout) {
+      pipeline->Fail(absl::DeadlineExceededError(absl::StrCat(
           "no block received and no result taken for ",
           absl::FormatDuration(o.stream_idle_timeout),
           " (--stream_idle_timeout_s); the job's memory is given back")));
     }
   }
 
-  void OnReadDone(bool ok) {
-    std::lock_guard lock(mu_);
-    reading_ = false;
-    if (finished_) return;
-    switch (phase_) {
-      case Phase::kHeader:
-        OnHeaderLocked(ok);
-        break;
-      case Phase::kBlocks:
-        if (!ok) {
-          OnHalfCloseLocked();
-          break;
-        }
-        OnBlockLocked();
-        break;
-      case Phase::kAdmission:
-        break;  // no read is started while waiting for admission
-    }
+  // ---- PipelineIo: called by the pipeline under its lock.
+
+  void StartRead() override { reactor_->StartRead(&request_); }
+
+  void StartWrite(OutBlock block) override {
+    // The result goes out from the buffer it was computed in; the buffer
+    // returns to its pool when gRPC has sent it.
+    block_write_ = wire::EncodeStreamBlock(block.first_line,
+                                           ToSlice(std::move(block.buffer), block.bytes));
+    reactor_->StartWrite(&block_write_);
   }
 
-  void OnWriteDone(bool ok) {
-    std::lock_guard lock(mu_);
-    writing_ = false;
-    last_progress_ = absl::Now();
-    if (writing_block_) window_--;
-    in_flight_write_.Clear();
-    if (pending_error_.has_value()) {
-      FinishLocked(*pending_error_);
-      return;
-    }
-    if (!ok) {
-      FailLocked(CancelledStatus(deadline_));
-      return;
-    }
-    if (stats_sent_ && write_queue_.empty()) {
-      FinishLocked(absl::OkStatus());
-      return;
-    }
-    PumpLocked();
-  }
-
-  void OnCancel() {
-    std::lock_guard lock(mu_);
-    FailLocked(CancelledStatus(deadline_));
-  }
-
-  void OnDone() {
-    std::lock_guard lock(mu_);
-    reactor_ = nullptr;
+  void Finish(const absl::Status& status) override {
     finished_ = true;
+    if (!status.ok()) {
+      reactor_->Finish(ToGrpcStatus(status, context_));
+      return;
+    }
+    v1::MultiplyStreamResponse stats;
+    *stats.mutable_stats() = compute_ != nullptr ? compute_->job().stats() : echo_stage_->stats();
+    control_write_ = wire::EncodeMessage(stats);
+    reactor_->StartWriteAndFinish(&control_write_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
  private:
-  enum class Phase { kHeader, kAdmission, kBlocks };
+  enum class Phase { kHeader, kAdmission, kAccepting, kBlocks };
 
-  void OnHeaderLocked(bool ok) {
-    if (!ok && context_->IsCancelled()) {
-      FailLocked(CancelledStatus(deadline_));
+  // Ends the call with `s` before the pipeline runs, or hands `s` to it.
+  void Fail(const absl::Status& s) {
+    std::shared_ptr<BlockPipeline> pipeline;
+    {
+      std::lock_guard lock(mu_);
+      if (phase_ != Phase::kBlocks) {
+        FailLocked(s);
+        return;
+      }
+      pipeline = pipeline_;
+    }
+    pipeline->Fail(s);
+  }
+
+  // Before the blocks: counts nothing (the engine counts), cancels a queued
+  // admission, and finishes unless the acceptance is being written (then it
+  // is passed to the pipeline when that write is done).
+  void FailLocked(const absl::Status& s) {
+    if (finished_ || done_) return;
+    if (phase_ == Phase::kAccepting) {
+      if (!pending_error_.has_value()) pending_error_ = s;
       return;
     }
+    if (phase_ == Phase::kAdmission && ticket_.has_value()) engine_->Cancel(*ticket_, s);
+    finished_ = true;
+    reactor_->Finish(ToGrpcStatus(s, context_));
+  }
+
+  void OnHeaderLocked(bool ok) {
     if (!ok) {
-      FailLocked(absl::InvalidArgumentError(
-          "stream closed before its header; send a JobHeader first"));
+      FailLocked(context_->IsCancelled()
+                     ? CancelledStatus(deadline_)
+                     : absl::InvalidArgumentError(
+                           "stream closed before its header; send a JobHeader first"));
       return;
     }
     absl::StatusOr<wire::StreamRequest> request = wire::DecodeStreamRequest(
@@ -489,9 +607,9 @@ class StreamCall : public StreamWatchdog::Watched,
       return;
     }
     problem_ = job->problem;
-    assembler_.emplace(problem_, engine_->options().limits.max_block_bytes);
     if (echo_) {
-      AcceptLocked(0);
+      echo_stage_ = std::make_shared<EchoStage>();
+      AcceptLocked(echo_stage_, &engine_->host_block_buffers(), 0);
       return;
     }
     phase_ = Phase::kAdmission;
@@ -514,229 +632,59 @@ class StreamCall : public StreamWatchdog::Watched,
       FailLocked(admitted.status());
       return;
     }
-    job_ = std::move(*admitted);
-    if (finished_) return;  // destroying job_ later returns its reservation
-    AcceptLocked(job_->stats().job_id());
+    auto stage = std::make_shared<ComputeStage>(std::move(*admitted), deadline_);
+    if (finished_ || done_) {
+      stage->End(CancelledStatus(deadline_), 0, 0);  // its reservation goes back with it
+      return;
+    }
+    compute_ = stage;
+    AcceptLocked(stage, &compute_->job().block_buffers(), compute_->job().stats().job_id());
   }
 
-  // Tells the client the job is admitted and starts reading blocks.
-  void AcceptLocked(uint64_t job_id) {
-    phase_ = Phase::kBlocks;
-    last_progress_ = absl::Now();
-    accepted_at_ = last_progress_;
+  // Tells the client the job is admitted; the pipeline starts once that
+  // message is out (OnWriteDone), so that it never has two writes in flight.
+  void AcceptLocked(std::shared_ptr<BlockStage> stage, HostBufferPool* pool, uint64_t job_id) {
+    BlockPipeline::Options options;
+    options.max_block_bytes = engine_->options().limits.max_block_bytes;
+    options.framing_slack = kBlockFramingSlack;
+    Engine* engine = engine_;
+    pipeline_ = std::make_shared<BlockPipeline>(
+        problem_, options, pool, [engine](std::function<void()> fn) { engine->Post(std::move(fn)); },
+        std::move(stage), this);
+    phase_ = Phase::kAccepting;
+    accepted_at_ = absl::Now();
     v1::MultiplyStreamResponse accepted;
     accepted.mutable_accepted()->set_job_id(job_id);
     accepted.mutable_accepted()->set_max_block_bytes(engine_->options().limits.max_block_bytes);
     accepted.mutable_accepted()->set_queue_wait_ns(
-        absl::ToInt64Nanoseconds(absl::Now() - arrived_));
-    write_queue_.push_back({wire::EncodeMessage(accepted), false});
-    PumpLocked();
-  }
-
-  // The client half-closed (or the call was cancelled under the read). That
-  // every line came is checked once the blocks read so far are decoded.
-  void OnHalfCloseLocked() {
-    if (context_->IsCancelled()) {
-      FailLocked(CancelledStatus(deadline_));
-      return;
-    }
-    input_done_ = true;
-    PumpLocked();
-  }
-
-  // A message arrived: it is queued as it came, in gRPC's buffers, and this
-  // gRPC thread goes straight back to the transport. The job's worker decodes
-  // it and copies the payload out (ReceiveBlock), blocks in order.
-  void OnBlockLocked() {
-    // The transport admits messages up to the unary limit; a block message
-    // is held to its own limit here, before it is queued, so a stream holds
-    // at most its window of block-sized messages.
-    const size_t limit = static_cast<size_t>(engine_->options().limits.max_block_bytes) +
-                         kBlockFramingSlack;
-    if (request_.Length() > limit) {
-      const size_t size = request_.Length();
-      request_.Clear();
-      absl::Status too_big = WithOutcome(
-          absl::InvalidArgumentError(absl::StrCat(
-              "message of ", size, " bytes exceeds max_block_bytes ",
-              engine_->options().limits.max_block_bytes, " plus ", kBlockFramingSlack,
-              " bytes for its fields")),
-          Outcome::kMessageTooLarge);
-      FailLocked(too_big);
-      return;
-    }
-    blocks_received_++;
-    PendingBlock block;
-    block.message.Swap(&request_);
-    last_progress_ = absl::Now();
-    compute_queue_.push_back(std::move(block));
-    window_++;
-    PumpLocked();
-  }
-
-  // Decodes a block's message on the job's worker: the payload goes into a
-  // new block buffer (sized and checked before a byte is copied); anything
-  // other than the next block is an error. Runs for one block at a time, in
-  // order, so it alone uses the assembler.
-  absl::Status ReceiveBlock(PendingBlock* block) {
-    HostBufferPool& pool =
-        job_ != nullptr ? job_->block_buffers() : engine_->host_block_buffers();
-    absl::StatusOr<wire::StreamRequest> request = wire::DecodeStreamRequest(
-        &block->message, [&](int64_t, size_t size) -> absl::StatusOr<void*> {
-          if (absl::Status s = assembler_->CheckSize(size); !s.ok()) return s;
-          if (size == 0) return nullptr;  // Accept turns it down below
-          absl::StatusOr<HostBuffer> buffer = pool.Take(static_cast<int64_t>(size));
-          if (!buffer.ok()) return buffer.status();
-          block->buffer = std::move(*buffer);
-          return block->buffer.data();
-        });
-    block->message.Clear();  // gRPC's buffers go back now
-    if (!request.ok()) return request.status();
-    if (request->kind == wire::StreamRequest::Kind::kHeader) {
-      return absl::InvalidArgumentError(
-          "a second header arrived; MultiplyStream takes exactly one header, then blocks");
-    }
-    absl::StatusOr<int64_t> lines = assembler_->Accept(request->first_line, request->size);
-    if (!lines.ok()) return lines.status();
-    block->first_line = request->first_line;
-    block->lines = *lines;
-    block->bytes = request->size;
-    return absl::OkStatus();
-  }
-
-  // Starts whatever can start: the next read, the next compute, the next
-  // write, or the final stats.
-  void PumpLocked() {
-    if (finished_ || pending_error_.has_value() || phase_ != Phase::kBlocks) return;
-    if (!reading_ && !input_done_ && window_ < kStreamWindowBlocks) {
-      reading_ = true;
-      reactor_->StartRead(&request_);
-    }
-    if (!computing_ && !compute_queue_.empty()) StartComputeLocked();
-    if (!writing_ && !write_queue_.empty()) StartWriteLocked();
-    if (input_done_ && !computing_ && compute_queue_.empty() && !writing_ &&
-        write_queue_.empty() && !stats_sent_) {
-      if (absl::Status s = assembler_->Finish(); !s.ok()) {
-        FailLocked(s);
-        return;
-      }
-      v1::MultiplyStreamResponse stats;
-      v1::JobStats* out = stats.mutable_stats();
-      if (job_ != nullptr) {
-        job_->stats().set_bytes_in(bytes_in_);
-        job_->stats().set_bytes_out(bytes_out_);
-        job_->End(absl::OkStatus());
-        *out = job_->stats();
-      } else {  // echo
-        out->set_device("echo");
-        out->set_device_index(-1);
-        out->set_bytes_in(bytes_in_);
-        out->set_bytes_out(bytes_out_);
-        out->set_total_ns(absl::ToInt64Nanoseconds(absl::Now() - arrived_));
-      }
-      stats_sent_ = true;
-      write_queue_.push_back({wire::EncodeMessage(stats), false});
-      StartWriteLocked();
-    }
-  }
-
-  void StartComputeLocked() {
-    computing_ = true;
-    auto block = std::make_shared<PendingBlock>(std::move(compute_queue_.front()));
-    compute_queue_.pop_front();
-    ActiveJob* job = job_.get();  // lives as long as this StreamCall; null for echo
-    engine_->Post([self = shared_from_this(), job, block] {
-      absl::Status s = self->ReceiveBlock(block.get());
-      if (s.ok() && job != nullptr) {
-        std::byte* data = block->buffer.data();
-        s = job->Process(Tile{data, data, block->first_line, block->lines},
-                         [self] { return self->cancelled_.load(); });
-        if (s.code() == absl::StatusCode::kCancelled) s = CancelledStatus(self->deadline_);
-      }
-      std::lock_guard lock(self->mu_);
-      self->computing_ = false;
-      if (!s.ok()) {
-        self->FailLocked(s);
-        return;
-      }
-      self->bytes_in_ += static_cast<int64_t>(block->bytes);
-      self->bytes_out_ += static_cast<int64_t>(block->bytes);
-      // The result goes out from the buffer it was computed in; the buffer
-      // returns to its pool when gRPC has sent it.
-      self->write_queue_.push_back(
-          {wire::EncodeStreamBlock(block->first_line,
-                                   ToSlice(std::move(block->buffer), block->bytes)),
-           true});
-      self->PumpLocked();
-    });
-  }
-
-  void StartWriteLocked() {
-    writing_ = true;
-    in_flight_write_ = std::move(write_queue_.front().first);
-    writing_block_ = write_queue_.front().second;
-    write_queue_.pop_front();
-    reactor_->StartWrite(&in_flight_write_);
-  }
-
-  // Ends the call with `s` (once): counts the outcome, wakes a queued
-  // admission, and finishes now or after the write in flight.
-  void FailLocked(const absl::Status& s) {
-    if (finished_ || pending_error_.has_value()) return;
-    cancelled_ = true;
-    if (phase_ == Phase::kAdmission && ticket_.has_value()) engine_->Cancel(*ticket_, s);
-    if (job_ != nullptr) job_->End(s);
-    compute_queue_.clear();
-    write_queue_.clear();
-    if (writing_) {
-      pending_error_ = s;
-    } else {
-      FinishLocked(s);
-    }
-  }
-
-  void FinishLocked(const absl::Status& s) {
-    if (finished_) return;
-    finished_ = true;
-    cancelled_ = true;
-    if (reactor_ != nullptr) reactor_->Finish(ToGrpcStatus(s, context_));
+        absl::ToInt64Nanoseconds(accepted_at_ - arrived_));
+    control_write_ = wire::EncodeMessage(accepted);
+    reactor_->StartWrite(&control_write_);
   }
 
   Engine* const engine_;
   StreamWatchdog* const watchdog_;  // null for echo
   grpc::CallbackServerContext* const context_;
-  std::mutex mu_;
-  StreamReactorBase* reactor_;
   const bool echo_;
   const absl::Time arrived_;
   const absl::Time deadline_;
   const std::string client_;
-  std::atomic<bool> cancelled_{false};
-  absl::Time accepted_at_;
-  int64_t blocks_received_ = 0;
-  absl::Time last_progress_;  // last block received or result written
 
+  std::mutex mu_;
+  StreamReactorBase* reactor_;  // null after OnDone
   Phase phase_ = Phase::kHeader;
-  grpc::ByteBuffer request_;
+  grpc::ByteBuffer request_;        // owned by the one read in flight
+  grpc::ByteBuffer control_write_;  // the acceptance, then the stats
+  grpc::ByteBuffer block_write_;    // owned by the one block write in flight
   Problem problem_;
-  std::optional<StreamAssembler> assembler_;
   std::optional<Admission::Ticket> ticket_;
-  std::unique_ptr<ActiveJob> job_;
-
-  std::deque<PendingBlock> compute_queue_;
-  std::deque<std::pair<grpc::ByteBuffer, bool>> write_queue_;  // (message, is a block)
-  grpc::ByteBuffer in_flight_write_;
-  bool writing_block_ = false;
-  bool reading_ = false;
-  bool computing_ = false;
-  bool writing_ = false;
-  bool input_done_ = false;
-  bool stats_sent_ = false;
-  bool finished_ = false;
-  std::optional<absl::Status> pending_error_;
-  int window_ = 0;  // blocks read and not yet written back
-  int64_t bytes_in_ = 0;
-  int64_t bytes_out_ = 0;
+  std::shared_ptr<ComputeStage> compute_;  // null for echo
+  std::shared_ptr<EchoStage> echo_stage_;  // echo only
+  std::shared_ptr<BlockPipeline> pipeline_;
+  absl::Time accepted_at_;
+  std::optional<absl::Status> pending_error_;  // a failure while the acceptance was written
+  std::atomic<bool> finished_{false};
+  bool done_ = false;
 };
 
 class StreamReactor final : public StreamReactorBase {

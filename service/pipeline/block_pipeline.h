@@ -55,6 +55,10 @@
 
 namespace dgmm {
 
+// Blocks of a streamed job the server holds at once (read, computing, or
+// being written back).
+inline constexpr int kStreamWindowBlocks = 4;
+
 // Host bytes a job holds while admitted, whatever device it runs on: its
 // payload on the host side. kWhole: the request matrix as received and the
 // buffer it is computed in (the reply is sent from it), plus the diagonal.

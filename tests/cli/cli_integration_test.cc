@@ -223,8 +223,9 @@ TEST_F(CliIntegrationTest, InfoPrintsVersionLimitsAndDevices) {
 }
 
 // On a 16-core H200 host every dgmm-cli process that streamed a job waited
-// about 10 s in grpc_shutdown before exiting (gRPC's fork support, which
-// dgmm-cli now turns off: dgmm::DisableGrpcForkSupport). The process must end
+// about 10 s in grpc_shutdown before exiting (gRPC's epoll1 poller joining the
+// callback queue's threads; dgmm-cli now selects the poll poller:
+// dgmm::ConfigureGrpcForQuickExit). The process must end
 // within 1 s of its job; here it always did, the GPU run script checks it
 // there (bench/run_gpu_exit.sh).
 TEST_F(CliIntegrationTest, ProcessExitsWithinOneSecondOfItsJob) {

@@ -109,7 +109,7 @@ error or an unusable input file; 3 --check failed.
 }  // namespace
 
 int main(int argc, char** argv) {
-  dgmm::DisableGrpcForkSupport();  // exits promptly after a job (client.h)
+  dgmm::ConfigureGrpcForQuickExit();  // exits promptly after a job (client.h)
   using dgmm::cli::ReportError;
   absl::StatusOr<dgmm::cli::CommandLine> command_line = dgmm::cli::ParseCommandLine(argc, argv);
   if (!command_line.ok()) return ReportError(command_line.status(), dgmm::cli::kExitUsage);

@@ -13,7 +13,7 @@
 #include "dgmm/client.h"
 
 int main(int argc, char** argv) {
-  dgmm::DisableGrpcForkSupport();  // this program never forks (client.h says why)
+  dgmm::ConfigureGrpcForQuickExit();  // a short-lived program (client.h says why)
   const std::string target = argc > 1 ? argv[1] : "127.0.0.1:50051";
 
   dgmm::ClientOptions options;

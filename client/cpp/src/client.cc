@@ -126,7 +126,7 @@ struct Client::Attempt {
   std::optional<absl::Duration> pushback;
 };
 
-void DisableGrpcForkSupport() { setenv("GRPC_ENABLE_FORK_SUPPORT", "0", /*overwrite=*/0); }
+void ConfigureGrpcForQuickExit() { setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0); }
 
 absl::Status CheckClientOptions(const ClientOptions& options) {
   if (options.deadline <= absl::ZeroDuration()) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "service/pipeline/block_pipeline.h"
 
 namespace dgmm {
 namespace {
@@ -112,8 +113,9 @@ std::string CpuDevice::name() const {
 
 int64_t CpuDevice::Footprint(const Problem& p, JobMode mode,
                              int64_t max_block_bytes) const {
-  if (mode == JobMode::kWhole) return 2 * p.matrix_bytes() + p.diag_bytes();
-  return 2 * kStreamWindowBlocks * max_block_bytes + p.diag_bytes();
+  // A CPU job computes in its host block buffers: its device memory is its
+  // host footprint.
+  return HostFootprint(p, mode, max_block_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<JobContext>> CpuDevice::Begin(

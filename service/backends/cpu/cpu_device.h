@@ -31,9 +31,8 @@ class CpuDevice : public Device {
   std::vector<BackendKind> backends() const override { return {BackendKind::kCpu}; }
   bool in_service() const override { return true; }
 
-  // kWhole: the request's matrix and the response's result (2 x matrix) plus
-  // the diagonal. kStreamed: kStreamWindowBlocks blocks each way plus the
-  // diagonal.
+  // HostFootprint (service/pipeline/block_pipeline.h): a CPU job computes in
+  // its host block buffers and needs nothing beyond them.
   int64_t Footprint(const Problem& p, JobMode mode,
                     int64_t max_block_bytes) const override;
 

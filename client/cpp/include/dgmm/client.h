@@ -269,13 +269,17 @@ class Client {
   grpc::GenericStub generic_stub_;
 };
 
-// For a program that never forks: call first thing in main(), before any
-// gRPC use. Turns gRPC's fork support off unless the environment already sets
-// GRPC_ENABLE_FORK_SUPPORT. Debian's gRPC 1.51 is built with it on, and on
-// a 16-core H200 host every dgmm-cli process that streamed a job then waited
-// about 10 s in grpc_shutdown before exiting: 10.35 s with it on, 0.43 s
-// with it off, in the same run (bench/results/cli_exit/).
-void DisableGrpcForkSupport();
+// For a short-lived program (a command-line tool, a batch job): call first
+// thing in main(), before any gRPC use. Selects gRPC's "poll" poller unless
+// the environment already sets GRPC_POLL_STRATEGY. With gRPC 1.51's default
+// epoll1 poller, a process that made a callback-API call (every streamed
+// job) waits up to about 10 s in grpc_shutdown on a 16-core host: the
+// callback completion queue's threads (cores / 2 of them, from 2 to 16;
+// src/cpp/common/completion_queue_cc.cc) are joined one after another, each
+// waking from its 1 s poll. Measured on an H200 host: dgmm-cli multiply
+// exited 10.3 s after its job with epoll1, 0.3 s with poll
+// (bench/results/cli_exit/). Long-running servers and clients need not call it.
+void ConfigureGrpcForQuickExit();
 
 }  // namespace dgmm
 
