@@ -1,13 +1,21 @@
-// Zero-copy encoding of dgmm requests and decoding of responses.
+// Zero-copy encoders and decoders of dgmm.proto's Multiply and
+// MultiplyStream messages, for both ends of the wire:
 //
-// The generated stubs would copy the matrix into a proto string and again
-// into a serialization buffer, and copy each result twice on the way back.
-// These functions build the protobuf wire format around the caller's memory
-// instead: a request is a small encoded prefix plus a slice that borrows the
-// caller's bytes, and a response's payload is read straight from gRPC's
-// buffers into its place in the caller's output. The field numbers used are
-// those of proto/dgmm/v1/dgmm.proto; tests check these encoders and decoders
-// against the generated classes.
+// - client side (dgmm::Client): EncodeMultiplyRequest, EncodeStreamHeader and
+//   EncodeStreamBlock build a request as a small encoded prefix plus a slice
+//   that borrows the caller's bytes (SliceLoans); DecodeMultiplyResponse and
+//   DecodeStreamResponse read a result's payload straight from gRPC's
+//   buffers into its place in the caller's output;
+// - server side (service/handlers.cc): PeekMultiplyRequest,
+//   CopyMultiplyMatrix and DecodeStreamRequest read a request's header and
+//   copy its payload once out of gRPC's buffers into memory the server
+//   chooses; EncodeMultiplyResponse and EncodeStreamBlock(first_line, Slice)
+//   send a result from a slice that owns its buffer.
+//
+// The generated classes would copy each payload into a proto string and again
+// into a serialization buffer. The field numbers used are those of
+// proto/dgmm/v1/dgmm.proto; tests check these encoders and decoders against
+// the generated classes. Part of dgmm_proto, which both link.
 #ifndef DGMM_PROTO_WIRE_H_
 #define DGMM_PROTO_WIRE_H_
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "service/status_map.h"
+#include "service/util/retry_pushback.h"
 
 namespace dgmm {
 Reservation& Reservation::operator=(Reservation&& other) noexcept {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "service/pipeline/block_pipeline.h"
-#include "service/util/flag_names.h"
+#include "util/flag_names.h"
 
 namespace dgmm {
 namespace {

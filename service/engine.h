@@ -17,9 +17,9 @@
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
 #include "service/admission.h"
-#include "service/backends/cpu/thread_pool.h"
 #include "service/device.h"
 #include "service/validator.h"
+#include "util/thread_pool.h"
 
 namespace dgmm {
 

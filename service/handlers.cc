@@ -16,6 +16,7 @@
 #include "service/receive_gate.h"
 #include "service/status_map.h"
 #include "service/validator.h"
+#include "service/wire_buffers.h"
 
 namespace dgmm {
 namespace {
@@ -274,7 +275,7 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
     const int64_t bytes = static_cast<int64_t>(matrix_bytes);
     stage->End(s, bytes, s.ok() ? bytes : 0);
     if (s.ok()) {
-      response = wire::EncodeMultiplyResponse(std::move(*buffer).ToSlice(matrix_bytes),
+      response = wire::EncodeMultiplyResponse(ToSlice(std::move(*buffer), matrix_bytes),
                                               stage->job().stats());
     }
     {
@@ -534,7 +535,7 @@ class StreamCall : public StreamWatchdog::Watched,
     // The result goes out from the buffer it was computed in; the buffer
     // returns to its pool when gRPC has sent it.
     block_write_ = wire::EncodeStreamBlock(block.first_line,
-                                           std::move(block.buffer).ToSlice(block.bytes));
+                                           ToSlice(std::move(block.buffer), block.bytes));
     reactor_->StartWrite(&block_write_);
   }
 

@@ -46,12 +46,6 @@ void HostBuffer::Reset() {
   capacity_ = 0;
 }
 
-grpc::Slice HostBuffer::ToSlice(size_t bytes) && {
-  std::byte* data = data_;
-  auto* owner = new HostBuffer(std::move(*this));
-  return grpc::Slice(data, bytes, +[](void* p) { delete static_cast<HostBuffer*>(p); }, owner);
-}
-
 HostBufferPool::HostBufferPool(std::string kind, AllocateFn allocate, FreeFn free,
                                int64_t max_cached_bytes)
     : kind_(std::move(kind)),

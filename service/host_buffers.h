@@ -2,7 +2,8 @@
 // and job to job. A block is received straight into one of these buffers
 // (the one copy out of gRPC's receive slices), computed in place, and sent
 // back from it as a grpc::Slice that returns the buffer to its pool when
-// gRPC lets go of it: no protobuf string, no serialization copy.
+// gRPC lets go of it (ToSlice in wire_buffers.h; this header is gRPC-free):
+// no protobuf string, no serialization copy.
 //
 // A GPU's pool lends pinned memory (cudaHostAlloc), so blocks go to and from
 // the device by DMA without a staging copy; the CPU's lends anonymous
@@ -14,8 +15,6 @@
 // allocation tried once more.
 #ifndef DGMM_SERVICE_HOST_BUFFERS_H_
 #define DGMM_SERVICE_HOST_BUFFERS_H_
-
-#include <grpcpp/support/slice.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -43,11 +42,6 @@ class HostBuffer {
   std::byte* data() const { return data_; }
   // Usable bytes (at least what was asked for).
   int64_t capacity() const { return capacity_; }
-
-  // A slice over the first `bytes` bytes that owns the buffer: the buffer
-  // goes back to its pool when gRPC releases the last reference. Leaves this
-  // object empty.
-  grpc::Slice ToSlice(size_t bytes) &&;
 
  private:
   friend class HostBufferPool;

@@ -21,9 +21,11 @@
 #include "absl/strings/str_join.h"
 #include "service/backends/cpu/cpu_device.h"
 #include "service/server.h"
-#include "service/util/flag_names.h"
+#include "service/server_flags.h"
 #include "service/util/conn_guard.h"
 #include "service/util/log.h"
+#include "util/flag_names.h"
+#include "util/flag_types.h"
 #ifdef DGMM_HAVE_CUDA
 #include "service/backends/cuda/cuda_devices.h"
 #endif
@@ -34,23 +36,23 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(std::string, port_file, "",
           "If set, write the port actually bound to this file (a number and a newline) once "
           "serving. For tests and supervisors that use --listen=...:0.");
-ABSL_FLAG(std::string, backend, "auto",
+ABSL_FLAG(dgmm::ServerBackend, backend, dgmm::ServerBackend::kAuto,
           "Where BACKEND_AUTO jobs run: auto (GPU if one is usable, else CPU, said at start), "
           "cpu, cuda (GPU, fastest kernel), cuda-kernel (dgmm's kernel) or cublas "
           "(cublas<t>dgmm). Clients may still ask for a specific backend per job.");
-ABSL_FLAG(std::string, max_unary_message_bytes, "16MiB",
+ABSL_FLAG(dgmm::ByteSize, max_unary_message_bytes, dgmm::ByteSize::MiB(16),
           "Largest Multiply request accepted (bytes, or with a unit: 64MiB). Larger matrices "
           "must use MultiplyStream, which the dgmm clients do on their own.");
-ABSL_FLAG(std::string, max_block_bytes, "4MiB",
+ABSL_FLAG(dgmm::ByteSize, max_block_bytes, dgmm::ByteSize::MiB(4),
           "Largest MultiplyStream block payload. A streamed job holds a few blocks each way.");
 ABSL_FLAG(int64_t, max_dim, int64_t{1} << 20,
           "Largest rows or cols of a job; larger shapes get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 = one per hardware thread.");
-ABSL_FLAG(std::string, host_memory_budget, "50%",
+ABSL_FLAG(dgmm::Budget, host_memory_budget, dgmm::Budget::Percent(50),
           "Host memory that CPU jobs and all host-side buffers of jobs (request and result "
           "payloads, stream windows) may reserve at once: bytes (8GiB) or a percentage of "
           "MemAvailable at start (50%).");
-ABSL_FLAG(std::string, gpu_memory_budget, "80%",
+ABSL_FLAG(dgmm::Budget, gpu_memory_budget, dgmm::Budget::Percent(80),
           "Device memory jobs may reserve per GPU: bytes (1GiB) or a percentage of the "
           "device's free memory at start (80%).");
 ABSL_FLAG(int, max_queue, 64,
@@ -125,7 +127,7 @@ ABSL_FLAG(int, cuda_streams, 4,
 ABSL_FLAG(int, cuda_pieces_in_flight, 0,
           "Tiles of one job queued on the GPU at once; 0 = 2 x --cuda_streams. A streamed job "
           "reserves 2 x this many tiles of device memory.");
-ABSL_FLAG(std::string, cuda_tile_bytes, "8MiB",
+ABSL_FLAG(dgmm::ByteSize, cuda_tile_bytes, dgmm::ByteSize::MiB(8),
           "Pipeline tile size on the GPU: one device slot, and one pinned staging buffer "
           "(2 x --cuda_pieces_in_flight of them per GPU, allocated only if a job brings "
           "pageable memory; the RPCs receive into pinned memory and need none).");
@@ -137,10 +139,53 @@ ABSL_FLAG(bool, enable_bench_echo, false,
 namespace dgmm {
 namespace {
 
-absl::StatusOr<int64_t> BytesFlag(const char* name, const std::string& value) {
-  auto b = ParseBytes(value);
-  if (!b.ok()) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", b.status().message()));
-  return b;
+// What the flags' types cannot say: the ranges of numbers. Errors name the
+// flag. The CUDA flags are checked on every host, so that a bad one fails
+// here too and not only where a GPU is found.
+absl::Status CheckFlagRanges() {
+  // Durations gRPC takes as int milliseconds (and the drain timeout, for symmetry).
+  constexpr int64_t kMaxSeconds = INT32_MAX / 1000;
+  const absl::Status checks[] = {
+      CheckFlagRange("max_unary_message_bytes",
+                     absl::GetFlag(FLAGS_max_unary_message_bytes).bytes, 1),
+      CheckFlagRange("max_block_bytes", absl::GetFlag(FLAGS_max_block_bytes).bytes, 1,
+                     INT32_MAX - static_cast<int64_t>(kBlockFramingSlack)),
+      CheckFlagRange("max_dim", absl::GetFlag(FLAGS_max_dim), 1),
+      CheckFlagRange("threads", absl::GetFlag(FLAGS_threads), 0, 4096),
+      CheckFlagRange("max_queue", absl::GetFlag(FLAGS_max_queue), 1),
+      CheckFlagRange("max_head_wait_ms", absl::GetFlag(FLAGS_max_head_wait_ms), 0),
+      CheckFlagRange("drain_timeout_s", absl::GetFlag(FLAGS_drain_timeout_s), 0, kMaxSeconds),
+      CheckFlagRange("max_concurrent_streams", absl::GetFlag(FLAGS_max_concurrent_streams), 1),
+      CheckFlagRange("stream_header_timeout_s", absl::GetFlag(FLAGS_stream_header_timeout_s), 1),
+      CheckFlagRange("stream_idle_timeout_s", absl::GetFlag(FLAGS_stream_idle_timeout_s), 1),
+      CheckFlagRange("stream_first_block_timeout_s",
+                     absl::GetFlag(FLAGS_stream_first_block_timeout_s), 1),
+      CheckFlagRange("max_running_per_client", absl::GetFlag(FLAGS_max_running_per_client), 0),
+      CheckFlagRange("max_queued_per_client", absl::GetFlag(FLAGS_max_queued_per_client), 0),
+      CheckFlagRange("max_client_share_percent", absl::GetFlag(FLAGS_max_client_share_percent),
+                     1, 100),
+      CheckFlagRange("max_connections", absl::GetFlag(FLAGS_max_connections), 1),
+      CheckFlagRange("handshake_timeout_s", absl::GetFlag(FLAGS_handshake_timeout_s), 1, 3600),
+      CheckFlagRange("max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 1,
+                     kMaxSeconds),
+      CheckFlagRange("keepalive_time_s", absl::GetFlag(FLAGS_keepalive_time_s), 1,
+                     kMaxSeconds),
+      CheckFlagRange("keepalive_timeout_s", absl::GetFlag(FLAGS_keepalive_timeout_s), 1,
+                     kMaxSeconds),
+      // The ranges CreateCudaDevices enforces, checked on hosts without a GPU too.
+      CheckFlagRange("cuda_streams", absl::GetFlag(FLAGS_cuda_streams), 1, 64),
+      CheckFlagRange("cuda_pieces_in_flight", absl::GetFlag(FLAGS_cuda_pieces_in_flight), 0, 256),
+      CheckFlagRange("cuda_tile_bytes", absl::GetFlag(FLAGS_cuda_tile_bytes).bytes, 16),
+  };
+  for (const absl::Status& s : checks) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+int UsageError(const absl::Status& s) {
+  std::fprintf(stderr, "dgmm-server: %s\n", std::string(s.message()).c_str());
+  return 2;
 }
 
 int Main(int argc, char** argv) {
@@ -164,15 +209,16 @@ int Main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
 
   std::vector<std::string> args = NormalizeFlagNames(argc, argv);
+  // absl::ParseCommandLine exits with 1 on a value that does not parse; a
+  // usage error is 2 here, so the values are parsed once before it.
+  if (absl::Status values = CheckFlagValues(args); !values.ok()) return UsageError(values);
   std::vector<char*> cargs;
   for (auto& a : args) cargs.push_back(a.data());
   absl::ParseCommandLine(static_cast<int>(cargs.size()), cargs.data());
   auto from_env = ApplyFlagsFromEnv("DGMM_", args);
-  if (!from_env.ok()) {
-    std::fprintf(stderr, "dgmm-server: %s\n", std::string(from_env.status().message()).c_str());
-    return 2;
-  }
+  if (!from_env.ok()) return UsageError(from_env.status());
   if (!from_env->empty()) LogInfo("flags from environment: ", absl::StrJoin(*from_env, ", "));
+  if (absl::Status ranges = CheckFlagRanges(); !ranges.ok()) return UsageError(ranges);
 
   // Signals are taken by a dedicated sigwait below; block them before any
   // thread starts so that every thread inherits the mask.
@@ -183,9 +229,9 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   EngineOptions eo;
-  eo.backend = absl::GetFlag(FLAGS_backend);
-  eo.host_memory_budget = absl::GetFlag(FLAGS_host_memory_budget);
-  eo.gpu_memory_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
+  eo.backend = AbslUnparseFlag(absl::GetFlag(FLAGS_backend));
+  eo.host_memory_budget = AbslUnparseFlag(absl::GetFlag(FLAGS_host_memory_budget));
+  eo.gpu_memory_budget = AbslUnparseFlag(absl::GetFlag(FLAGS_gpu_memory_budget));
   eo.max_queue = absl::GetFlag(FLAGS_max_queue);
   eo.max_head_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_head_wait_ms));
   eo.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
@@ -196,50 +242,23 @@ int Main(int argc, char** argv) {
   eo.client_limits.max_running = absl::GetFlag(FLAGS_max_running_per_client);
   eo.client_limits.max_queued = absl::GetFlag(FLAGS_max_queued_per_client);
   eo.client_limits.max_share_percent = absl::GetFlag(FLAGS_max_client_share_percent);
-  struct IntRange {
-    const char* name;
-    int value, min, max;
-  };
-  for (const IntRange& r : {
-           IntRange{"stream_first_block_timeout_s",
-                    absl::GetFlag(FLAGS_stream_first_block_timeout_s), 1, INT32_MAX},
-           IntRange{"max_running_per_client", absl::GetFlag(FLAGS_max_running_per_client), 0,
-                    INT32_MAX},
-           IntRange{"max_queued_per_client", absl::GetFlag(FLAGS_max_queued_per_client), 0,
-                    INT32_MAX},
-           IntRange{"max_client_share_percent", absl::GetFlag(FLAGS_max_client_share_percent),
-                    1, 100},
-           IntRange{"max_connections", absl::GetFlag(FLAGS_max_connections), 1, INT32_MAX},
-           IntRange{"handshake_timeout_s", absl::GetFlag(FLAGS_handshake_timeout_s), 1, 3600},
-       }) {
-    if (r.value < r.min || r.value > r.max) {
-      std::fprintf(stderr, "dgmm-server: --%s=%d is out of range [%d, %d]\n", r.name, r.value,
-                   r.min, r.max);
-      return 2;
-    }
-  }
-  auto unary = BytesFlag("max_unary_message_bytes", absl::GetFlag(FLAGS_max_unary_message_bytes));
-  auto block = BytesFlag("max_block_bytes", absl::GetFlag(FLAGS_max_block_bytes));
-  auto tile = BytesFlag("cuda_tile_bytes", absl::GetFlag(FLAGS_cuda_tile_bytes));
-  for (const auto* s : {&unary, &block, &tile}) {
-    if (!s->ok()) {
-      std::fprintf(stderr, "dgmm-server: %s\n", std::string(s->status().message()).c_str());
-      return 2;
-    }
-  }
-  eo.max_unary_message_bytes = *unary;
-  eo.limits.max_block_bytes = *block;
+  const int64_t unary = absl::GetFlag(FLAGS_max_unary_message_bytes).bytes;
+  eo.max_unary_message_bytes = unary;
+  eo.limits.max_block_bytes = absl::GetFlag(FLAGS_max_block_bytes).bytes;
 
   std::vector<std::unique_ptr<Device>> gpus;
-  if (eo.backend != "cpu") {
+  if (absl::GetFlag(FLAGS_backend) != ServerBackend::kCpu) {
 #ifdef DGMM_HAVE_CUDA
     CudaOptions co;
     co.streams = absl::GetFlag(FLAGS_cuda_streams);
-    co.tile_bytes = *tile;
+    co.tile_bytes = absl::GetFlag(FLAGS_cuda_tile_bytes).bytes;
     co.pieces_in_flight = absl::GetFlag(FLAGS_cuda_pieces_in_flight);
     std::string why_none;
     auto found = CreateCudaDevices(co, &why_none);
-    if (!found.ok()) {
+    if (!found.ok() && absl::IsInvalidArgument(found.status())) {
+      // A bad --cuda_* value, not a missing GPU: not a reason to fall back.
+      return UsageError(found.status());
+    } else if (!found.ok()) {
       LogInfo("GPU initialisation failed: ", found.status().message());
     } else {
       gpus = std::move(*found);
@@ -251,30 +270,27 @@ int Main(int argc, char** argv) {
   }
   auto engine = Engine::Create(eo, std::make_unique<CpuDevice>(absl::GetFlag(FLAGS_threads)),
                                std::move(gpus));
-  if (!engine.ok()) {
-    std::fprintf(stderr, "dgmm-server: %s\n", std::string(engine.status().message()).c_str());
-    return 2;
-  }
+  if (!engine.ok()) return UsageError(engine.status());
   Engine* e = engine->get();
   const int64_t host_budget = e->Info().devices(0).budget_bytes();
   // A unary request is held whole by gRPC before the handler sees it, so the
   // quota must admit the largest one, with room for stream blocks besides.
   int64_t transport_bytes = std::max<int64_t>(
       std::clamp<int64_t>(host_budget / 2, int64_t{64} << 20, int64_t{256} << 20),
-      *unary + (int64_t{16} << 20));
+      unary + (int64_t{16} << 20));
   if (const std::string t = absl::GetFlag(FLAGS_transport_memory_budget); t != "auto") {
-    auto parsed = BytesFlag("transport_memory_budget", t);
+    auto parsed = ParseBytes(t);
     if (!parsed.ok()) {
-      std::fprintf(stderr, "dgmm-server: %s\n", std::string(parsed.status().message()).c_str());
-      return 2;
+      return UsageError(absl::InvalidArgumentError(
+          absl::StrCat("--transport_memory_budget=", t, ": ", parsed.status().message())));
     }
-    if (*parsed < *unary + (int64_t{16} << 20)) {
+    if (*parsed < unary + (int64_t{16} << 20)) {
       std::fprintf(stderr,
                    "dgmm-server: --transport_memory_budget=%lld must be at least "
                    "--max_unary_message_bytes + 16MiB = %lld (gRPC holds a unary request "
                    "whole before the server sees it)\n",
                    static_cast<long long>(*parsed),
-                   static_cast<long long>(*unary + (int64_t{16} << 20)));
+                   static_cast<long long>(unary + (int64_t{16} << 20)));
       return 2;
     }
     transport_bytes = *parsed;
@@ -335,7 +351,7 @@ int Main(int argc, char** argv) {
     LogInfo("device ", d.index() < 0 ? std::string("cpu") : absl::StrCat("cuda:", d.index()),
             ": ", d.name(), ", budget ", d.budget_bytes(), " bytes of ", d.total_memory_bytes());
   }
-  LogInfo(e->gpu_count() > 0 && eo.backend != "cpu"
+  LogInfo(e->gpu_count() > 0 && absl::GetFlag(FLAGS_backend) != ServerBackend::kCpu
               ? "jobs run on the GPU by default"
               : "jobs run on the CPU backend (no GPU in use)");
   LogInfo("dgmm-server ", DGMM_VERSION, " listening on ", so.listen, " (port ",

@@ -6,15 +6,13 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
+#include "service/util/retry_pushback.h"
 
 namespace dgmm {
 
-// Attaches a retry hint to a status (queue full): the client should wait this
-// long before retrying. Sent as `grpc-retry-pushback-ms` trailing metadata.
-absl::Status WithRetryPushback(absl::Status s, int64_t ms);
-
-// Converts `s` (same code, same message); adds the retry-pushback trailer to
-// `context` when `s` carries one.
+// Converts `s` (same code, same message); adds the retry hint `s` carries
+// (WithRetryPushback, service/util/retry_pushback.h) to `context` as the
+// `grpc-retry-pushback-ms` trailer.
 grpc::Status ToGrpcStatus(const absl::Status& s, grpc::ServerContextBase* context);
 
 }  // namespace dgmm

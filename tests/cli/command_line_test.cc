@@ -9,8 +9,9 @@
 #include "absl/flags/flag.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "util/flag_types.h"
 
-ABSL_DECLARE_FLAG(std::string, chunk_bytes);
+ABSL_DECLARE_FLAG(dgmm::ByteSize, chunk_bytes);
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(bool, quiet);
 ABSL_DECLARE_FLAG(bool, check);
@@ -35,13 +36,13 @@ TEST(CommandLineTest, AcceptsDashedAndUnderscoredNamesAndBothValueForms) {
   ASSERT_TRUE(cl.ok()) << cl.status();
   EXPECT_THAT(cl->positional, ElementsAre("multiply"));
   EXPECT_FALSE(cl->help);
-  EXPECT_EQ(absl::GetFlag(FLAGS_chunk_bytes), "1MiB");
+  EXPECT_EQ(absl::GetFlag(FLAGS_chunk_bytes).bytes, int64_t{1} << 20);
   EXPECT_EQ(absl::GetFlag(FLAGS_server), "host:1");
   EXPECT_EQ(absl::GetFlag(FLAGS_random), 12);
   EXPECT_TRUE(absl::GetFlag(FLAGS_quiet));
 
   ASSERT_TRUE(Parse({"--chunk_bytes=2MiB", "--noquiet", "--check=true"}).ok());
-  EXPECT_EQ(absl::GetFlag(FLAGS_chunk_bytes), "2MiB");
+  EXPECT_EQ(absl::GetFlag(FLAGS_chunk_bytes).bytes, int64_t{2} << 20);
   EXPECT_FALSE(absl::GetFlag(FLAGS_quiet));
   EXPECT_TRUE(absl::GetFlag(FLAGS_check));
 }
@@ -72,6 +73,11 @@ TEST(CommandLineTest, UnknownFlagMissingValueAndBadValueAreInvalidArgument) {
   cl = Parse({"multiply", "--random=lots"});
   EXPECT_EQ(cl.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(cl.status().message()), HasSubstr("--random"));
+
+  cl = Parse({"multiply", "--chunk_bytes=12XB"});  // refused as it is parsed
+  EXPECT_EQ(cl.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(cl.status().message()), HasSubstr("--chunk_bytes"));
+  EXPECT_THAT(std::string(cl.status().message()), HasSubstr("unknown unit 'xb'"));
 
   // --no prefix applies to booleans only.
   EXPECT_FALSE(Parse({"--norandom"}).ok());

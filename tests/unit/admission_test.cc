@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "service/util/retry_pushback.h"
 
 namespace dgmm {
 namespace {
@@ -130,7 +131,10 @@ TEST(Admission, FullQueueAnswersAtOnceWithRetryPushback) {
   auto t = a.Submit({.host_bytes = 1}, absl::InfiniteFuture(), q3.Callback());
   ASSERT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(t.status().message()).find("queue is full"), std::string::npos);
-  EXPECT_TRUE(t.status().GetPayload("dgmm/retry-pushback-ms").has_value());
+  const std::optional<int64_t> pushback = RetryPushbackMs(t.status());
+  ASSERT_TRUE(pushback.has_value());
+  EXPECT_GE(*pushback, 10);  // admission.cc's floor
+  EXPECT_LE(*pushback, 30000);
   a.Close();
   EXPECT_EQ(q1.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(q2.code(), absl::StatusCode::kUnavailable);

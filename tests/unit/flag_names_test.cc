@@ -1,4 +1,4 @@
-#include "service/util/flag_names.h"
+#include "util/flag_names.h"
 
 #include "gtest/gtest.h"
 

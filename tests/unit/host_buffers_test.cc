@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "service/wire_buffers.h"
 
 namespace dgmm {
 namespace {
@@ -139,7 +140,7 @@ TEST(HostBuffers, ASliceOwnsItsBufferUntilTheLastReferenceGoes) {
   ASSERT_TRUE(buffer.ok());
   std::memset(buffer->data(), 'z', 10000);
   std::byte* data = buffer->data();
-  grpc::Slice slice = std::move(*buffer).ToSlice(10000);
+  grpc::Slice slice = ToSlice(std::move(*buffer), 10000);
   EXPECT_EQ(buffer->data(), nullptr);
   EXPECT_EQ(slice.begin(), reinterpret_cast<const uint8_t*>(data));  // no copy
   EXPECT_EQ(slice.size(), 10000u);

@@ -5,7 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "service/util/flag_names.h"
+#include "util/flag_names.h"
 
 namespace dgmm::cli {
 namespace {

@@ -3,7 +3,8 @@
 // absl::ParseCommandLine exits with status 1 on a bad flag; dgmm-cli reserves
 // 1 for RPC errors and uses 2 for usage errors, so it parses argv itself
 // against the registered Abseil flags. `--max-queue` and `--max_queue` are
-// the same flag (dgmm::NormalizeFlagNames, shared with dgmm-server).
+// the same flag (dgmm::NormalizeFlagNames in util/flag_names.h, shared with
+// dgmm-server).
 #ifndef DGMM_CLIENT_CPP_CLI_COMMAND_LINE_H_
 #define DGMM_CLIENT_CPP_CLI_COMMAND_LINE_H_
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "cli/commands.h"
-#include "service/util/flag_names.h"
+#include "util/flag_types.h"
 
 ABSL_FLAG(std::string, server, "",
           "Server address HOST:PORT, or any gRPC target such as dns:///dgmm.example:50051. "
@@ -18,10 +18,10 @@ ABSL_FLAG(std::string, server, "",
 ABSL_FLAG(double, deadline, 0,
           "Deadline of each RPC in seconds, for a job covering all of its attempts; 0 means "
           "none. An expired job fails with DEADLINE_EXCEEDED.");
-ABSL_FLAG(std::string, chunk_bytes, "4MiB",
+ABSL_FLAG(dgmm::ByteSize, chunk_bytes, dgmm::ByteSize::MiB(4),
           "Largest block sent over MultiplyStream (whole rows or columns per block); at most "
           "the server's --max_block_bytes. Accepts 4194304, 4MiB, 1GiB, ...");
-ABSL_FLAG(std::string, max_unary_message_bytes, "16MiB",
+ABSL_FLAG(dgmm::ByteSize, max_unary_message_bytes, dgmm::ByteSize::MiB(16),
           "The server's --max_unary_message_bytes: no job over 7/8 of it is sent in one "
           "message.");
 ABSL_FLAG(std::string, load_balancing_policy, "",
@@ -114,17 +114,14 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
         absl::StrCat("--deadline=", deadline, " must be a positive number of seconds (or 0)"));
   }
   if (deadline > 0) options.deadline = absl::Seconds(deadline);
-  absl::StatusOr<int64_t> chunk = ParseBytes(absl::GetFlag(FLAGS_chunk_bytes));
-  if (!chunk.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--chunk_bytes: ", chunk.status().message()));
-  if (*chunk < 1) return absl::InvalidArgumentError("--chunk_bytes must be at least 1");
-  options.chunk_bytes = *chunk;
-  absl::StatusOr<int64_t> unary = ParseBytes(absl::GetFlag(FLAGS_max_unary_message_bytes));
-  if (!unary.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_unary_message_bytes: ", unary.status().message()));
+  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes).bytes;
+  if (absl::Status s = CheckFlagRange("chunk_bytes", options.chunk_bytes, 1); !s.ok()) return s;
+  options.max_unary_message_bytes = absl::GetFlag(FLAGS_max_unary_message_bytes).bytes;
+  if (absl::Status s =
+          CheckFlagRange("max_unary_message_bytes", options.max_unary_message_bytes, 1);
+      !s.ok()) {
+    return s;
   }
-  options.max_unary_message_bytes = *unary;
   options.load_balancing_policy = absl::GetFlag(FLAGS_load_balancing_policy);
   options.retry.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   if (options.retry.max_attempts < 1) {

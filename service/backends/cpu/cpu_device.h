@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "service/backends/cpu/thread_pool.h"
-#include "service/host_buffers.h"
 #include "service/device.h"
+#include "service/host_buffers.h"
+#include "util/thread_pool.h"
 
 namespace dgmm {
 

@@ -1,8 +1,9 @@
-#include "service/util/flag_names.h"
+#include "util/flag_names.h"
 
 #include <cctype>
 #include <cstdlib>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -58,6 +59,40 @@ absl::StatusOr<std::vector<std::string>> ApplyFlagsFromEnv(
     applied.push_back(std::string(name));
   }
   return applied;
+}
+
+absl::Status CheckFlagValues(const std::vector<std::string>& args) {
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    const std::size_t equals = arg.find('=');
+    const absl::string_view name = arg.substr(0, equals);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    absl::string_view value;
+    if (equals != absl::string_view::npos) {
+      value = arg.substr(equals + 1);
+    } else if (!flag->IsOfType<bool>() && i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      continue;
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      // Abseil's error starts by naming the flag and the value again.
+      absl::string_view detail = error;
+      if (absl::ConsumePrefix(&detail, absl::StrCat("Illegal value '", value,
+                                                    "' specified for flag '", name, "'"))) {
+        absl::ConsumePrefix(&detail, "; ");
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, "=", value, ": ",
+                       detail.empty() ? "not a valid value for this flag" : detail));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {

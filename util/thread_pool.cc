@@ -1,4 +1,4 @@
-#include "service/backends/cpu/thread_pool.h"
+#include "util/thread_pool.h"
 
 #include <algorithm>
 #include <latch>

@@ -1,6 +1,8 @@
-// A fixed pool of worker threads with a blocking parallel-for.
-#ifndef DGMM_SERVICE_BACKENDS_CPU_THREAD_POOL_H_
-#define DGMM_SERVICE_BACKENDS_CPU_THREAD_POOL_H_
+// A fixed pool of worker threads with a blocking parallel-for. Shared: the
+// CPU backend computes on one (ParallelFor), the engine runs its job workers
+// on another (Post).
+#ifndef DGMM_UTIL_THREAD_POOL_H_
+#define DGMM_UTIL_THREAD_POOL_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -21,13 +23,13 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()); }
 
+  // Runs fn on a worker, later. Work still queued at destruction is run.
+  void Post(std::function<void()> fn);
+
   // Calls fn(begin, end) over [0, n) split into at most size() contiguous
   // chunks of at least `grain` items, in parallel; the calling thread runs one
   // chunk itself. Returns when every chunk is done. Safe to call from many
   // threads at once.
-  // Runs fn on a worker, later. Work still queued at destruction is run.
-  void Post(std::function<void()> fn);
-
   void ParallelFor(int64_t n, int64_t grain,
                    const std::function<void(int64_t, int64_t)>& fn);
 
@@ -43,4 +45,4 @@ class ThreadPool {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_BACKENDS_CPU_THREAD_POOL_H_
+#endif  // DGMM_UTIL_THREAD_POOL_H_
