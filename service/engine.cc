@@ -86,7 +86,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   }
   e->cpu_ = std::move(cpu);
   e->gpus_ = std::move(gpus);
-  e->options_.limits.max_unary_message_bytes = options.max_unary_message_bytes;
   e->admission_ = std::make_unique<Admission>(std::move(pools), options.max_queue,
                                               options.max_head_wait, options.client_limits);
   const int threads = options.job_threads > 0 ? options.job_threads : std::max(8, 2 * streams);
@@ -318,7 +317,7 @@ v1::GetServerInfoResponse Engine::Info() const {
     for (BackendKind b : dev.backends()) d->add_backends(ToWire(b));
   }
   v1::Limits* l = info.mutable_limits();
-  l->set_max_unary_message_bytes(options_.max_unary_message_bytes);
+  l->set_max_unary_message_bytes(options_.limits.max_unary_message_bytes);
   l->set_max_block_bytes(options_.limits.max_block_bytes);
   l->set_max_dim(options_.limits.max_dim);
   l->set_max_queue(options_.max_queue);

@@ -33,17 +33,9 @@ struct EngineOptions {
   int max_queue = 64;
   absl::Duration max_head_wait = absl::Seconds(2);
   int job_threads = 0;  // 0: enough for every device's streams
-  // A MultiplyStream that sends no header within this time is ended.
-  absl::Duration stream_header_timeout = absl::Seconds(30);
-  // An admitted MultiplyStream that neither sends a block nor takes a result
-  // for this long is ended, returning its reservation.
-  absl::Duration stream_idle_timeout = absl::Seconds(120);
-  // An admitted MultiplyStream that sends no block within this time of its
-  // acceptance is ended, returning its reservation (a client that takes
-  // budget and then sends nothing).
-  absl::Duration stream_first_block_timeout = absl::Seconds(10);
+  // What a request may be (dimensions, block and unary message sizes): the
+  // validator, the footprints and GetServerInfo's limits use them.
   RequestLimits limits;
-  int64_t max_unary_message_bytes = int64_t{16} << 20;
   // Fair share (docs/admission.md): most jobs one client may have admitted
   // and waiting at once; 0: no limit.
   ClientLimits client_limits{.max_running = 8, .max_queued = 16, .max_share_percent = 50};

@@ -13,6 +13,7 @@
 #include "proto/wire.h"
 #include "service/host_buffers.h"
 #include "service/pipeline/block_pipeline.h"
+#include "service/pipeline/stages.h"
 #include "service/receive_gate.h"
 #include "service/status_map.h"
 #include "service/validator.h"
@@ -77,31 +78,6 @@ absl::Status CancelledStatus(absl::Time deadline) {
   }
   return absl::CancelledError("the client cancelled the call");
 }
-
-// The work on a job's blocks: each is computed in place on the job's device.
-// The streamed path runs it through a BlockPipeline, the unary path on its
-// one block.
-class ComputeStage final : public BlockStage {
- public:
-  ComputeStage(std::unique_ptr<ActiveJob> job, absl::Time deadline)
-      : job_(std::move(job)), deadline_(deadline) {}
-  absl::Status Process(std::byte* data, int64_t first_line, int64_t lines,
-                       const CancelFn& cancelled) override {
-    absl::Status s = job_->Process(Tile{data, data, first_line, lines}, cancelled);
-    if (s.code() == absl::StatusCode::kCancelled) s = CancelledStatus(deadline_);
-    return s;
-  }
-  void End(const absl::Status& outcome, int64_t bytes_in, int64_t bytes_out) override {
-    job_->stats().set_bytes_in(bytes_in);
-    job_->stats().set_bytes_out(bytes_out);
-    job_->End(outcome);
-  }
-  ActiveJob& job() { return *job_; }
-
- private:
-  std::unique_ptr<ActiveJob> job_;  // destroyed with the stage: the reservation goes back
-  const absl::Time deadline_;
-};
 
 // ---------------------------------------------------------------- Multiply
 
@@ -178,7 +154,7 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
     {
       std::lock_guard lock(mu);
       gate_ticket.reset();
-      gate_hold = engine->options().max_unary_message_bytes;
+      gate_hold = engine->options().limits.max_unary_message_bytes;
       if (!cancelled) r = reactor;
     }
     if (r == nullptr) {
@@ -211,11 +187,11 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
       gate_hold = hold;
     }
     const EngineOptions& o = engine->options();
-    if (size > o.max_unary_message_bytes) {
+    if (size > o.limits.max_unary_message_bytes) {
       Refuse(WithOutcome(
           absl::ResourceExhaustedError(absl::StrCat(
               "Multiply request of ", size, " bytes exceeds this server's max unary message of ",
-              o.max_unary_message_bytes,
+              o.limits.max_unary_message_bytes,
               " bytes (--max_unary_message_bytes); send it with MultiplyStream")),
           Outcome::kMessageTooLarge));
       return;
@@ -262,7 +238,8 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
       Finish(admitted.status());
       return;
     }
-    auto stage = std::make_unique<ComputeStage>(std::move(*admitted), deadline);
+    auto stage = std::make_unique<ComputeStage>(
+        std::move(*admitted), [d = deadline] { return CancelledStatus(d); });
     absl::Status s;
     absl::StatusOr<HostBuffer> buffer =
         stage->job().block_buffers().Take(static_cast<int64_t>(matrix_bytes));
@@ -307,7 +284,7 @@ class UnaryReactor final : public StreamReactorBase {
     bool read_now = false;
     {
       std::lock_guard lock(c.mu);  // OnGate and OnCancel see the ticket
-      auto acquired = gate->Acquire(c.client, engine->options().max_unary_message_bytes,
+      auto acquired = gate->Acquire(c.client, engine->options().limits.max_unary_message_bytes,
                                     [call = call_](absl::Status s) { call->OnGate(s); });
       if (!acquired.ok()) {
         engine->RecordRejected(acquired.status());
@@ -316,7 +293,7 @@ class UnaryReactor final : public StreamReactorBase {
         return;
       }
       if (acquired->granted) {
-        c.gate_hold = engine->options().max_unary_message_bytes;
+        c.gate_hold = engine->options().limits.max_unary_message_bytes;
         read_now = true;
       } else {
         c.gate_ticket = acquired->ticket;
@@ -379,26 +356,6 @@ class StreamMessage final : public BlockMessage {
   grpc::ByteBuffer message_;
 };
 
-// The echo benchmark's stage: each block goes back as it came.
-class EchoStage final : public BlockStage {
- public:
-  absl::Status Process(std::byte*, int64_t, int64_t, const CancelFn&) override {
-    return absl::OkStatus();
-  }
-  void End(const absl::Status&, int64_t bytes_in, int64_t bytes_out) override {
-    stats_.set_device("echo");
-    stats_.set_device_index(-1);
-    stats_.set_bytes_in(bytes_in);
-    stats_.set_bytes_out(bytes_out);
-    stats_.set_total_ns(absl::ToInt64Nanoseconds(absl::Now() - started_));
-  }
-  const v1::JobStats& stats() const { return stats_; }
-
- private:
-  const absl::Time started_ = absl::Now();
-  v1::JobStats stats_;
-};
-
 // One streamed job (or echo) at the transport level: the header, admission
 // and the acceptance, then the blocks through a BlockPipeline, then the
 // stats. The header and admission phases are guarded by mu_; once the
@@ -414,8 +371,9 @@ class StreamCall : public StreamWatchdog::Watched,
   // benchmark's Echo service); the protocol checks and the pipeline are the
   // same.
   StreamCall(Engine* engine, grpc::CallbackServerContext* context, StreamReactorBase* reactor,
-             bool echo, StreamWatchdog* watchdog, std::string client)
+             bool echo, StreamWatchdog* watchdog, StreamTimeouts timeouts, std::string client)
       : engine_(engine),
+        timeouts_(timeouts),
         watchdog_(watchdog),
         context_(context),
         echo_(echo),
@@ -495,16 +453,16 @@ class StreamCall : public StreamWatchdog::Watched,
   }
 
   void CheckIdle(absl::Time now) override {
-    const EngineOptions& o = engine_->options();
+    const StreamTimeouts& o = timeouts_;
     std::shared_ptr<BlockPipeline> pipeline;
     absl::Time accepted_at;
     {
       std::lock_guard lock(mu_);
       if (finished_ || done_) return;
       if (phase_ == Phase::kHeader) {
-        if (now - arrived_ >= o.stream_header_timeout) {
+        if (now - arrived_ >= o.header) {
           FailLocked(absl::DeadlineExceededError(
-              absl::StrCat("no header within ", absl::FormatDuration(o.stream_header_timeout),
+              absl::StrCat("no header within ", absl::FormatDuration(o.header),
                            " of the stream's start (--stream_header_timeout_s)")));
         }
         return;
@@ -514,15 +472,15 @@ class StreamCall : public StreamWatchdog::Watched,
       accepted_at = accepted_at_;
     }
     if (pipeline->ended()) return;
-    if (pipeline->blocks_received() == 0 && now - accepted_at >= o.stream_first_block_timeout) {
+    if (pipeline->blocks_received() == 0 && now - accepted_at >= o.first_block) {
       pipeline->Fail(absl::DeadlineExceededError(absl::StrCat(
-          "no block within ", absl::FormatDuration(o.stream_first_block_timeout),
+          "no block within ", absl::FormatDuration(o.first_block),
           " of the job's acceptance (--stream_first_block_timeout_s); the job's memory is "
           "given back")));
-    } else if (now - pipeline->last_progress() >= o.stream_idle_timeout) {
+    } else if (now - pipeline->last_progress() >= o.idle) {
       pipeline->Fail(absl::DeadlineExceededError(absl::StrCat(
           "no block received and no result taken for ",
-          absl::FormatDuration(o.stream_idle_timeout),
+          absl::FormatDuration(o.idle),
           " (--stream_idle_timeout_s); the job's memory is given back")));
     }
   }
@@ -632,7 +590,8 @@ class StreamCall : public StreamWatchdog::Watched,
       FailLocked(admitted.status());
       return;
     }
-    auto stage = std::make_shared<ComputeStage>(std::move(*admitted), deadline_);
+    auto stage = std::make_shared<ComputeStage>(
+        std::move(*admitted), [d = deadline_] { return CancelledStatus(d); });
     if (finished_ || done_) {
       stage->End(CancelledStatus(deadline_), 0, 0);  // its reservation goes back with it
       return;
@@ -663,6 +622,7 @@ class StreamCall : public StreamWatchdog::Watched,
   }
 
   Engine* const engine_;
+  const StreamTimeouts timeouts_;
   StreamWatchdog* const watchdog_;  // null for echo
   grpc::CallbackServerContext* const context_;
   const bool echo_;
@@ -690,9 +650,10 @@ class StreamCall : public StreamWatchdog::Watched,
 class StreamReactor final : public StreamReactorBase {
  public:
   StreamReactor(Engine* engine, grpc::CallbackServerContext* context, bool echo,
-                StreamWatchdog* watchdog, std::atomic<int64_t>* calls, std::string client)
+                StreamWatchdog* watchdog, StreamTimeouts timeouts, std::atomic<int64_t>* calls,
+                std::string client)
       : count_(calls),
-        call_(std::make_shared<StreamCall>(engine, context, this, echo, watchdog,
+        call_(std::make_shared<StreamCall>(engine, context, this, echo, watchdog, timeouts,
                                            std::move(client))) {
     call_->Begin();
   }
@@ -793,7 +754,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DgmmService::Multip
     grpc::CallbackServerContext* context) {
   absl::StatusOr<int> token = Authenticate(context);
   if (!token.ok()) return new RefusedStream(ToGrpcStatus(token.status(), context), &calls_);
-  return new StreamReactor(engine_, context, /*echo=*/false, &watchdog_, &calls_,
+  return new StreamReactor(engine_, context, /*echo=*/false, &watchdog_, timeouts_, &calls_,
                            ClientKey(context, *token));
 }
 
@@ -805,7 +766,9 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewEchoStreamReacto
       return new RefusedStream(ToGrpcStatus(s, context), calls);
     }
   }
-  return new StreamReactor(engine, context, /*echo=*/true, /*watchdog=*/nullptr, calls, "");
+  // No watchdog: the benchmark's streams are not timed out.
+  return new StreamReactor(engine, context, /*echo=*/true, /*watchdog=*/nullptr, StreamTimeouts{},
+                           calls, "");
 }
 
 // Served at the ByteBuffer level so that a request that does not parse gets

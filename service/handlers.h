@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dgmm/v1/dgmm.grpc.pb.h"
+#include "absl/time/time.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "service/auth.h"
 #include "service/engine.h"
@@ -26,6 +27,17 @@ namespace dgmm {
 // room for fields a newer client may add. The transport's message limit and
 // the stream handler's check of each message both use it.
 inline constexpr size_t kBlockFramingSlack = size_t{64} << 10;
+
+// When a MultiplyStream that went quiet is ended (DEADLINE_EXCEEDED), giving
+// its reservation back.
+struct StreamTimeouts {
+  // No header within this time of the stream's start.
+  absl::Duration header = absl::Seconds(30);
+  // Admitted, and no block within this time of the acceptance.
+  absl::Duration first_block = absl::Seconds(10);
+  // Admitted, and neither a block received nor a result taken for this long.
+  absl::Duration idle = absl::Seconds(120);
+};
 
 // Ends streams that went quiet, so that they give back their connection slot
 // and their reservation: no header within --stream_header_timeout_s, or, once
@@ -73,9 +85,12 @@ class DgmmService final
   // requests not yet admitted hold at most `unary_receive_bytes` (at least
   // one request of --max_unary_message_bytes is let in), and at most
   // `unary_max_waiting` calls wait for that room.
-  DgmmService(Engine* engine, std::optional<TokenAuth> auth, int64_t unary_receive_bytes,
-              int unary_max_waiting)
-      : engine_(engine), auth_(std::move(auth)), gate_(unary_receive_bytes, unary_max_waiting) {}
+  DgmmService(Engine* engine, std::optional<TokenAuth> auth, StreamTimeouts timeouts,
+              int64_t unary_receive_bytes, int unary_max_waiting)
+      : engine_(engine),
+        auth_(std::move(auth)),
+        timeouts_(timeouts),
+        gate_(unary_receive_bytes, unary_max_waiting) {}
 
   // A Multiply call (from DgmmGenericService).
   StreamReactorBase* NewMultiply(grpc::CallbackServerContext* context);
@@ -94,6 +109,7 @@ class DgmmService final
 
   Engine* engine_;
   std::optional<TokenAuth> auth_;
+  const StreamTimeouts timeouts_;
   std::atomic<int64_t> calls_{0};
   ReceiveGate gate_;
   StreamWatchdog watchdog_;

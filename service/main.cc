@@ -235,15 +235,16 @@ int Main(int argc, char** argv) {
   eo.max_queue = absl::GetFlag(FLAGS_max_queue);
   eo.max_head_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_head_wait_ms));
   eo.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
-  eo.stream_header_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_header_timeout_s));
-  eo.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
-  eo.stream_first_block_timeout =
+  StreamTimeouts timeouts;
+  timeouts.header = absl::Seconds(absl::GetFlag(FLAGS_stream_header_timeout_s));
+  timeouts.idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
+  timeouts.first_block =
       absl::Seconds(absl::GetFlag(FLAGS_stream_first_block_timeout_s));
   eo.client_limits.max_running = absl::GetFlag(FLAGS_max_running_per_client);
   eo.client_limits.max_queued = absl::GetFlag(FLAGS_max_queued_per_client);
   eo.client_limits.max_share_percent = absl::GetFlag(FLAGS_max_client_share_percent);
   const int64_t unary = absl::GetFlag(FLAGS_max_unary_message_bytes).bytes;
-  eo.max_unary_message_bytes = unary;
+  eo.limits.max_unary_message_bytes = unary;
   eo.limits.max_block_bytes = absl::GetFlag(FLAGS_max_block_bytes).bytes;
 
   std::vector<std::unique_ptr<Device>> gpus;
@@ -311,6 +312,7 @@ int Main(int argc, char** argv) {
   so.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   so.enable_bench_echo = absl::GetFlag(FLAGS_enable_bench_echo);
   so.transport_memory_bytes = transport_bytes;
+  so.stream_timeouts = timeouts;
   auto server = Server::Start(so, std::move(*engine));
   if (!server.ok()) {
     std::fprintf(stderr, "dgmm-server: %s\n", std::string(server.status().message()).c_str());

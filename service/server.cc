@@ -69,9 +69,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // all of it for requests, gRPC's quota still cancelled a few of a flood's
   // calls (hardening_test's flood: 5 of 48 retried).
   const int64_t unary_receive = std::max<int64_t>(
-      options.transport_memory_bytes / 2, s->engine_->options().max_unary_message_bytes);
-  s->service_ = std::make_unique<DgmmService>(s->engine_.get(), auth, unary_receive,
-                                              options.max_waiting_unary_calls);
+      options.transport_memory_bytes / 2, s->engine_->options().limits.max_unary_message_bytes);
+  s->service_ = std::make_unique<DgmmService>(s->engine_.get(), auth, options.stream_timeouts,
+                                              unary_receive, options.max_waiting_unary_calls);
   s->generic_ = std::make_unique<DgmmGenericService>(s->service_.get());
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -47,6 +47,8 @@ struct ServerOptions {
   // Most Multiply calls that may wait for room to have their request read
   // (ReceiveGate); beyond it they get RESOURCE_EXHAUSTED with a pushback.
   int max_waiting_unary_calls = 1024;
+  // When quiet MultiplyStreams are ended (handlers.h).
+  StreamTimeouts stream_timeouts;
   // How long Drain waits, after the engine has drained, for calls still in
   // progress (replies on their way out, requests refused with UNAVAILABLE)
   // before gRPC cancels what is left.

@@ -20,8 +20,8 @@ struct RequestLimits {
   int64_t max_dim = int64_t{1} << 20;
   // Largest payload of one MultiplyStream block.
   int64_t max_block_bytes = int64_t{4} << 20;
-  // Largest Multiply request, only for advice in messages; 0: unknown.
-  int64_t max_unary_message_bytes = 0;
+  // Largest Multiply request (--max_unary_message_bytes).
+  int64_t max_unary_message_bytes = int64_t{16} << 20;
 };
 
 // A validated header: the problem, the diagonal (a view into the request,

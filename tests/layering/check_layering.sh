@@ -3,7 +3,8 @@
 # would not catch (every header is found through the same include path):
 #   - util/ (dgmm_util) includes nothing from service/, client/, proto/ or gRPC;
 #   - client/ includes nothing from service/;
-#   - the block buffers, admission and the GPU backend compile without gRPC:
+#   - the block buffers, admission, the block pipeline and its stages, and
+#     the GPU backend compile without gRPC:
 #     their translation units, preprocessed, reach no grpc header.
 # Usage: check_layering.sh CXX SOURCE_DIR [-Iextra ...]
 set -uo pipefail
@@ -26,7 +27,8 @@ while IFS= read -r hit; do
 done < <(grep -rnE '#include [<"]service/' "$src"/client --include='*.h' --include='*.cc')
 
 # Transitive includes of the gRPC-free parts.
-units=("$src"/util/*.cc "$src"/service/host_buffers.cc "$src"/service/admission.cc)
+units=("$src"/util/*.cc "$src"/service/host_buffers.cc "$src"/service/admission.cc
+       "$src"/service/pipeline/*.cc)
 if [[ " $* " == *" -DDGMM_HAVE_CUDA=1 "* ]]; then
   units+=("$src"/service/backends/cuda/*.cc)
 fi

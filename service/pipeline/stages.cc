@@ -1,0 +1,26 @@
+#include "service/pipeline/stages.h"
+
+namespace dgmm {
+
+absl::Status ComputeStage::Process(std::byte* data, int64_t first_line, int64_t lines,
+                                   const CancelFn& cancelled) {
+  absl::Status s = job_->Process(Tile{data, data, first_line, lines}, cancelled);
+  if (s.code() == absl::StatusCode::kCancelled) s = cancelled_status_();
+  return s;
+}
+
+void ComputeStage::End(const absl::Status& outcome, int64_t bytes_in, int64_t bytes_out) {
+  job_->stats().set_bytes_in(bytes_in);
+  job_->stats().set_bytes_out(bytes_out);
+  job_->End(outcome);
+}
+
+void EchoStage::End(const absl::Status&, int64_t bytes_in, int64_t bytes_out) {
+  stats_.set_device("echo");
+  stats_.set_device_index(-1);
+  stats_.set_bytes_in(bytes_in);
+  stats_.set_bytes_out(bytes_out);
+  stats_.set_total_ns(absl::ToInt64Nanoseconds(absl::Now() - started_));
+}
+
+}  // namespace dgmm
