@@ -94,14 +94,25 @@ absl::Status CancelledStatus(absl::Time deadline) {
 // outlives all three. Every field is guarded by mu, except that the reactor's
 // read owns `request` until it completes and the job's worker owns it and
 // `response` after admission.
-struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
+struct UnaryCall : StreamWatchdog::Watched, std::enable_shared_from_this<UnaryCall> {
   Engine* engine = nullptr;
   ReceiveGate* gate = nullptr;
   grpc::CallbackServerContext* context = nullptr;
+  StreamTimeouts timeouts;
   absl::Time arrived;
   absl::Time deadline;
   std::string client;
   std::atomic<bool> cancelled{false};
+
+  // For the watchdog: when the request's read started (none: not reading),
+  // and when the reply was handed to gRPC.
+  std::optional<absl::Time> reading_since;
+  std::optional<absl::Time> replied_at;
+  // OnDone sets `done` under cancel_mu, so that the watchdog's TryCancel
+  // never touches a finished context (TryCancel may run OnCancel inline,
+  // which takes mu: cancel_mu is not mu).
+  std::mutex cancel_mu;
+  bool done = false;
 
   std::mutex mu;
   StreamReactorBase* reactor = nullptr;  // null once finished
@@ -120,6 +131,8 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
     if (reactor == nullptr) return;
     StreamReactorBase* r = reactor;
     reactor = nullptr;
+    reading_since.reset();
+    replied_at = absl::Now();
     if (s.ok()) {
       r->StartWriteAndFinish(&response, grpc::WriteOptions(), grpc::Status::OK);
     } else {
@@ -163,13 +176,68 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
       Finish(CancelledStatus(deadline));
       return;
     }
+    {
+      std::lock_guard lock(mu);
+      reading_since = absl::Now();
+    }
     // Outside mu: a reaction may run inline. Nothing else finishes the call
     // while its read is not started, so the reactor is still there.
     r->StartRead(&request);
   }
 
+  // The watchdog: a request that has not arrived within timeouts.header of
+  // its read's start ends the call (its room at the gate goes back); a reply
+  // that gRPC has not delivered within timeouts.idle (the client stopped
+  // reading: its flow-control window stays closed) cancels the call, which
+  // returns the job's reservation.
+  void CheckIdle(absl::Time now) override {
+    bool stuck_reply = false;
+    {
+      std::lock_guard lock(mu);
+      if (reading_since.has_value() && now - *reading_since >= timeouts.header &&
+          reactor != nullptr) {
+        reading_since.reset();
+        StreamReactorBase* r = std::exchange(reactor, nullptr);
+        replied_at = now;
+        r->Finish(ToGrpcStatus(
+            absl::DeadlineExceededError(absl::StrCat(
+                "the Multiply request did not arrive within ",
+                absl::FormatDuration(timeouts.header),
+                " of the server starting to read it (--stream_header_timeout_s)")),
+            context));
+      } else {
+        stuck_reply = replied_at.has_value() && now - *replied_at >= timeouts.idle;
+      }
+    }
+    ReleaseGateIfNotReading();
+    if (stuck_reply) {
+      std::lock_guard lock(cancel_mu);
+      if (!done) context->TryCancel();
+    }
+  }
+
+  // Gives the gate back its room once the call has finished without reading.
+  void ReleaseGateIfNotReading() {
+    bool finished = false;
+    {
+      std::lock_guard lock(mu);
+      finished = reactor == nullptr;
+    }
+    if (finished) ReleaseGate();
+  }
+
   // The message is in (or the call ended without one).
   void OnMessage(bool ok) {
+    bool finished = false;
+    {
+      std::lock_guard lock(mu);
+      reading_since.reset();
+      finished = reactor == nullptr;  // the watchdog ended it while it arrived
+    }
+    if (finished) {
+      ReleaseGate();
+      return;
+    }
     if (!ok) {
       ReleaseGate();
       Finish(context->IsCancelled()
@@ -211,7 +279,8 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
     }
     lines = job_request->problem.lines();
     matrix_bytes = view->matrix_bytes;
-    std::lock_guard lock(mu);  // OnCancel must see the ticket
+    std::unique_lock lock(mu);  // OnCancel must see the ticket
+    reading_since.reset();
     auto started = engine->Start(
         *job_request, JobMode::kWhole, arrived, deadline,
         [call = shared_from_this()](absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
@@ -229,6 +298,10 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
       return;
     }
     ticket = *started;
+    lock.unlock();
+    // A cancel that came before the ticket existed found nothing to cancel:
+    // both sides publish before they look, so one of them sees the other.
+    if (cancelled) engine->Cancel(*started, CancelledStatus(deadline));
   }
 
   // Runs on a job worker once admitted: the compute stage on the job's one
@@ -242,7 +315,8 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
         std::move(*admitted), [d = deadline] { return CancelledStatus(d); });
     absl::Status s;
     absl::StatusOr<HostBuffer> buffer =
-        stage->job().block_buffers().Take(static_cast<int64_t>(matrix_bytes));
+        cancelled ? absl::StatusOr<HostBuffer>(CancelledStatus(deadline))
+                  : stage->job().block_buffers().Take(static_cast<int64_t>(matrix_bytes));
     if (!buffer.ok()) {
       s = buffer.status();
     } else {
@@ -266,12 +340,15 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
 class UnaryReactor final : public StreamReactorBase {
  public:
   UnaryReactor(Engine* engine, ReceiveGate* gate, grpc::CallbackServerContext* context,
-               std::atomic<int64_t>* calls, std::string client)
+               StreamWatchdog* watchdog, StreamTimeouts timeouts, std::atomic<int64_t>* calls,
+               std::string client)
       : count_(calls), call_(std::make_shared<UnaryCall>()) {
     UnaryCall& c = *call_;
     c.engine = engine;
     c.gate = gate;
     c.context = context;
+    c.timeouts = timeouts;
+    watchdog->Watch(call_);
     c.arrived = absl::Now();
     c.deadline = DeadlineOf(context);
     c.client = std::move(client);
@@ -294,6 +371,7 @@ class UnaryReactor final : public StreamReactorBase {
       }
       if (acquired->granted) {
         c.gate_hold = engine->options().limits.max_unary_message_bytes;
+        c.reading_since = absl::Now();
         read_now = true;
       } else {
         c.gate_ticket = acquired->ticket;
@@ -318,10 +396,16 @@ class UnaryReactor final : public StreamReactorBase {
   }
 
   void OnDone() override {
+    {
+      std::lock_guard lock(call_->cancel_mu);
+      call_->done = true;
+    }
     call_->ReleaseGate();
     {
       std::lock_guard lock(call_->mu);
       call_->reactor = nullptr;
+      call_->reading_since.reset();
+      call_->replied_at.reset();
       call_->job.reset();
     }
     delete this;
@@ -441,6 +525,10 @@ class StreamCall : public StreamWatchdog::Watched,
   void OnCancel() { Fail(CancelledStatus(deadline_)); }
 
   void OnDone() {
+    {
+      std::lock_guard lock(cancel_mu_);
+      cancel_done_ = true;
+    }
     std::shared_ptr<BlockPipeline> pipeline;
     {
       std::lock_guard lock(mu_);
@@ -456,9 +544,16 @@ class StreamCall : public StreamWatchdog::Watched,
     const StreamTimeouts& o = timeouts_;
     std::shared_ptr<BlockPipeline> pipeline;
     absl::Time accepted_at;
+    if (finished_) {
+      // Finish was handed to gRPC; if its closing message (the stats) is not
+      // delivered within the idle timeout, the client stopped reading:
+      // cancel the call so that it ends.
+      if (now - absl::FromUnixNanos(finished_at_ns_.load()) >= o.idle) CancelCall();
+      return;
+    }
     {
       std::lock_guard lock(mu_);
-      if (finished_ || done_) return;
+      if (done_ || finished_) return;
       if (phase_ == Phase::kHeader) {
         if (now - arrived_ >= o.header) {
           FailLocked(absl::DeadlineExceededError(
@@ -470,6 +565,12 @@ class StreamCall : public StreamWatchdog::Watched,
       if (phase_ != Phase::kBlocks) return;
       pipeline = pipeline_;
       accepted_at = accepted_at_;
+    }
+    if (const std::optional<absl::Time> failed = pipeline->failed_at(); failed.has_value()) {
+      // The pipeline waits for the write in flight before it finishes; a
+      // client that stopped reading never lets that write complete.
+      if (now - *failed >= kStuckWriteGrace) CancelCall();
+      return;
     }
     if (pipeline->ended()) return;
     if (pipeline->blocks_received() == 0 && now - accepted_at >= o.first_block) {
@@ -498,6 +599,7 @@ class StreamCall : public StreamWatchdog::Watched,
   }
 
   void Finish(const absl::Status& status) override {
+    finished_at_ns_ = absl::ToUnixNanos(absl::Now());
     finished_ = true;
     if (!status.ok()) {
       reactor_->Finish(ToGrpcStatus(status, context_));
@@ -511,6 +613,20 @@ class StreamCall : public StreamWatchdog::Watched,
 
  private:
   enum class Phase { kHeader, kAdmission, kAccepting, kBlocks };
+
+  // How long a failed pipeline may wait for its write in flight before the
+  // call is cancelled (the client is not reading).
+  static constexpr absl::Duration kStuckWriteGrace = absl::Seconds(2);
+
+  // Cancels the call at the transport (RST_STREAM): a write that the client
+  // never takes then fails, and the call ends. Callers hold no lock:
+  // TryCancel may run OnCancel inline, which takes mu_ and the pipeline's
+  // lock. cancel_mu_ is taken by OnDone too, so the context is never used
+  // after gRPC is done with it.
+  void CancelCall() {
+    std::lock_guard lock(cancel_mu_);
+    if (!cancel_done_) context_->TryCancel();
+  }
 
   // Ends the call with `s` before the pipeline runs, or hands `s` to it.
   void Fail(const absl::Status& s) {
@@ -536,6 +652,7 @@ class StreamCall : public StreamWatchdog::Watched,
       return;
     }
     if (phase_ == Phase::kAdmission && ticket_.has_value()) engine_->Cancel(*ticket_, s);
+    finished_at_ns_ = absl::ToUnixNanos(absl::Now());
     finished_ = true;
     reactor_->Finish(ToGrpcStatus(s, context_));
   }
@@ -644,7 +761,10 @@ class StreamCall : public StreamWatchdog::Watched,
   absl::Time accepted_at_;
   std::optional<absl::Status> pending_error_;  // a failure while the acceptance was written
   std::atomic<bool> finished_{false};
+  std::atomic<int64_t> finished_at_ns_{0};  // when Finish was handed to gRPC
   bool done_ = false;
+  std::mutex cancel_mu_;  // guards cancel_done_ (see CancelCall)
+  bool cancel_done_ = false;
 };
 
 class StreamReactor final : public StreamReactorBase {
@@ -739,7 +859,8 @@ absl::StatusOr<int> DgmmService::Authenticate(const grpc::CallbackServerContext*
 StreamReactorBase* DgmmService::NewMultiply(grpc::CallbackServerContext* context) {
   absl::StatusOr<int> token = Authenticate(context);
   if (!token.ok()) return new RefusedStream(ToGrpcStatus(token.status(), context), &calls_);
-  return new UnaryReactor(engine_, &gate_, context, &calls_, ClientKey(context, *token));
+  return new UnaryReactor(engine_, &gate_, context, &watchdog_, timeouts_, &calls_,
+                          ClientKey(context, *token));
 }
 
 StreamReactorBase* DgmmGenericService::CreateReactor(grpc::GenericCallbackServerContext* context) {

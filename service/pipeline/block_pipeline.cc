@@ -87,6 +87,7 @@ void BlockPipeline::DetachIo() {
   io_ = nullptr;
   if (!finished_ && !error_.has_value()) {
     error_ = absl::CancelledError("the call ended");
+    failed_at_ = absl::Now();
     cancelled_->store(true);
   }
   compute_queue_.clear();
@@ -110,6 +111,12 @@ bool BlockPipeline::ended() const {
   return stage_ended_;
 }
 
+std::optional<absl::Time> BlockPipeline::failed_at() const {
+  std::lock_guard lock(mu_);
+  if (!error_.has_value()) return std::nullopt;
+  return failed_at_;
+}
+
 int BlockPipeline::peak_window() const {
   std::lock_guard lock(mu_);
   return peak_window_;
@@ -123,6 +130,7 @@ int64_t BlockPipeline::peak_held_bytes() const {
 void BlockPipeline::FailLocked(const absl::Status& status) {
   if (finished_ || error_.has_value()) return;
   error_ = status;
+  failed_at_ = absl::Now();
   cancelled_->store(true);
   compute_queue_.clear();  // their messages go back to gRPC now
   write_queue_.clear();    // their buffers go back to the pool now

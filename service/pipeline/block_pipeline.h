@@ -151,6 +151,10 @@ class BlockPipeline : public std::enable_shared_from_this<BlockPipeline> {
   absl::Time last_progress() const;
   int64_t blocks_received() const;
   bool ended() const;
+  // When the pipeline failed, if it did. A failure waits for the write in
+  // flight before it finishes the call; a client that stopped reading never
+  // completes that write, and the transport must then cancel the call.
+  std::optional<absl::Time> failed_at() const;
   // Most blocks held at once so far (between read and written), and what
   // they held in bytes at most (payload, each block counted twice: see
   // HostFootprint).
@@ -193,6 +197,7 @@ class BlockPipeline : public std::enable_shared_from_this<BlockPipeline> {
   bool stage_ended_ = false;
   bool finished_ = false;
   std::optional<absl::Status> error_;  // the first failure
+  absl::Time failed_at_;
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   int window_ = 0;  // blocks read and not yet written back
   int peak_window_ = 0;

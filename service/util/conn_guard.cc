@@ -103,6 +103,12 @@ extern "C" int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
       errno = retry_allowed ? EAGAIN : ECONNABORTED;
       return -1;
     }
+    // gRPC's listener takes anything but EINTR, EAGAIN and ECONNABORTED as
+    // fatal and stops accepting for good (tcp_server_posix.cc): ENOBUFS,
+    // ENOMEM, EPROTO, EPERM (a firewall) become "try again later" too.
+    if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED) {
+      errno = retry_allowed ? EAGAIN : ECONNABORTED;
+    }
     return -1;
   }
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/async_stream.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/rpc_util.h"
@@ -280,6 +281,90 @@ TEST(Hardening, AdmittedStreamThatSendsNoBlockIsCutAfterTheFirstBlockTimeout) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   EXPECT_NE(s.error_message().find("--stream_first_block_timeout_s"), std::string::npos)
       << s.error_message();
+}
+
+// A client that sends its job and then never reads the result: the result's
+// write never completes (the client's flow-control window stays shut). The
+// idle timeout ends the job, and the call is cancelled so that its
+// reservation goes back.
+TEST(Hardening, AStreamWhoseClientStopsReadingGivesItsReservationBack) {
+  ServerProcess server({"--backend=cpu", "--stream_idle_timeout_s=1"});
+  auto stub = Connect(server.address());
+  auto observer = v1::Dgmm::NewStub(OwnConnection(server.address()));
+  RandomJob job = MakeJob(1024, 1024, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 5);
+  grpc::ClientContext ctx;
+  auto stream = stub->MultiplyStream(&ctx);
+  v1::MultiplyStreamRequest h;
+  *h.mutable_header() = job.header;
+  ASSERT_TRUE(stream->Write(h));
+  v1::MultiplyStreamRequest b;
+  b.mutable_block()->set_first_line(0);
+  b.mutable_block()->set_data(job.matrix);  // 4 MiB: one block
+  ASSERT_TRUE(stream->Write(b));
+  stream->WritesDone();
+  ASSERT_TRUE(WaitUntil([&] { return Reserved(observer.get()) > 0; }, 5000));
+  const auto start = Clock::now();
+  // No Read: the 4 MiB result cannot leave.
+  EXPECT_TRUE(WaitUntil([&] { return Reserved(observer.get()) == 0; }, 15000))
+      << "a client that stopped reading kept its reservation";
+  std::printf("reservation returned %.1f s after the job was sent\n",
+              std::chrono::duration<double>(Clock::now() - start).count());
+  ctx.TryCancel();
+  stream->Finish();
+}
+
+// Multiply calls that never send their request hold the room they were
+// given at the receive gate only until the header timeout; a real job then
+// gets through.
+TEST(Hardening, MultiplyCallsThatSendNothingDoNotHoldTheReceiveGate) {
+  // A 64 MiB budget: a 64 MiB transport quota, half of it for the gate, room
+  // for 2 requests of the 16 MiB limit.
+  ServerProcess server(
+      {"--backend=cpu", "--stream_header_timeout_s=1", "--host_memory_budget=64MiB"});
+  grpc::GenericStub generic(OwnConnection(server.address()));
+  grpc::CompletionQueue cq;
+  constexpr int kSilent = 6;  // three times the gate's room
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls;
+  for (int i = 0; i < kSilent; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    calls.push_back(generic.PrepareCall(contexts.back().get(), "/dgmm.v1.Dgmm/Multiply", &cq));
+    calls.back()->StartCall(reinterpret_cast<void*>(static_cast<intptr_t>(i + 1)));
+  }
+  for (int i = 0; i < kSilent; ++i) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+  }
+  auto stub = v1::Dgmm::NewStub(OwnConnection(server.address()));
+  RandomJob job = MakeJob(64, 64, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 8);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::MultiplyResponse resp;
+  const auto start = Clock::now();
+  grpc::Status s = UnaryJob(stub.get(), job, &resp, &ctx);
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("a real job behind %d silent calls took %.2f s\n", kSilent, took);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GT(took, 0.5) << "the silent calls did not fill the gate: this test proves nothing";
+  // Every silent call was ended by the server.
+  std::vector<grpc::Status> statuses(kSilent);
+  for (int i = 0; i < kSilent; ++i) {
+    calls[i]->Finish(&statuses[i], reinterpret_cast<void*>(static_cast<intptr_t>(100 + i)));
+  }
+  for (int i = 0; i < kSilent; ++i) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+  }
+  for (const grpc::Status& st : statuses) {
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 // One client (over IPv4, 17 connections) holds 1000 streams that send a
