@@ -44,7 +44,10 @@ exclude='fuzz_short|cli_install_test|load_test_short|StreamedN20000|python_|node
 if [[ $mode == tsan ]]; then
   # cli_reconnect_test asserts reconnects within 2 s, a timing an
   # instrumented server and client do not keep.
-  exclude+='|OriginalQuestionUnary8000|cli_client_integration_test|cli_command_integration_test|scaleout_nginx|cli_reconnect_test'
+  # AdmissionServer.StreamThatCanNeverFit... asserts the server's RSS grows
+  # under 16 MiB: 54 MB under TSan at 0c8e093 (TSan's per-thread state and
+  # shadow), 0.75 MiB uninstrumented.
+  exclude+='|OriginalQuestionUnary8000|cli_client_integration_test|cli_command_integration_test|scaleout_nginx|cli_reconnect_test|StreamThatCanNeverFit'
 fi
 ctest_args=()
 while (($#)); do
