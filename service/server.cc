@@ -122,13 +122,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(
       GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
       static_cast<int>(absl::ToInt64Milliseconds(options.handshake_timeout)));
+  // The listener is in place before any job can run (a job that ends with a
+  // device error calls it from a worker); it does nothing until the gRPC
+  // server exists.
+  Server* raw = s.get();
+  s->engine_->set_serving_listener([raw](bool serving) { raw->SetServing(serving); });
   s->grpc_ = builder.BuildAndStart();
   if (s->grpc_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
   }
-  Server* raw = s.get();
-  s->engine_->set_serving_listener([raw](bool serving) { raw->SetServing(serving); });
+  {
+    std::lock_guard lock(s->serving_mu_);
+    s->health_ = s->grpc_->GetHealthCheckService();
+  }
   s->SetServing(s->engine_->serving());
 
   if (!options.metrics_listen.empty()) {
@@ -141,6 +148,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
 Server::~Server() {
   metrics_.reset();
+  {
+    std::lock_guard lock(serving_mu_);
+    health_ = nullptr;
+  }
   if (grpc_ != nullptr) {
     grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     grpc_->Wait();
@@ -149,10 +160,10 @@ Server::~Server() {
 }
 
 void Server::SetServing(bool serving) {
-  grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
-  if (health == nullptr) return;
-  health->SetServingStatus(serving);
-  health->SetServingStatus("dgmm.v1.Dgmm", serving);
+  std::lock_guard lock(serving_mu_);
+  if (health_ == nullptr) return;
+  health_->SetServingStatus(serving);
+  health_->SetServingStatus("dgmm.v1.Dgmm", serving);
 }
 
 bool Server::Drain(absl::Duration timeout) {

@@ -4,6 +4,7 @@
 #define DGMM_SERVICE_SERVER_H_
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -86,6 +87,10 @@ class Server {
   std::unique_ptr<MetricsServer> metrics_;
   int port_ = 0;
   absl::Duration shutdown_grace_;
+  // The health service, once the gRPC server runs (SetServing may be called
+  // from job workers at any time).
+  std::mutex serving_mu_;
+  grpc::HealthCheckServiceInterface* health_ = nullptr;
 };
 
 }  // namespace dgmm
