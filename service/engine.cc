@@ -68,20 +68,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   if (b == "cublas") e->pinned_gpu_backend_ = BackendKind::kCublas;
 
   std::vector<Admission::Pool> pools;
-  auto host = ParseBudget(options.host_memory_budget, cpu->free_memory_at_start_bytes());
-  if (!host.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--host_memory_budget: ", host.status().message()));
-  }
-  pools.push_back({"cpu", *host});
+  pools.push_back({"cpu", options.host_memory_budget.Of(cpu->free_memory_at_start_bytes())});
   int streams = cpu->streams();
   for (const auto& g : gpus) {
-    auto cap = ParseBudget(options.gpu_memory_budget, g->free_memory_at_start_bytes());
-    if (!cap.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--gpu_memory_budget: ", cap.status().message()));
-    }
-    pools.push_back({absl::StrCat("cuda:", g->index()), *cap});
+    pools.push_back({absl::StrCat("cuda:", g->index()),
+                     options.gpu_memory_budget.Of(g->free_memory_at_start_bytes())});
     streams += g->streams();
   }
   e->cpu_ = std::move(cpu);

@@ -19,6 +19,7 @@
 #include "service/admission.h"
 #include "service/device.h"
 #include "service/validator.h"
+#include "util/flag_types.h"
 #include "util/thread_pool.h"
 
 namespace dgmm {
@@ -28,8 +29,8 @@ struct EngineOptions {
   // "cuda-kernel" or "cublas".
   std::string backend = "auto";
   // Budgets: bytes or a percentage of the free memory at start.
-  std::string host_memory_budget = "50%";
-  std::string gpu_memory_budget = "80%";
+  Budget host_memory_budget = Budget::Percent(50);
+  Budget gpu_memory_budget = Budget::Percent(80);
   int max_queue = 64;
   absl::Duration max_head_wait = absl::Seconds(2);
   int job_threads = 0;  // 0: enough for every device's streams

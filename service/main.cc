@@ -230,8 +230,8 @@ int Main(int argc, char** argv) {
 
   EngineOptions eo;
   eo.backend = AbslUnparseFlag(absl::GetFlag(FLAGS_backend));
-  eo.host_memory_budget = AbslUnparseFlag(absl::GetFlag(FLAGS_host_memory_budget));
-  eo.gpu_memory_budget = AbslUnparseFlag(absl::GetFlag(FLAGS_gpu_memory_budget));
+  eo.host_memory_budget = absl::GetFlag(FLAGS_host_memory_budget);
+  eo.gpu_memory_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
   eo.max_queue = absl::GetFlag(FLAGS_max_queue);
   eo.max_head_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_head_wait_ms));
   eo.limits.max_dim = absl::GetFlag(FLAGS_max_dim);

@@ -82,7 +82,8 @@ TEST(BudgetFlag, UnparsesToWhatParsesBackAndWhatParseBudgetReads) {
     absl::StatusOr<Budget> back = Parse<Budget>(text);
     ASSERT_TRUE(back.ok()) << text;
     EXPECT_EQ(*back, b) << text;
-    // EngineOptions still takes budgets as text (engine.cc: ParseBudget).
+    // The text form agrees with ParseBudget (util/flag_names.h), which reads
+    // budgets given as text.
     EXPECT_EQ(*ParseBudget(text, 4096), b.Of(4096)) << text;
   }
   EXPECT_EQ(absl::UnparseFlag(Budget::Percent(80)), "80%");
