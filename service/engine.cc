@@ -53,19 +53,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     std::vector<std::unique_ptr<Device>> gpus) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
-  const std::string& b = options.backend;
-  if (b != "auto" && b != "cpu" && b != "cuda" && b != "cuda-kernel" && b != "cublas") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--backend=", b, " is not one of auto, cpu, cuda, cuda-kernel, cublas"));
-  }
-  if (b != "auto" && b != "cpu" && gpus.empty()) {
+  const ServerBackend b = options.backend;
+  if (b != ServerBackend::kAuto && b != ServerBackend::kCpu && gpus.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--backend=", b, " needs a GPU but none is usable on this host; use "
+        "--backend=", AbslUnparseFlag(b), " needs a GPU but none is usable on this host; use "
         "--backend=auto or --backend=cpu"));
   }
-  e->gpu_default_ = b != "cpu" && !gpus.empty();
-  if (b == "cuda-kernel") e->pinned_gpu_backend_ = BackendKind::kCudaKernel;
-  if (b == "cublas") e->pinned_gpu_backend_ = BackendKind::kCublas;
+  e->gpu_default_ = b != ServerBackend::kCpu && !gpus.empty();
+  if (b == ServerBackend::kCudaKernel) e->pinned_gpu_backend_ = BackendKind::kCudaKernel;
+  if (b == ServerBackend::kCublas) e->pinned_gpu_backend_ = BackendKind::kCublas;
 
   std::vector<Admission::Pool> pools;
   pools.push_back({"cpu", options.host_memory_budget.Of(cpu->free_memory_at_start_bytes())});

@@ -19,15 +19,16 @@
 #include "service/admission.h"
 #include "service/device.h"
 #include "service/validator.h"
+#include "service/server_flags.h"
 #include "util/flag_types.h"
 #include "util/thread_pool.h"
 
 namespace dgmm {
 
 struct EngineOptions {
-  // "auto" (GPU if any, else CPU), "cpu", "cuda" (GPU, fastest kernel),
-  // "cuda-kernel" or "cublas".
-  std::string backend = "auto";
+  // Where BACKEND_AUTO jobs run: auto (GPU if any, else CPU), cpu, cuda (GPU,
+  // fastest kernel), cuda-kernel or cublas.
+  ServerBackend backend = ServerBackend::kAuto;
   // Budgets: bytes or a percentage of the free memory at start.
   Budget host_memory_budget = Budget::Percent(50);
   Budget gpu_memory_budget = Budget::Percent(80);

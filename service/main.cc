@@ -229,7 +229,7 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   EngineOptions eo;
-  eo.backend = AbslUnparseFlag(absl::GetFlag(FLAGS_backend));
+  eo.backend = absl::GetFlag(FLAGS_backend);
   eo.host_memory_budget = absl::GetFlag(FLAGS_host_memory_budget);
   eo.gpu_memory_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
   eo.max_queue = absl::GetFlag(FLAGS_max_queue);

@@ -12,8 +12,8 @@ namespace dgmm {
 // --backend: where jobs that leave the choice to the server run.
 enum class ServerBackend { kAuto, kCpu, kCuda, kCudaKernel, kCublas };
 
-// Parse accepts auto, cpu, cuda, cuda-kernel and cublas (the names
-// EngineOptions::backend takes); anything else is an error listing them.
+// Parse accepts auto, cpu, cuda, cuda-kernel and cublas; anything else is an
+// error listing them.
 // Unparse writes those names back.
 bool AbslParseFlag(absl::string_view text, ServerBackend* backend, std::string* error);
 std::string AbslUnparseFlag(ServerBackend backend);

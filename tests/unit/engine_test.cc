@@ -108,7 +108,7 @@ TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {
   ASSERT_TRUE(cpu_only.ok());
   EXPECT_EQ((*cpu_only)->Info().default_backend(), v1::BACKEND_CPU);
   EngineOptions cuda;
-  cuda.backend = "cuda";
+  cuda.backend = ServerBackend::kCuda;
   auto refused = Engine::Create(cuda, std::make_unique<CpuDevice>(1), {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(refused.status().message()).find("needs a GPU"), std::string::npos);
