@@ -229,14 +229,8 @@ def wait_rss_below(server, limit, timeout=20):
 
 # --------------------------------------------------------------- attacks
 
-def unary_flood(args, budget):
-    """C concurrent valid Multiply calls of S bytes over C connections."""
-    calls, n = (24, 1024) if args.short else (128, 2000)  # 4 MiB / 16 MiB requests
-    server = Server(args.server, args.flags)
-    idle = server.rss()
-    w = Watcher(server)
-    req = multiply_request(n, n)
-    chans = [channel(server.v4()) for _ in range(calls)]
+def concurrent_multiply(chans, req):
+    """One Multiply of `req` on each channel at once; counts of the outcomes."""
     futs = [c.unary_unary("/dgmm.v1.Dgmm/Multiply").future(req, timeout=120) for c in chans]
     codes = {}
     for f in futs:
@@ -245,6 +239,18 @@ def unary_flood(args, budget):
             codes["OK"] = codes.get("OK", 0) + 1
         except grpc.RpcError as e:
             codes[e.code().name] = codes.get(e.code().name, 0) + 1
+    return codes
+
+
+def unary_flood(args, budget):
+    """C concurrent valid Multiply calls of S bytes over C connections."""
+    calls, n = (24, 1024) if args.short else (128, 2000)  # 4 MiB / 16 MiB requests
+    server = Server(args.server, args.flags)
+    idle = server.rss()
+    w = Watcher(server)
+    req = multiply_request(n, n)
+    chans = [channel(server.v4()) for _ in range(calls)]
+    codes = concurrent_multiply(chans, req)
     w.stop()
     peak = server.peak()
     for c in chans:
@@ -265,14 +271,7 @@ def oversized_unary(args, budget):
     w = Watcher(server)
     req = multiply_request(size_n, size_n)
     chans = [channel(server.v4()) for _ in range(calls)]
-    futs = [c.unary_unary("/dgmm.v1.Dgmm/Multiply").future(req, timeout=120) for c in chans]
-    codes = {}
-    for f in futs:
-        try:
-            f.result()
-            codes["OK"] = codes.get("OK", 0) + 1
-        except grpc.RpcError as e:
-            codes[e.code().name] = codes.get(e.code().name, 0) + 1
+    codes = concurrent_multiply(chans, req)
     w.stop()
     peak = server.peak()
     for c in chans:

@@ -192,10 +192,12 @@ struct UnaryCall : StreamWatchdog::Watched, std::enable_shared_from_this<UnaryCa
   // returns the job's reservation.
   void CheckIdle(absl::Time now) override {
     bool stuck_reply = false;
+    bool timed_out = false;
     {
       std::lock_guard lock(mu);
       if (reading_since.has_value() && now - *reading_since >= timeouts.header &&
           reactor != nullptr) {
+        timed_out = true;
         reading_since.reset();
         StreamReactorBase* r = std::exchange(reactor, nullptr);
         replied_at = now;
@@ -209,21 +211,11 @@ struct UnaryCall : StreamWatchdog::Watched, std::enable_shared_from_this<UnaryCa
         stuck_reply = replied_at.has_value() && now - *replied_at >= timeouts.idle;
       }
     }
-    ReleaseGateIfNotReading();
+    if (timed_out) ReleaseGate();
     if (stuck_reply) {
       std::lock_guard lock(cancel_mu);
       if (!done) context->TryCancel();
     }
-  }
-
-  // Gives the gate back its room once the call has finished without reading.
-  void ReleaseGateIfNotReading() {
-    bool finished = false;
-    {
-      std::lock_guard lock(mu);
-      finished = reactor == nullptr;
-    }
-    if (finished) ReleaseGate();
   }
 
   // The message is in (or the call ended without one).

@@ -44,23 +44,6 @@ const absl::Duration kAllowed = absl::Seconds(2);
 // How long after the restart the test waits for stragglers before failing.
 const absl::Duration kGiveUp = absl::Seconds(25);
 
-// A loopback port nothing listens on right now (bound, read, released).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    std::perror("FreePort");
-    std::abort();
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 ClientOptions TestOptions() {
   ClientOptions options;  // The defaults are what is under test.
   if (const char* env = std::getenv("DGMM_RECONNECT_BACKOFF_MS"); env != nullptr && *env) {
@@ -162,7 +145,7 @@ bool AnswersHealth(const std::string& address) {
 // No server at all: the first attempt fails at once, and a retried attempt
 // waits for a connection only as long as max_reconnect_wait.
 TEST(ReconnectTest, DeadServerFailsFastWithoutRetriesAndAfterTheReconnectWaitWithThem) {
-  const std::string address = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string address = "127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
   float a[4] = {1, 2, 3, 4}, d[2] = {1, 1}, c[4];
   Job job;
   job.matrix = {a, 2, 2, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR};
@@ -219,7 +202,7 @@ TEST(ReconnectTest, UnusableReconnectBackoffIsRefusedNamingIt) {
 }
 
 TEST(ReconnectTest, BusyClientsResumeWithinTwoSecondsOfARestartOnTheSamePort) {
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   const std::string address = "127.0.0.1:" + std::to_string(port);
   const std::vector<std::string> flags = {"--listen=" + address, "--backend=cpu", "--threads=2"};
   auto server = std::make_unique<testing::ServerProcess>(flags);

@@ -21,32 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool WaitUntil(const std::function<bool()>& pred, int ms = 10000) {
-  const auto end = Clock::now() + std::chrono::milliseconds(ms);
-  while (Clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
-
-int64_t Queued(v1::Dgmm::Stub* stub) {
-  int64_t n = 0;
-  const v1::GetServerInfoResponse info = Info(stub);
-  for (const auto& d : info.devices()) n += d.queued_jobs();
-  return n;
-}
-
-int64_t Rejected(v1::Dgmm::Stub* stub, const std::string& reason) {
-  int64_t n = 0;
-  const v1::GetServerInfoResponse info = Info(stub);
-  for (const auto& d : info.devices()) {
-    auto it = d.rejected_jobs().find(reason);
-    if (it != d.rejected_jobs().end()) n += it->second;
-  }
-  return n;
-}
-
 // Budget arithmetic for the servers below (CPU backend, 64 KiB blocks): a
 // streamed job holds 2 * 4 * 64 KiB = 512 KiB plus its diagonal; a unary
 // 200x200 float32 job holds 2 * 160000 + 800 = 320800 bytes. A 560 KiB

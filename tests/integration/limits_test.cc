@@ -18,15 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool WaitUntil(const std::function<bool()>& pred, int ms) {
-  const auto end = Clock::now() + std::chrono::milliseconds(ms);
-  while (Clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
-}
-
 int64_t Running(v1::Dgmm::Stub* stub) {
   int64_t n = 0;
   const v1::GetServerInfoResponse info = Info(stub);

@@ -1,5 +1,7 @@
 #include "tests/integration/rpc_util.h"
 
+#include <chrono>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -175,6 +177,32 @@ grpc::Status HeldStream::Finish() {
   while (stream_->Read(&resp)) {
   }
   return stream_->Finish();
+}
+
+int64_t Queued(v1::Dgmm::Stub* stub) {
+  int64_t n = 0;
+  const v1::GetServerInfoResponse info = Info(stub);
+  for (const auto& d : info.devices()) n += d.queued_jobs();
+  return n;
+}
+
+int64_t Rejected(v1::Dgmm::Stub* stub, const std::string& reason) {
+  int64_t n = 0;
+  const v1::GetServerInfoResponse info = Info(stub);
+  for (const auto& d : info.devices()) {
+    auto it = d.rejected_jobs().find(reason);
+    if (it != d.rejected_jobs().end()) n += it->second;
+  }
+  return n;
+}
+
+bool WaitUntil(const std::function<bool()>& pred, int ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
 }
 
 }  // namespace dgmm::testing

@@ -4,6 +4,7 @@
 #define DGMM_TESTS_INTEGRATION_RPC_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -71,6 +72,14 @@ class HeldStream {
 };
 // Sum of reserved bytes over every device.
 int64_t Reserved(v1::Dgmm::Stub* stub);
+// Jobs waiting for admission, over every device.
+int64_t Queued(v1::Dgmm::Stub* stub);
+// Jobs refused or ended for `reason` (GetServerInfo's rejected_jobs), over
+// every device.
+int64_t Rejected(v1::Dgmm::Stub* stub, const std::string& reason);
+
+// Polls `pred` every 10 ms until it holds or `ms` have passed; its last value.
+bool WaitUntil(const std::function<bool()>& pred, int ms = 10000);
 
 }  // namespace dgmm::testing
 

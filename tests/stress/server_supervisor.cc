@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/server_process.h"
 
 namespace dgmm::stress {
 namespace {
@@ -27,29 +28,11 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// A port that was free a moment ago. The server binds it with SO_REUSEADDR,
-// so it gets it back after a SIGKILL too.
-int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    std::perror("load_test: finding a free port");
-    std::abort();
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 }  // namespace
 
 ServerSupervisor::ServerSupervisor(std::string binary, std::vector<std::string> flags)
     : binary_(std::move(binary)), flags_(std::move(flags)) {
-  address_ = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  address_ = absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
   char tmpl[] = "/tmp/dgmm-load-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     std::perror("load_test: mkdtemp");

@@ -48,6 +48,10 @@ class ServerProcess {
   std::string dir_;
 };
 
+// A loopback port that was free a moment ago (bound, read, released). A
+// server binds it with SO_REUSEADDR, so it gets it back after a SIGKILL too.
+int FreeLoopbackPort();
+
 // Runs a command line through /bin/sh, returns its exit code, and stores
 // stdout+stderr in *output.
 int RunCommand(const std::string& command, std::string* output);

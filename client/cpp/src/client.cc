@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -68,8 +69,17 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
 // after several attempts says how many.
 template <typename AttemptFn>
 absl::StatusOr<JobResult> WithRetries(const RetryPolicy& policy, absl::Time deadline,
+                                      const std::function<absl::Status()>& await_connection,
                                       AttemptFn attempt) {
   for (int made = 1;; ++made) {
+    if (made > 1) {
+      // A retried attempt first waits for a connection; one that finds none
+      // has waited its share and is not retried again.
+      if (absl::Status connected = await_connection(); !connected.ok()) {
+        return absl::Status(connected.code(), absl::StrCat(connected.message(), " (after ",
+                                                           made, " attempts)"));
+      }
+    }
     auto [result, retryable, pushback] = attempt(/*retried=*/made > 1);
     if (result.ok()) {
       result->attempts = made;
@@ -265,7 +275,8 @@ absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   const absl::Time deadline = Deadline();
-  return WithRetries(options_.retry, deadline, [&](bool retried) {
+  return WithRetries(options_.retry, deadline, [&] { return AwaitConnection(deadline); },
+                     [&](bool retried) {
     return UnaryAttempt(job, *bytes, out, out_bytes, deadline, retried, progress);
   });
 }
@@ -274,13 +285,6 @@ Client::Attempt Client::UnaryAttempt(const Job& job, size_t matrix_bytes, void* 
                                      size_t out_bytes, absl::Time deadline, bool retried,
                                      const ProgressCallback& progress) {
   Attempt attempt;
-  if (retried) {
-    if (absl::Status connected = AwaitConnection(deadline); !connected.ok()) {
-      attempt.result = connected;
-      attempt.retryable = false;  // It has waited its share already.
-      return attempt;
-    }
-  }
   const v1::JobHeader header = MakeHeader(job);
   JobResult result;
   result.mode = TransferMode::kUnary;
@@ -333,7 +337,8 @@ absl::StatusOr<JobResult> Client::MultiplyStream(const Job& job, void* out, size
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   const absl::Time deadline = Deadline();
-  return WithRetries(options_.retry, deadline, [&](bool retried) {
+  return WithRetries(options_.retry, deadline, [&] { return AwaitConnection(deadline); },
+                     [&](bool retried) {
     return StreamAttempt(job, *bytes, out, deadline, retried, progress);
   });
 }
@@ -342,13 +347,6 @@ Client::Attempt Client::StreamAttempt(const Job& job, size_t matrix_bytes, void*
                                       absl::Time deadline, bool retried,
                                       const ProgressCallback& progress) {
   Attempt attempt;
-  if (retried) {
-    if (absl::Status connected = AwaitConnection(deadline); !connected.ok()) {
-      attempt.result = connected;
-      attempt.retryable = false;  // It has waited its share already.
-      return attempt;
-    }
-  }
   const v1::JobHeader header = MakeHeader(job);
   const StreamPlan plan = PlanStream(job.matrix, matrix_bytes, options_.chunk_bytes);
   absl::StatusOr<v1::JobStats> stats;
