@@ -120,6 +120,7 @@ class DgmmError(Exception):
         self.code = code
         self.details = details
         self.trailing_metadata = tuple(trailing_metadata or ())
+        self.info = None  # multiply(): the failed job's MultiplyInfo.
 
     @property
     def retry_after_ms(self):
@@ -308,6 +309,15 @@ class _Job:
         out = np.empty((self.rows, self.cols), dtype=self.wire_dtype, order=self.order)
         return out, out.reshape(-1, order=self.order)
 
+    def check_output(self, out):
+        """The caller's output array and a flat view of it, or ValueError."""
+        if not isinstance(out, np.ndarray) or out.shape != (self.rows, self.cols) or \
+                out.dtype != self.wire_dtype or not out.flags.writeable or \
+                not out.flags[("F" if self.col_major else "C") + "_CONTIGUOUS"]:
+            raise ValueError("dgmm: out must be a writable %s-order %s array of shape %s"
+                             % (self.order, self.wire_dtype, (self.rows, self.cols)))
+        return out, out.reshape(-1, order=self.order)
+
     def part_header(self, first, count, group):
         """The JobHeader of lines [first, first + count); group: a JobGroup or None."""
         header = pb.JobHeader()
@@ -466,7 +476,7 @@ class Client:
         self.close()
 
     def multiply(self, a, d, side="right", backend="auto", timeout=None, *,
-                 stream=None, stripes=None, return_stats=False, return_info=False,
+                 stream=None, stripes=None, out=None, return_stats=False, return_info=False,
                  progress=None):
         """Returns C = A·diag(d) (side="right") or diag(d)·A (side="left").
 
@@ -484,6 +494,9 @@ class Client:
         stripes: K, the number of parts sent at once over K connections;
         None: the client's default (auto by size). K is capped at the number
         of lines (rows of a C-order A, columns of a Fortran-order one).
+        out: optional array for C (A's shape, wire dtype float32/float64 and
+        layout, contiguous and writable): the result lands in it in place and
+        it is returned; by default a new array.
         progress: optional callable(lines_done, total_lines), called from the
         parts' threads as result lines arrive.
         With return_stats=True, returns (C, dgmm.pb.JobStats) (for a striped
@@ -494,13 +507,14 @@ class Client:
         RetryPolicy says.
 
         Raises ValueError for arrays dgmm cannot take, DgmmError when the
-        job fails (see .code and .details).
+        job fails (see .code and .details; .info is the MultiplyInfo of the
+        failed job, None when the client refused it before any call).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         job = _Job(a, d, side, backend)
         k = stripe_count(job.matrix_bytes, job.num_lines,
                          stripes if stripes is not None else self._stripes)
-        run = _Run(self, job, deadline, k, stream, progress)
+        run = _Run(self, job, deadline, k, stream, progress, out)
         out, info = run.execute()
         result = [out]
         if return_stats:
@@ -574,7 +588,7 @@ def _merged_stats(stats_list):
 class _Run:
     """One logical job: its K parts, each with its retries and resumes (rule 3)."""
 
-    def __init__(self, client, job, deadline, k, stream, progress):
+    def __init__(self, client, job, deadline, k, stream, progress, out):
         self.client = client
         self.job = job
         self.deadline = deadline
@@ -582,7 +596,7 @@ class _Run:
         self.forced = None if stream is None else ("stream" if stream else "unary")
         self.progress = progress
         self.group_id = _new_group_id() if k > 1 else ""
-        self.out, self.out_flat = job.new_output()
+        self.out, self.out_flat = job.new_output() if out is None else job.check_output(out)
         self.cancelled = threading.Event()
         self.lock = threading.Lock()
         self.calls = set()  # In-flight calls, cancelled when the job fails.
@@ -610,11 +624,12 @@ class _Run:
                 t.start()
             for t in threads:
                 t.join()
-        if self.error is not None:
-            raise self.error
         mode = "unary" if self.modes == {"unary"} else "stream"
-        return self.out, MultiplyInfo(mode, self.k, self.attempts, self.resumed,
-                                      self.group_id, stats)
+        info = MultiplyInfo(mode, self.k, self.attempts, self.resumed, self.group_id, stats)
+        if self.error is not None:
+            self.error.info = info
+            raise self.error
+        return self.out, info
 
     def fail(self, error):
         """The first final error becomes the job's status and cancels the other parts."""

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""The client-policy conformance suite: runs every case of cases/*.json with one
+language's runner against real dgmm-server processes, and checks the policy
+vectors.
+
+  harness.py --runner "CMD ..." --server BIN [--cases DIR] [--vectors FILE] [--name LANG]
+
+For each case it starts `server.replicas` servers (with `server.flags`, on
+loopback ephemeral ports, CPU backend unless the flags say otherwise), puts a
+TCP proxy that resets connections in front of them when the case has
+`inject`, runs `CMD --case FILE --target TARGET`, reads the one JSON line it
+prints and compares it with the case's `expect`. Then it runs
+`CMD --vectors FILE`. It prints a table and exits 1 on any mismatch.
+The runners and the contract: tests/conformance/README.md.
+"""
+
+import argparse
+import json
+import os
+import selectors
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Server:
+    """A dgmm-server on an ephemeral loopback port."""
+
+    def __init__(self, binary, flags):
+        self.dir = tempfile.TemporaryDirectory(prefix="dgmm-conformance-")
+        port_file = os.path.join(self.dir.name, "port")
+        self.log_path = os.path.join(self.dir.name, "server.log")
+        if not any(f.startswith("--backend") for f in flags):
+            flags = ["--backend=cpu", *flags]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [binary, "--listen=127.0.0.1:0", "--port_file=" + port_file, *flags],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("dgmm-server exited with %s:\n%s"
+                                   % (self.process.returncode, self.log()))
+            try:
+                with open(port_file) as f:
+                    text = f.read()
+                if text.endswith("\n"):
+                    self.port = int(text)
+                    return
+            except FileNotFoundError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("dgmm-server did not write its port within 30 s:\n" + self.log())
+
+    def log(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.dir.cleanup()
+
+
+class ResetProxy:
+    """A loopback TCP proxy to `upstream` (host, port). Each of the first
+    `resets` connections is reset (RST to both sides, SO_LINGER 0) once
+    `reset_after_bytes` bytes have gone from the client to the server on it;
+    later connections are forwarded untouched. One thread per connection."""
+
+    def __init__(self, upstream, reset_after_bytes, resets):
+        self.upstream = upstream
+        self.reset_after_bytes = int(reset_after_bytes)
+        self.resets = int(resets)
+        self.connections = 0
+        self.resets_done = 0
+        self.lock = threading.Lock()
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                index = self.connections
+                self.connections += 1
+            threading.Thread(target=self._pump, args=(client, index), daemon=True).start()
+
+    @staticmethod
+    def _reset(*socks):
+        for s in socks:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+            s.close()
+
+    def _pump(self, client, index):
+        try:
+            server = socket.create_connection(self.upstream)
+        except OSError:
+            self._reset(client)
+            return
+        for s in (client, server):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        limit = self.reset_after_bytes if index < self.resets else None
+        sent = 0
+        sel = selectors.DefaultSelector()
+        sel.register(client, selectors.EVENT_READ, server)
+        sel.register(server, selectors.EVENT_READ, client)
+        try:
+            while not self.closed:
+                for key, _ in sel.select(timeout=0.5):
+                    source, sink = key.fileobj, key.data
+                    data = source.recv(1 << 16)
+                    if not data:
+                        return
+                    if source is client and limit is not None:
+                        if sent + len(data) >= limit:
+                            sink.sendall(data[:max(0, limit - sent)])
+                            with self.lock:
+                                self.resets_done += 1
+                            self._reset(client, server)
+                            client = server = None
+                            return
+                        sent += len(data)
+                    sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            sel.close()
+            for s in (client, server):
+                if s is not None:
+                    s.close()
+
+    def close(self):
+        self.closed = True
+        self.listener.close()
+
+
+def run_case(case_path, runner, server_binary, timeout):
+    """Runs one case; returns (case, result dict or None, problems list)."""
+    with open(case_path) as f:
+        case = json.load(f)
+    server_spec = case.get("server") or {}
+    servers, proxies = [], []
+    problems = []
+    result = None
+    try:
+        for _ in range(int(server_spec.get("replicas", 1))):
+            servers.append(Server(server_binary, list(server_spec.get("flags", []))))
+        ports = [s.port for s in servers]
+        inject = case.get("inject")
+        if inject:
+            proxies = [ResetProxy(("127.0.0.1", p), inject["reset_after_bytes"], inject["resets"])
+                       for p in ports]
+            ports = [p.port for p in proxies]
+        if len(ports) == 1:
+            target = "127.0.0.1:%d" % ports[0]
+        else:
+            target = "ipv4:" + ",".join("127.0.0.1:%d" % p for p in ports)
+        command = runner + ["--case", case_path, "--target", target]
+        start = time.monotonic()
+        try:
+            run = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return case, None, ["runner took over %d s" % timeout], 0.0
+        elapsed = time.monotonic() - start
+        lines = [line for line in run.stdout.splitlines() if line.strip().startswith("{")]
+        if run.returncode != 0 or len(lines) != 1:
+            problems.append("runner exit %d, %d JSON lines; stderr: %s"
+                            % (run.returncode, len(lines), run.stderr.strip()[-800:]))
+            return case, None, problems, elapsed
+        result = json.loads(lines[0])
+        problems += compare(case, result)
+        if inject and not any(p.resets_done for p in proxies) and result.get("status") == "OK":
+            problems.append("the proxy reset no connection: the case did not test a reset")
+        return case, result, problems, elapsed
+    finally:
+        for p in proxies:
+            p.close()
+        for s in servers:
+            s.stop()
+
+
+def compare(case, result):
+    """The mismatches between a runner's JSON line and the case's `expect`."""
+    expect = case["expect"]
+    problems = []
+    if result.get("name") != case["name"]:
+        problems.append("name %r, expected %r" % (result.get("name"), case["name"]))
+    if result.get("status") != expect["status"]:
+        problems.append("status %s, expected %s (%s)"
+                        % (result.get("status"), expect["status"], result.get("message", "")))
+    if expect.get("mode") is not None and result.get("mode") != expect["mode"]:
+        problems.append("mode %s, expected %s" % (result.get("mode"), expect["mode"]))
+    if expect.get("stripes") is not None and result.get("stripes") != expect["stripes"]:
+        problems.append("stripes %s, expected %s" % (result.get("stripes"), expect["stripes"]))
+    if expect.get("min_attempts") is not None and \
+            not (result.get("attempts") or 0) >= expect["min_attempts"]:
+        problems.append("attempts %s, expected >= %s"
+                        % (result.get("attempts"), expect["min_attempts"]))
+    if expect.get("max_attempts") is not None and \
+            not (result.get("attempts") or 0) <= expect["max_attempts"]:
+        problems.append("attempts %s, expected <= %s"
+                        % (result.get("attempts"), expect["max_attempts"]))
+    if expect["status"] == "OK" and result.get("checked") is not True:
+        problems.append("result not checked against the reference (checked=%s, max_abs_err=%s)"
+                        % (result.get("checked"), result.get("max_abs_err")))
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runner", required=True, help="the runner command line")
+    parser.add_argument("--server", required=True, help="the dgmm-server binary")
+    parser.add_argument("--cases", default=os.path.join(HERE, "cases"))
+    parser.add_argument("--vectors", default=os.path.join(HERE, "policy_vectors.json"))
+    parser.add_argument("--name", default="", help="the runner's language, for the table")
+    parser.add_argument("--only", default="", help="run only cases whose name contains this")
+    parser.add_argument("--timeout", type=int, default=60, help="seconds per runner call")
+    parser.add_argument("--verbose", action="store_true", help="print each runner's JSON line")
+    args = parser.parse_args()
+    runner = shlex.split(args.runner)
+    failures = 0
+    start = time.monotonic()
+
+    vec = subprocess.run(runner + ["--vectors", args.vectors], capture_output=True, text=True,
+                         timeout=args.timeout)
+    vec_lines = [line for line in vec.stdout.splitlines() if line.strip().startswith("{")]
+    try:
+        vec_result = json.loads(vec_lines[-1])
+    except (IndexError, ValueError):
+        vec_result = None
+    if vec.returncode != 0 or not vec_result or vec_result.get("failed") or \
+            not vec_result.get("vectors"):
+        failures += 1
+        print("FAIL policy vectors: exit %d, %s %s" % (vec.returncode, vec.stdout.strip()[-1500:],
+                                                      vec.stderr.strip()[-1500:]))
+    else:
+        print("ok   policy vectors: %d checked" % vec_result["vectors"])
+
+    cases = sorted(os.path.join(args.cases, n) for n in os.listdir(args.cases)
+                   if n.endswith(".json"))
+    if args.only:
+        cases = [c for c in cases if args.only in os.path.basename(c)]
+    header = "%-4s %-38s %-18s %-6s %-7s %-8s %-10s %s" % (
+        "", "case (%s)" % args.name if args.name else "case", "status", "mode", "stripes",
+        "attempts", "max_err", "time")
+    print(header)
+    for path in cases:
+        try:
+            case, result, problems, elapsed = run_case(path, runner, args.server, args.timeout)
+        except Exception as e:  # A server that would not start: a failure of the suite.
+            case, result, problems, elapsed = {"name": os.path.basename(path)}, None, [repr(e)], 0
+        result = result or {}
+        ok = not problems
+        failures += 0 if ok else 1
+        print("%-4s %-38s %-18s %-6s %-7s %-8s %-10s %.2fs" % (
+            "ok" if ok else "FAIL", case["name"], result.get("status", "-"),
+            result.get("mode", "-"), result.get("stripes", "-"), result.get("attempts", "-"),
+            "%.1e" % result["max_abs_err"] if isinstance(result.get("max_abs_err"), (int, float))
+            else "-", elapsed))
+        for p in problems:
+            print("       " + p)
+        if args.verbose and result:
+            print("       " + json.dumps(result))
+    print("%s: %d cases, %d vector sets, %d failed, %.1f s"
+          % (args.name or "conformance", len(cases), 1, failures, time.monotonic() - start))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Conformance runner for the Python client (tests/conformance/README.md).
+
+  runner.py --case FILE --target TARGET   one case; prints one JSON line
+  runner.py --vectors FILE                the policy vectors; prints one JSON line
+
+Needs PYTHONPATH=client/python (ctest sets it) and /usr/bin/python3's grpcio,
+protobuf and numpy.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+
+import dgmm  # noqa: E402
+from dgmm import client as policy  # noqa: E402
+
+
+def run_vectors(path):
+    with open(path) as f:
+        vectors = json.load(f)
+    failed = []
+    for i, v in enumerate(vectors):
+        u = v["unary_limit"] or policy.DEFAULT_MAX_UNARY_MESSAGE_BYTES
+        c = v["chunk_bytes"] or policy.DEFAULT_CHUNK_BYTES
+        mode = policy.transfer_mode(v["matrix_bytes"], v["diag_bytes"], u, c)
+        k = policy.stripe_count(v["matrix_bytes"], v["lines"], v["stripes_option"])
+        ranges = [list(r) for r in policy.stripe_ranges(v["lines"], k)]
+        got = {"mode": mode, "stripes": k, "ranges": ranges}
+        if "expect_lines_per_block" in v:
+            got["lines_per_block"] = policy.lines_per_block(v["line_bytes"], c)
+        want = {"mode": v["expect_mode"], "stripes": v["expect_stripes"],
+                "ranges": v["expect_ranges"]}
+        if "expect_lines_per_block" in v:
+            want["lines_per_block"] = v["expect_lines_per_block"]
+        if got != want:
+            failed.append({"index": i, "got": got, "want": want})
+    print(json.dumps({"vectors": len(vectors), "failed": failed}))
+    return 1 if failed else 0
+
+
+def run_case(path, target):
+    with open(path) as f:
+        case = json.load(f)
+    opts = case.get("options") or {}
+    out = {"name": case["name"], "status": "OK", "mode": None, "stripes": None, "attempts": 0,
+           "checked": False, "max_abs_err": None, "message": ""}
+    dtype = np.float32 if case["dtype"] == "float32" else np.float64
+    order = "F" if case["layout"] == "col" else "C"
+    rows, cols, side = case["rows"], case["cols"], case["side"]
+    rng = np.random.default_rng(case["seed"])
+    a = np.asarray(rng.uniform(-4, 4, (rows, cols)), dtype=dtype, order=order)
+    d = rng.uniform(-4, 4, cols if side == "right" else rows).astype(dtype)
+    c = np.full((rows, cols), np.nan, dtype=dtype, order=order)  # Poisoned.
+    retry = None
+    if opts.get("max_attempts") is not None:
+        retry = dgmm.RetryPolicy(max_attempts=opts["max_attempts"])
+    client = dgmm.Client(target, max_unary_message_bytes=opts.get("max_unary_message_bytes"),
+                         chunk_bytes=opts.get("chunk_bytes"), retry=retry,
+                         load_balancing_policy="round_robin")
+    try:
+        result, info = client.multiply(a, d, side=side, backend=case.get("backend", "auto"),
+                                       timeout=opts.get("deadline_s"),
+                                       stripes=opts.get("stripes"), out=c, return_info=True)
+        out.update(mode=info.mode, stripes=info.stripes, attempts=info.attempts,
+                   message="group %s, %d resumed" % (info.group_id or "-", info.resumed))
+        if result is not c:
+            raise AssertionError("the result did not land in the caller's array")
+        a64, d64 = a.astype(np.float64), d.astype(np.float64)
+        reference = a64 * d64 if side == "right" else d64[:, None] * a64
+        err = np.abs(c.astype(np.float64) - reference)
+        tol = (1e-6 if dtype == np.float32 else 1e-15) * np.abs(reference)
+        max_err = float(np.max(err)) if err.size else 0.0
+        out["max_abs_err"] = max_err if math.isfinite(max_err) else str(max_err)
+        out["checked"] = bool(np.all(np.isfinite(c)) and np.all(err <= tol))
+        if not out["checked"]:
+            out["message"] = "result differs from the float64 reference"
+    except dgmm.DgmmError as e:
+        out["status"] = e.code.name if isinstance(e.code, grpc.StatusCode) else str(e.code)
+        out["message"] = e.details
+        if e.info is not None:
+            out.update(mode=e.info.mode, stripes=e.info.stripes, attempts=e.info.attempts)
+    finally:
+        client.close()
+    print(json.dumps(out))
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case")
+    parser.add_argument("--target")
+    parser.add_argument("--vectors")
+    args = parser.parse_args()
+    if args.vectors:
+        return run_vectors(args.vectors)
+    if not args.case or not args.target:
+        parser.error("--case and --target, or --vectors")
+    return run_case(args.case, args.target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
