@@ -11,10 +11,24 @@ const protoLoader = require('@grpc/proto-loader');
 const PROTO_DIR = process.env.DGMM_PROTO_DIR || path.join(__dirname, '..', '..', 'proto');
 const LOADER_OPTIONS = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true };
 const MIB = 1 << 20;
-// Defaults for the unary/stream choice and the stream block size: gRPC's
-// default message limit and the server's default max_block_bytes.
-const DEFAULT_UNARY_LIMIT_BYTES = 4 * MIB - 1024;
-const DEFAULT_BLOCK_BYTES = 4 * MIB;
+// The client policy's defaults (docs/protocol.md section 9): U, the server's
+// default max_unary_message_bytes, and C, the stream chunk.
+const DEFAULT_MAX_UNARY_MESSAGE_BYTES = 16 * MIB;
+const DEFAULT_CHUNK_BYTES = 4 * MIB;
+// Auto striping: one part per 32 MiB of matrix, at most 8 parts.
+const STRIPE_UNIT_BYTES = 32 * MIB;
+const MAX_AUTO_STRIPES = 8;
+// Rule 4: these backend names and nothing else.
+const BACKEND_NAMES = Object.freeze({
+  auto: 'BACKEND_AUTO',
+  cpu: 'BACKEND_CPU',
+  'cuda-kernel': 'BACKEND_CUDA_KERNEL',
+  cublas: 'BACKEND_CUBLAS',
+  BACKEND_AUTO: 'BACKEND_AUTO',
+  BACKEND_CPU: 'BACKEND_CPU',
+  BACKEND_CUDA_KERNEL: 'BACKEND_CUDA_KERNEL',
+  BACKEND_CUBLAS: 'BACKEND_CUBLAS',
+});
 
 if (os.endianness() !== 'LE') {
   throw new Error('dgmm: payloads are little-endian; this client only runs on little-endian hosts');
@@ -46,6 +60,7 @@ class DgmmError extends Error {
     this.codeName = codeName;
     this.details = details;
     this.metadata = metadata;
+    this.info = null; // multiply(): the failed job's info.
   }
 
   static fromServiceError(err) {
@@ -57,19 +72,22 @@ function protocolError(message) {
   return new DgmmError(grpc.status.INTERNAL, `dgmm client: server broke the protocol: ${message}`);
 }
 
-// Which failed jobs multiply() tries again, how often and after how long:
-// the same policy as the C++ client (dgmm::RetryPolicy). A job is retried
-// after UNAVAILABLE (nothing listening, the connection lost, a server
-// draining), after a jittered exponential backoff; and after
-// RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms` trailer (the
-// admission queue was full), after the time it names. Other errors are final,
-// and so is any error of a streamed job once a result block has arrived. No
-// wait may end past the job's deadline (timeoutMs).
+// Which failed parts of a job multiply() tries again, how often and after how
+// long: rule 3 of the client policy (docs/protocol.md section 9), the same in
+// the C++ and Python clients. Each part (the whole job when it is not
+// striped) is retried by itself after UNAVAILABLE (nothing listening, the
+// connection lost, a server draining), after a jittered exponential backoff;
+// and after RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms`
+// trailer (the admission queue was full), after the time it names. Other
+// errors are final. A streamed part that fails after some result blocks
+// arrived is resumed: the retry sends only the lines not received yet. A
+// retry goes to the next of the job's connections. No wait may end past the
+// job's deadline (timeoutMs); the first final error cancels the other parts.
 // The first attempt fails fast when there is no connection. A retried attempt
-// first waits for the channel to connect, up to the deadline and at most
+// first waits for its channel to connect, up to the deadline and at most
 // maxReconnectWaitMs (no connection by then ends the job with UNAVAILABLE),
 // and is then sent with waitForReady.
-//   maxAttempts: attempts per job, the first included; 1 turns retries off.
+//   maxAttempts: attempts per part, the first included; 1 turns retries off.
 //   initialBackoffMs: the wait before the second attempt after UNAVAILABLE;
 //     each later one is backoffMultiplier times longer, up to maxBackoffMs;
 //     every wait is jittered by +-20%.
@@ -82,6 +100,8 @@ const DEFAULT_RETRY_POLICY = Object.freeze({
 });
 const JITTER_FRACTION = 0.2;
 const RETRY_POLICY = Symbol('dgmm.retryPolicy');
+// The client's striping connections: { make(i), list: [client, ...] }.
+const STRIPES = Symbol('dgmm.stripes');
 // Marks a DgmmError of one attempt that must not be retried.
 const FINAL = Symbol('dgmm.final');
 
@@ -136,12 +156,18 @@ function pushbackMs(metadata) {
 //   minReconnectBackoffMs (2000): passed as grpc.min_reconnect_backoff_ms,
 //     the minimum connect timeout of gRPC core clients (C++, Python);
 //     grpc-js 1.14 does not read it.
+//   loadBalancingPolicy: e.g. 'round_robin' (with an 'ipv4:h:p1,h:p2' or DNS
+//     target: jobs and the parts of striped jobs spread over the replicas).
 //   channelOptions: more grpc-js channel options; they override these.
 // Each client has its own connection (grpc.use_local_subchannel_pool) rather
-// than sharing one with other clients of the same server in this process.
+// than sharing one with other clients of the same server in this process. A
+// job striped into K parts uses K connections: the client itself and K - 1
+// more grpc clients made when first needed (with the extra channel option
+// 'dgmm.stripe': i, so each is its own channel and TCP connection), kept
+// until client.close().
 function createClient(address, credentials = grpc.credentials.createInsecure(), {
   token, retry, initialReconnectBackoffMs = 100, minReconnectBackoffMs = 2000, maxReconnectBackoffMs = 1000,
-  channelOptions = {},
+  loadBalancingPolicy, channelOptions = {},
 } = {}) {
   if (!(initialReconnectBackoffMs > 0 && maxReconnectBackoffMs >= initialReconnectBackoffMs && minReconnectBackoffMs > 0)) {
     throw new RangeError('dgmm: reconnect backoffs must be positive and maxReconnectBackoffMs >= initialReconnectBackoffMs');
@@ -154,6 +180,9 @@ function createClient(address, credentials = grpc.credentials.createInsecure(), 
     'grpc.initial_reconnect_backoff_ms': Math.round(initialReconnectBackoffMs),
     'grpc.min_reconnect_backoff_ms': Math.round(minReconnectBackoffMs),
     'grpc.max_reconnect_backoff_ms': Math.round(maxReconnectBackoffMs),
+    ...(loadBalancingPolicy ? {
+      'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ [loadBalancingPolicy]: {} }] }),
+    } : {}),
     ...channelOptions,
   };
   if (token) {
@@ -166,11 +195,91 @@ function createClient(address, credentials = grpc.credentials.createInsecure(), 
   }
   const client = new dgmmProto.Dgmm(address, credentials, options);
   client[RETRY_POLICY] = policy;
+  const stripes = {
+    list: [client],
+    closed: false,
+    get(i) {
+      while (this.list.length <= i) {
+        this.list.push(new dgmmProto.Dgmm(address, credentials, { ...options, 'dgmm.stripe': this.list.length }));
+      }
+      return this.list[i];
+    },
+  };
+  client[STRIPES] = stripes;
+  const closeOwn = client.close.bind(client);
+  client.close = () => {
+    stripes.closed = true;
+    for (const other of stripes.list.slice(1)) other.close();
+    stripes.list = [client];
+    closeOwn();
+  };
   return client;
 }
 
 function deadlineOf(options) {
   return options.timeoutMs === undefined ? undefined : new Date(Date.now() + options.timeoutMs);
+}
+
+// ---- The policy as pure functions (checked against tests/conformance/policy_vectors.json).
+
+// Rule 1: the largest matrix + diagonal bytes sent as one Multiply,
+// min(C, 7/8 of U) (in integers: min(C, floor(U / 8) * 7)).
+function unaryThreshold(maxUnaryMessageBytes = DEFAULT_MAX_UNARY_MESSAGE_BYTES, chunkBytes = DEFAULT_CHUNK_BYTES) {
+  return Math.min(chunkBytes, Math.floor(maxUnaryMessageBytes / 8) * 7);
+}
+
+// Rule 1: 'unary' or 'stream' for a job or one part of a striped job.
+function transferMode(matrixBytes, diagBytes, maxUnaryMessageBytes = DEFAULT_MAX_UNARY_MESSAGE_BYTES,
+  chunkBytes = DEFAULT_CHUNK_BYTES) {
+  return matrixBytes + diagBytes <= unaryThreshold(maxUnaryMessageBytes, chunkBytes) ? 'unary' : 'stream';
+}
+
+// Rule 1: whole lines per stream block, max(1, floor(C / lineBytes)).
+function linesPerBlock(lineBytes, chunkBytes = DEFAULT_CHUNK_BYTES) {
+  return Math.max(1, Math.floor(chunkBytes / lineBytes));
+}
+
+// Rule 2: K. stripes: the caller's option (an integer >= 1) or null/undefined
+// for auto, min(8, max(1, floor(matrixBytes / 32 MiB))); then at most lines.
+function stripeCount(matrixBytes, lines, stripes = null) {
+  let k;
+  if (stripes === null || stripes === undefined) {
+    k = Math.min(MAX_AUTO_STRIPES, Math.max(1, Math.floor(matrixBytes / STRIPE_UNIT_BYTES)));
+  } else {
+    if (!Number.isInteger(stripes) || stripes < 1) {
+      throw invalidArgument(`dgmm: stripes must be an integer >= 1 or null (auto), got ${stripes}`);
+    }
+    k = stripes;
+  }
+  return Math.max(1, Math.min(k, lines));
+}
+
+// Rule 2: K contiguous [firstLine, count] ranges covering `lines`; the first
+// lines % K ranges get one extra line.
+function stripeRanges(lines, k) {
+  const base = Math.floor(lines / k);
+  const extra = lines % k;
+  const ranges = [];
+  let first = 0;
+  for (let i = 0; i < k; i++) {
+    const count = base + (i < extra ? 1 : 0);
+    ranges.push([first, count]);
+    first += count;
+  }
+  return ranges;
+}
+
+// Rule 4: the JobHeader.backend enum name of a backend name, or an
+// INVALID_ARGUMENT DgmmError.
+function backendEnumName(name) {
+  if (typeof name === 'string' && Object.hasOwn(BACKEND_NAMES, name)) return BACKEND_NAMES[name];
+  throw invalidArgument(`dgmm: unknown backend ${JSON.stringify(name)}; expected one of auto, cpu, ` +
+    'cuda-kernel, cublas (or BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA_KERNEL, BACKEND_CUBLAS)');
+}
+
+// INVALID_ARGUMENT raised by the client itself, before any call.
+function invalidArgument(details) {
+  return new DgmmError(grpc.status.INVALID_ARGUMENT, details);
 }
 
 // The call deadline for a job deadline in ms since the epoch (Infinity: none).
@@ -188,8 +297,8 @@ function final(err) {
   return err;
 }
 
-// Before a retried attempt: waits for the channel to connect, up to the job's
-// deadline and the policy's maxReconnectWaitMs.
+// Before a retried attempt: waits for `client`'s channel to connect, up to
+// the job's deadline and the policy's maxReconnectWaitMs.
 function awaitConnection(client, policy, deadline) {
   const start = Date.now();
   const deadlineFirst = deadline - start <= policy.maxReconnectWaitMs;
@@ -205,29 +314,8 @@ function awaitConnection(client, policy, deadline) {
   });
 }
 
-// Runs attempt(retried) until it succeeds or the policy says stop.
-async function withRetries(client, deadline, attempt) {
-  const policy = client[RETRY_POLICY] || DEFAULT_RETRY_POLICY;
-  for (let made = 1; ; made++) {
-    let error;
-    try {
-      if (made > 1) await awaitConnection(client, policy, deadline);
-      return await attempt(made > 1);
-    } catch (err) {
-      if (!(err instanceof DgmmError)) throw err;
-      error = err;
-    }
-    const wait = error[FINAL] ? null
-      : retryDelay(policy, made, error.code, pushbackMs(error.metadata), Date.now(), deadline, Math.random() * 2 - 1);
-    if (wait === null) {
-      if (made === 1) throw error;
-      throw new DgmmError(error.code, `${error.details} (after ${made} attempts)`, error.metadata);
-    }
-    await new Promise((r) => setTimeout(r, wait));
-  }
-}
-
 function describeJob(a, rows, cols, diag, side, options) {
+  const backend = backendEnumName(options.backend ?? 'auto'); // Rule 4 first: refused before anything.
   const Ctor = a instanceof Float32Array ? Float32Array : a instanceof Float64Array ? Float64Array : null;
   if (!Ctor) throw new TypeError('dgmm: the matrix must be a Float32Array or a Float64Array');
   if (!Number.isInteger(rows) || !Number.isInteger(cols) || rows * cols !== a.length) {
@@ -238,21 +326,37 @@ function describeJob(a, rows, cols, diag, side, options) {
   if (layout !== 'row' && layout !== 'col') throw new RangeError(`dgmm: layout must be "row" or "col", got ${layout}`);
   const d = diag instanceof Ctor ? diag : Ctor.from(diag); // In the matrix's dtype.
   const colMajor = layout === 'col';
+  const lineElems = colMajor ? rows : cols;
   return {
     Ctor,
     a,
+    d,
+    colMajor,
     header: {
       rows,
       cols,
       dtype: Ctor === Float32Array ? 'DTYPE_FLOAT32' : 'DTYPE_FLOAT64',
       layout: colMajor ? 'LAYOUT_COL_MAJOR' : 'LAYOUT_ROW_MAJOR',
       side: side === 'left' ? 'SIDE_LEFT' : 'SIDE_RIGHT',
-      backend: `BACKEND_${(options.backend || 'auto').toUpperCase()}`,
+      backend,
       diagonal: bytesOf(d),
     },
     numLines: colMajor ? cols : rows,
-    lineBytes: (colMajor ? rows : cols) * Ctor.BYTES_PER_ELEMENT,
+    lineElems,
+    lineBytes: lineElems * Ctor.BYTES_PER_ELEMENT,
+    // Rule 2: the diagonal runs along the split dimension (row-major LEFT,
+    // column-major RIGHT): a part gets its slice, else the whole diagonal.
+    diagonalSliced: (side === 'left') !== colMajor,
   };
+}
+
+// The JobHeader of lines [first, first + count); group: a JobGroup or null.
+function partHeader(job, first, count, group) {
+  const header = { ...job.header };
+  if (job.colMajor) header.cols = count; else header.rows = count;
+  if (job.diagonalSliced) header.diagonal = bytesOf(job.d, first * job.Ctor.BYTES_PER_ELEMENT, (first + count) * job.Ctor.BYTES_PER_ELEMENT);
+  if (group) header.group = group;
+  return header;
 }
 
 // The typed array's bytes, without a copy.
@@ -260,117 +364,279 @@ function bytesOf(typed, begin = 0, end = typed.byteLength) {
   return Buffer.from(typed.buffer, typed.byteOffset + begin, end - begin);
 }
 
-// One attempt of a job; a rejection with a DgmmError marked FINAL is not retried.
-function multiplyUnary(client, job, options, deadline, retried) {
-  return new Promise((resolve, reject) => {
-    client.Multiply({ header: job.header, matrix: bytesOf(job.a) }, callMetadata(retried),
-      { deadline: callDeadline(deadline) },
-      (err, response) => {
-        if (err) return reject(DgmmError.fromServiceError(err));
-        if (response.result.length !== job.a.byteLength) {
-          return reject(final(protocolError(`result has ${response.result.length} bytes, expected ${job.a.byteLength}`)));
-        }
-        const out = new job.Ctor(job.a.length);
-        bytesOf(out).set(response.result);
-        resolve({ result: out, stats: response.stats });
-      });
-  });
+// Rule 2: one random id per logical job, 16 lowercase hex characters.
+function newGroupId() {
+  return require('node:crypto').randomBytes(8).toString('hex');
 }
 
-// One attempt of a job; an error after a result block has arrived is FINAL.
-function multiplyStream(client, job, options, deadline, retried) {
-  const blockBytes = options.blockBytes || DEFAULT_BLOCK_BYTES;
-  if (job.lineBytes > blockBytes) {
-    return Promise.reject(new RangeError(
-      `dgmm: one line of the matrix is ${job.lineBytes} bytes, over the ${blockBytes}-byte block limit; use the other layout`));
+// One logical job: its K parts, each with its retries and resumes (rule 3).
+class Run {
+  constructor(client, job, options, deadline, k) {
+    this.client = client;
+    this.job = job;
+    this.options = options;
+    this.deadline = deadline;
+    this.k = k;
+    this.policy = client[RETRY_POLICY] || DEFAULT_RETRY_POLICY;
+    this.maxUnary = options.maxUnaryMessageBytes ?? options.unaryLimitBytes ?? DEFAULT_MAX_UNARY_MESSAGE_BYTES;
+    this.chunk = options.chunkBytes ?? options.blockBytes ?? DEFAULT_CHUNK_BYTES;
+    this.forced = options.stream === undefined || options.stream === null ? null : (options.stream ? 'stream' : 'unary');
+    this.groupId = k > 1 ? newGroupId() : '';
+    this.calls = new Set();
+    this.error = null;
+    this.attempts = 0;
+    this.resumed = 0;
+    this.modes = new Set();
+    this.linesDone = 0;
+    this.wakeups = new Set(); // Backoff waits, ended early when the job fails.
   }
-  const linesPerBlock = Math.floor(blockBytes / job.lineBytes);
-  const out = new job.Ctor(job.a.length);
-  const outBytes = bytesOf(out);
-  const call = client.MultiplyStream(callMetadata(retried), { deadline: callDeadline(deadline) });
-  const ended = new Promise((resolve) => call.on('status', resolve));
 
-  const result = new Promise((resolve, reject) => {
-    let accepted = false;
-    let linesDone = 0;
-    let stats = null;
-    const fail = (err) => { call.cancel(); reject(final(err)); };
-    call.on('data', (message) => {
-      if (message.kind === 'accepted' && !accepted) {
-        accepted = true;
-      } else if (message.kind === 'block' && accepted && !stats) {
-        const { firstLine, data } = message.block;
-        const lines = data.length / job.lineBytes;
-        if (firstLine !== linesDone || !Number.isInteger(lines) || lines === 0 || linesDone + lines > job.numLines) {
-          return fail(protocolError(`result block at line ${firstLine} of ${data.length} bytes, expected whole lines from line ${linesDone}`));
-        }
-        outBytes.set(data, linesDone * job.lineBytes);
-        linesDone += lines;
-      } else if (message.kind === 'stats' && accepted && !stats) {
-        stats = message.stats;
-      } else {
-        fail(protocolError(`unexpected \`${message.kind}\` message`));
-      }
-    });
-    // The status decides. An OK status can come before the last 'data' has
-    // been delivered, so success waits for 'end' too; 'error' repeats a
-    // non-OK status and is listened to only so that it is not thrown.
-    let statusOk = false;
-    let readEnded = false;
-    const finish = () => {
-      if (!statusOk || !readEnded) return;
-      if (linesDone !== job.numLines || !stats) {
-        reject(final(protocolError(`the call ended after ${linesDone} of ${job.numLines} lines`)));
-      } else {
-        resolve({ result: out, stats });
-      }
-    };
-    call.on('error', () => {});
-    call.on('end', () => { readEnded = true; finish(); });
-    call.on('status', (status) => {
-      if (status.code !== grpc.status.OK) {
-        // Once part of the result has been delivered the job is not repeated.
-        const err = new DgmmError(status.code, status.details, status.metadata);
-        return reject(linesDone > 0 ? final(err) : err);
-      }
-      statusOk = true;
-      finish();
-    });
-  });
+  channel(i) {
+    const stripes = this.client[STRIPES];
+    return stripes ? stripes.get(i) : this.client;
+  }
 
-  (async () => {
-    // Respect flow control: wait for 'drain' when write() says the buffer is full.
-    const send = async (message) => {
-      if (!call.write(message)) await Promise.race([new Promise((r) => call.once('drain', r)), ended]);
+  fail(err) {
+    if (this.error) return;
+    this.error = err;
+    for (const call of this.calls) call.cancel();
+    for (const wake of this.wakeups) wake();
+  }
+
+  sleep(ms) {
+    return new Promise((resolve) => {
+      const wake = () => { clearTimeout(timer); this.wakeups.delete(wake); resolve(); };
+      const timer = setTimeout(wake, ms);
+      this.wakeups.add(wake);
+    });
+  }
+
+  addProgress(lines) {
+    this.linesDone += lines;
+    if (this.options.progress) this.options.progress(this.linesDone, this.job.numLines);
+  }
+
+  async execute(out) {
+    this.out = out;
+    this.outBytes = bytesOf(out);
+    const ranges = stripeRanges(this.job.numLines, this.k);
+    const stats = await Promise.all(ranges.map(([first, count], i) => this.part(i, first, count).catch((err) => {
+      this.fail(err instanceof DgmmError ? err : new DgmmError(grpc.status.INTERNAL, `dgmm client: ${err && err.stack || err}`));
+      return null;
+    })));
+    const info = {
+      mode: this.modes.size === 1 && this.modes.has('unary') ? 'unary' : 'stream',
+      stripes: this.k,
+      attempts: this.attempts,
+      resumed: this.resumed,
+      groupId: this.groupId,
+      stats,
     };
-    await send({ header: job.header });
-    for (let first = 0; first < job.numLines; first += linesPerBlock) {
-      const last = Math.min(first + linesPerBlock, job.numLines);
-      await send({ block: { firstLine: first, data: bytesOf(job.a, first * job.lineBytes, last * job.lineBytes) } });
+    if (this.error) {
+      this.error.info = info;
+      throw this.error;
     }
-    call.end();
-  })().catch(() => call.cancel());
-  return result;
+    return info;
+  }
+
+  // Runs lines [first, first + count) to completion; resolves to the last
+  // attempt's stats, or null after a failure (this.error then says why).
+  async part(i, first, count) {
+    const job = this.job;
+    for (let made = 1; ; made++) {
+      if (this.error) return null;
+      this.attempts += 1;
+      const client = this.channel((i + made - 1) % this.k);
+      const group = this.k > 1 ? { id: this.groupId, firstLine: first, totalLines: job.numLines, parts: this.k } : null;
+      const received = { lines: 0 };
+      let error;
+      try {
+        if (made > 1) await awaitConnection(client, this.policy, this.deadline);
+        if (this.error) return null;
+        const header = partHeader(job, first, count, group);
+        const mode = this.forced || transferMode(count * job.lineBytes, header.diagonal.length, this.maxUnary, this.chunk);
+        this.modes.add(mode);
+        if (mode === 'unary') return await this.unary(client, header, first, count, made > 1);
+        return await this.stream(client, header, first, count, made > 1, received);
+      } catch (err) {
+        if (!(err instanceof DgmmError)) throw err;
+        error = err;
+      }
+      if (this.error) return null;
+      if (received.lines > 0) {
+        // Resume: the lines received are kept; the retry sends the rest.
+        first += received.lines;
+        count -= received.lines;
+        if (count === 0) return null; // Every line arrived; only the stats were lost.
+      }
+      const wait = error[FINAL] ? null
+        : retryDelay(this.policy, made, error.code, pushbackMs(error.metadata), Date.now(), this.deadline, Math.random() * 2 - 1);
+      if (wait === null) {
+        this.fail(made === 1 ? error : new DgmmError(error.code, `${error.details} (after ${made} attempts)`, error.metadata));
+        return null;
+      }
+      if (received.lines > 0) this.resumed += 1;
+      await this.sleep(wait);
+    }
+  }
+
+  unary(client, header, first, count, retried) {
+    const job = this.job;
+    const begin = first * job.lineBytes;
+    const end = (first + count) * job.lineBytes;
+    return new Promise((resolve, reject) => {
+      const call = client.Multiply({ header, matrix: bytesOf(job.a, begin, end) }, callMetadata(retried),
+        { deadline: callDeadline(this.deadline) },
+        (err, response) => {
+          this.calls.delete(call);
+          if (err) return reject(DgmmError.fromServiceError(err));
+          if (response.result.length !== end - begin) {
+            return reject(final(protocolError(`result has ${response.result.length} bytes, expected ${end - begin}`)));
+          }
+          this.outBytes.set(response.result, begin);
+          this.addProgress(count);
+          resolve(response.stats);
+        });
+      this.calls.add(call);
+    });
+  }
+
+  // One streamed attempt of lines [first, first + count); received.lines
+  // counts the result lines placed, for a resume.
+  stream(client, header, first, count, retried, received) {
+    const job = this.job;
+    const perBlock = linesPerBlock(job.lineBytes, this.chunk);
+    const call = client.MultiplyStream(callMetadata(retried), { deadline: callDeadline(this.deadline) });
+    this.calls.add(call);
+    const ended = new Promise((resolve) => call.on('status', resolve));
+    const result = new Promise((resolve, reject) => {
+      let accepted = false;
+      let stats = null;
+      let settled = false;
+      const settle = (fn, value) => {
+        if (settled) return;
+        settled = true;
+        this.calls.delete(call);
+        fn(value);
+      };
+      const fail = (err) => { call.cancel(); settle(reject, final(err)); };
+      call.on('data', (message) => {
+        if (settled) return;
+        if (message.kind === 'accepted' && !accepted) {
+          accepted = true;
+        } else if (message.kind === 'block' && accepted && !stats) {
+          const { firstLine, data } = message.block;
+          const lines = data.length / job.lineBytes;
+          if (firstLine !== received.lines || !Number.isInteger(lines) || lines === 0 || received.lines + lines > count) {
+            return fail(protocolError(`result block at line ${firstLine} of ${data.length} bytes, expected whole lines from line ${received.lines}`));
+          }
+          this.outBytes.set(data, (first + received.lines) * job.lineBytes);
+          received.lines += lines;
+          this.addProgress(lines);
+        } else if (message.kind === 'stats' && accepted && !stats) {
+          stats = message.stats;
+        } else {
+          fail(protocolError(`unexpected \`${message.kind}\` message`));
+        }
+      });
+      // The status decides. An OK status can come before the last 'data' has
+      // been delivered, so success waits for 'end' too; 'error' repeats a
+      // non-OK status and is listened to only so that it is not thrown.
+      let statusOk = false;
+      let readEnded = false;
+      const finish = () => {
+        if (!statusOk || !readEnded) return;
+        if (received.lines !== count || !stats) {
+          fail(protocolError(`the call ended after ${received.lines} of ${count} lines`));
+        } else {
+          settle(resolve, stats);
+        }
+      };
+      call.on('error', () => {});
+      call.on('end', () => { readEnded = true; finish(); });
+      call.on('status', (status) => {
+        if (status.code !== grpc.status.OK) {
+          return settle(reject, new DgmmError(status.code, status.details, status.metadata));
+        }
+        statusOk = true;
+        finish();
+      });
+    });
+
+    (async () => {
+      // Respect flow control: wait for 'drain' when write() says the buffer is full.
+      let done = false;
+      ended.then(() => { done = true; });
+      const send = async (message) => {
+        if (!call.write(message)) await Promise.race([new Promise((r) => call.once('drain', r)), ended]);
+      };
+      await send({ header });
+      for (let start = 0; start < count && !done; start += perBlock) {
+        const stop = Math.min(start + perBlock, count);
+        await send({ block: { firstLine: start, data: bytesOf(job.a, (first + start) * job.lineBytes, (first + stop) * job.lineBytes) } });
+      }
+      if (!done) call.end();
+    })().catch(() => call.cancel());
+    return result;
+  }
+}
+
+function checkOutput(job, out) {
+  if (!(out instanceof job.Ctor) || out.length !== job.a.length) {
+    throw new TypeError(`dgmm: options.out must be a ${job.Ctor.name} of ${job.a.length} elements`);
+  }
+  return out;
 }
 
 // Computes C = A·diag(diag) (side "right") or diag(diag)·A (side "left") for
 // the rows x cols matrix `a` (Float32Array or Float64Array, row-major unless
-// options.layout is "col"). Resolves to C as a new array of a's type and
-// layout, or, with options.returnStats, to { result, stats }. Rejects with a
-// DgmmError when the call fails, after the retries of the client's retry
-// policy (see DEFAULT_RETRY_POLICY).
-// options: layout ("row" | "col"), backend ("auto" | "cpu" | "cuda_kernel" |
-// "cublas"), timeoutMs (for the whole job, all attempts included), stream
-// (true/false forces MultiplyStream/Multiply; default: by size against
-// unaryLimitBytes), unaryLimitBytes, blockBytes.
+// options.layout is "col") and resolves to C: a new array of a's type and
+// layout, or options.out filled in place. With options.returnStats, resolves
+// to { result, stats } (for a striped job: byte counts summed over the parts,
+// times the longest part's); with options.returnInfo, to { result, stats,
+// info }, info = { mode, stripes, attempts, resumed, groupId, stats: [per part] }.
+// Rejects with a DgmmError when the job fails, after the retries of the
+// client's retry policy (see DEFAULT_RETRY_POLICY); its .info describes the
+// failed job (null when the client refused it before any call).
+// options (docs/protocol.md section 9 is the policy):
+//   layout: 'row' | 'col'.
+//   backend: 'auto' | 'cpu' | 'cuda-kernel' | 'cublas' (or 'BACKEND_AUTO', ...);
+//     anything else rejects with INVALID_ARGUMENT before any call.
+//   timeoutMs: one deadline for the whole job, all parts and attempts.
+//   stream: true/false forces MultiplyStream/Multiply for every part; default:
+//     unary when matrix + diagonal bytes <= min(chunkBytes, 7/8 maxUnaryMessageBytes).
+//   maxUnaryMessageBytes (16 MiB; the server's --max_unary_message_bytes),
+//     chunkBytes (4 MiB; stream blocks hold max(1, floor(chunkBytes / line bytes))
+//     lines). unaryLimitBytes and blockBytes are their former names.
+//   stripes: K parts sent at once over K connections; default (null) auto:
+//     one per 32 MiB of matrix, at most 8 (jobs under 64 MiB: 1); at most
+//     one per line.
+//   out: a typed array of a's type and length for the result.
+//   progress(linesDone, totalLines): called as result lines arrive.
 async function multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
   const deadline = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
   const job = describeJob(a, rows, cols, diag, side, options);
-  const stream = options.stream ??
-    a.byteLength + job.header.diagonal.length > (options.unaryLimitBytes || DEFAULT_UNARY_LIMIT_BYTES);
-  const attempt = stream ? multiplyStream : multiplyUnary;
-  const done = await withRetries(client, deadline, (retried) => attempt(client, job, options, deadline, retried));
-  return options.returnStats ? done : done.result;
+  const k = stripeCount(a.byteLength, job.numLines, options.stripes ?? null);
+  const out = options.out === undefined ? new job.Ctor(a.length) : checkOutput(job, options.out);
+  const run = new Run(client, job, options, deadline, k);
+  const info = await run.execute(out);
+  if (!options.returnStats && !options.returnInfo) return out;
+  const done = { result: out, stats: mergedStats(info.stats) };
+  if (options.returnInfo) done.info = info;
+  return done;
+}
+
+// One JobStats for a job from its parts' stats.
+function mergedStats(list) {
+  const parts = list.filter((s) => s);
+  if (parts.length <= 1) return parts[0] || null;
+  const merged = { ...parts[0], group: null };
+  for (const field of ['queueWaitNs', 'h2dNs', 'computeNs', 'd2hNs', 'totalNs']) {
+    merged[field] = Math.max(...parts.map((s) => Number(s[field])));
+  }
+  merged.bytesIn = parts.reduce((sum, s) => sum + Number(s.bytesIn), 0);
+  merged.bytesOut = parts.reduce((sum, s) => sum + Number(s.bytesOut), 0);
+  return merged;
 }
 
 // Resolves to the server's GetServerInfoResponse (devices, budgets, limits).
@@ -394,4 +660,6 @@ function health(client, service = '', options = {}) {
 
 module.exports = {
   createClient, multiply, serverInfo, health, DgmmError, grpc, DEFAULT_RETRY_POLICY, retryDelay,
+  DEFAULT_MAX_UNARY_MESSAGE_BYTES, DEFAULT_CHUNK_BYTES, BACKEND_NAMES,
+  unaryThreshold, transferMode, linesPerBlock, stripeCount, stripeRanges, backendEnumName,
 };
