@@ -80,12 +80,15 @@ class Server:
 class ResetProxy:
     """A loopback TCP proxy to `upstream` (host, port). Each of the first
     `resets` connections is reset (RST to both sides, SO_LINGER 0) once
-    `reset_after_bytes` bytes have gone from the client to the server on it;
+    `reset_after_bytes` bytes have gone from the client to the server on it
+    (and, when reset_after_result_bytes > 0, that many from the server to the
+    client too, so that part of the result has arrived: the resume path);
     later connections are forwarded untouched. One thread per connection."""
 
-    def __init__(self, upstream, reset_after_bytes, resets):
+    def __init__(self, upstream, reset_after_bytes, resets, reset_after_result_bytes=0):
         self.upstream = upstream
         self.reset_after_bytes = int(reset_after_bytes)
+        self.reset_after_result_bytes = int(reset_after_result_bytes)
         self.resets = int(resets)
         self.connections = 0
         self.resets_done = 0
@@ -128,6 +131,7 @@ class ResetProxy:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         limit = self.reset_after_bytes if index < self.resets else None
         sent = 0
+        returned = 0
         sel = selectors.DefaultSelector()
         sel.register(client, selectors.EVENT_READ, server)
         sel.register(server, selectors.EVENT_READ, client)
@@ -138,8 +142,11 @@ class ResetProxy:
                     data = source.recv(1 << 16)
                     if not data:
                         return
+                    if source is server:
+                        returned += len(data)
                     if source is client and limit is not None:
-                        if sent + len(data) >= limit:
+                        if sent + len(data) >= limit and \
+                                returned >= self.reset_after_result_bytes:
                             sink.sendall(data[:max(0, limit - sent)])
                             with self.lock:
                                 self.resets_done += 1
@@ -174,9 +181,15 @@ def run_case(case_path, runner, server_binary, timeout):
             servers.append(Server(server_binary, list(server_spec.get("flags", []))))
         ports = [s.port for s in servers]
         inject = case.get("inject")
-        if inject:
-            proxies = [ResetProxy(("127.0.0.1", p), inject["reset_after_bytes"], inject["resets"])
-                       for p in ports]
+        want_stripes = case["expect"].get("stripes") or 0
+        if inject or want_stripes > 1:
+            # A striped case goes through counting proxies too: K parts must
+            # arrive on at least K separate connections.
+            after, resets, results = (0, 0, 0)
+            if inject:
+                after, resets = inject["reset_after_bytes"], inject["resets"]
+                results = inject.get("reset_after_result_bytes", 0)
+            proxies = [ResetProxy(("127.0.0.1", p), after, resets, results) for p in ports]
             ports = [p.port for p in proxies]
         if len(ports) == 1:
             target = "127.0.0.1:%d" % ports[0]
@@ -198,6 +211,18 @@ def run_case(case_path, runner, server_binary, timeout):
         problems += compare(case, result)
         if inject and not any(p.resets_done for p in proxies) and result.get("status") == "OK":
             problems.append("the proxy reset no connection: the case did not test a reset")
+        connections = sum(p.connections for p in proxies)
+        if want_stripes > 1 and result.get("status") == "OK" and connections < want_stripes:
+            problems.append("%d parts came over %d connection(s); each part needs its own"
+                            % (want_stripes, connections))
+        if len(servers) > 1 and result.get("status") == "OK":
+            idle = [i for i, p in enumerate(proxies) if p.connections == 0] if proxies else []
+            if idle:
+                problems.append("replica(s) %s got no connection: round_robin not used" % idle)
+        if case["expect"].get("min_resumed") is not None and "resumed" in result and \
+                result["resumed"] < case["expect"]["min_resumed"]:
+            problems.append("resumed %s, expected >= %s (the retry resent received lines?)"
+                            % (result["resumed"], case["expect"]["min_resumed"]))
         return case, result, problems, elapsed
     finally:
         for p in proxies:

@@ -78,7 +78,7 @@ async function runCase(file, target) {
       returnInfo: true,
     });
     const { info } = done;
-    Object.assign(out, { mode: info.mode, stripes: info.stripes, attempts: info.attempts,
+    Object.assign(out, { mode: info.mode, stripes: info.stripes, attempts: info.attempts, resumed: info.resumed,
       message: `group ${info.groupId || '-'}, ${info.resumed} resumed` });
     if (done.result !== result) throw new Error("the result did not land in the caller's array");
     const rtol = Ctor === Float32Array ? 1e-6 : 1e-15;

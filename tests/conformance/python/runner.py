@@ -70,7 +70,7 @@ def run_case(path, target):
         result, info = client.multiply(a, d, side=side, backend=case.get("backend", "auto"),
                                        timeout=opts.get("deadline_s"),
                                        stripes=opts.get("stripes"), out=c, return_info=True)
-        out.update(mode=info.mode, stripes=info.stripes, attempts=info.attempts,
+        out.update(mode=info.mode, stripes=info.stripes, attempts=info.attempts, resumed=info.resumed,
                    message="group %s, %d resumed" % (info.group_id or "-", info.resumed))
         if result is not c:
             raise AssertionError("the result did not land in the caller's array")
