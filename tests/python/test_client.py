@@ -106,6 +106,25 @@ def tolerance(dtype):
     return 1e-6 if dtype == np.float32 else 1e-15
 
 
+def count_unary_calls(client):
+    """Wraps the client's own stub's Multiply; returns the list it appends
+    "unary" to on each call."""
+    calls = []
+    real = client._stub.Multiply
+
+    class Counting:
+        def __call__(self, *args, **kw):
+            calls.append("unary")
+            return real(*args, **kw)
+
+        def future(self, *args, **kw):
+            calls.append("unary")
+            return real.future(*args, **kw)
+
+    client._stub.Multiply = Counting()
+    return calls
+
+
 class ClientTest(unittest.TestCase):
     def setUp(self):
         self.client = dgmm.Client(SERVER.address)
@@ -173,10 +192,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(stats.bytes_in, a.nbytes)
 
     def test_matrix_over_the_unary_limit_goes_through_multiply_stream(self):
+        # Policy rule 1: unary up to min(block, 7/8 of the unary limit) = 256 KiB.
         client = dgmm.Client(SERVER.address, unary_limit_bytes=1 << 20, block_bytes=1 << 18)
-        calls = []
-        unary = client._stub.Multiply
-        client._stub.Multiply = lambda *args, **kw: calls.append("unary") or unary(*args, **kw)
+        calls = count_unary_calls(client)
         try:
             a = self.random((700, 500), np.float32, "F")  # 1.4 MB in blocks of 93 columns
             d = self.random(500, np.float32)
@@ -247,7 +265,9 @@ class ConstrainedServerTest(unittest.TestCase):
     def setUpClass(cls):
         cls.server = Server("--host_memory_budget=40MiB", "--max_unary_message_bytes=1MiB",
                             "--max_dim=4096")
-        cls.client = dgmm.Client(cls.server.address)
+        # Policy rule 1: U is the client's option (default 16 MiB); a client
+        # of this server sets it to the server's 1 MiB.
+        cls.client = dgmm.Client(cls.server.address, max_unary_message_bytes=1 << 20)
 
     @classmethod
     def tearDownClass(cls):
@@ -255,9 +275,8 @@ class ConstrainedServerTest(unittest.TestCase):
         cls.server.stop()
 
     def test_client_streams_jobs_over_the_servers_unary_limit(self):
-        calls = []
         unary = self.client._stub.Multiply
-        self.client._stub.Multiply = lambda *args, **kw: calls.append("unary") or unary(*args, **kw)
+        calls = count_unary_calls(self.client)
         try:
             a = np.random.default_rng(5).standard_normal((600, 500))  # 2.4 MB > 1 MiB
             d = np.linspace(-1, 1, 500)
@@ -265,6 +284,17 @@ class ConstrainedServerTest(unittest.TestCase):
             self.assertEqual(calls, [])
         finally:
             self.client._stub.Multiply = unary
+
+    def test_default_client_sends_a_job_over_a_lower_server_limit_unary_and_is_refused(self):
+        # 2.4 MB is under the default threshold (4 MiB) but over this
+        # server's 1 MiB: the server's RESOURCE_EXHAUSTED, not retried.
+        with dgmm.Client(self.server.address) as client:
+            a = np.random.default_rng(5).standard_normal((600, 500))
+            with self.assertRaises(dgmm.DgmmError) as raised:
+                client.multiply(a, np.ones(500), return_info=True)
+            self.assertEqual(raised.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertEqual(raised.exception.info.attempts, 1)
+            self.assertEqual(raised.exception.info.mode, "unary")
 
     def test_streamed_job_larger_than_the_budget_runs(self):
         a = np.random.default_rng(6).standard_normal((3000, 3000))  # 72 MB > 40 MiB budget
@@ -426,6 +456,7 @@ class ReconnectTest(unittest.TestCase):
         stop = threading.Event()
         successes = [[] for _ in range(self.CLIENTS)]
         errors = [[] for _ in range(self.CLIENTS)]
+        started = [[] for _ in range(self.CLIENTS)]  # When each successful job began.
 
         def busy(i):
             rng = np.random.default_rng(i)
@@ -434,9 +465,11 @@ class ReconnectTest(unittest.TestCase):
             with dgmm.Client(address) as client:
                 while not stop.is_set():
                     try:
+                        began = time.monotonic()
                         c = client.multiply(a, d)
                         if np.array_equal(c, a * d):
                             successes[i].append(time.monotonic())
+                            started[i].append(began)
                         else:
                             errors[i].append("wrong result")
                     except dgmm.DgmmError as e:
@@ -469,7 +502,11 @@ class ReconnectTest(unittest.TestCase):
                 time.sleep(0.005)
             up = time.monotonic()
             for i in range(self.CLIENTS):
-                self.assertFalse([t for t in successes[i] if killed <= t < restart],
+                # A job answered just before the kill may be seen a little
+                # after it; one begun after the kill cannot succeed before
+                # the restart.
+                self.assertFalse([(b - killed, t - killed) for b, t in zip(started[i], successes[i])
+                                  if killed <= b and t < restart],
                                  "client %d completed a job while the server was down" % i)
 
             give_up = up + 25
