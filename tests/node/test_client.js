@@ -11,113 +11,16 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 
-const REPO = path.resolve(__dirname, '..', '..');
-const CLIENT_DIR = path.join(REPO, 'client', 'node');
+const {
+  REPO, CLIENT_DIR, installDependencies, startServer, stopServer, random, reference, assertClose,
+} = require('./support');
+
 const EXAMPLE = path.join(CLIENT_DIR, 'examples', 'quickstart.js');
-const SKIP = 77;
-
-function skip(reason) {
-  console.log(`SKIP: ${reason}`);
-  process.exit(SKIP);
-}
-
-// Network failures skip the test; any other npm failure fails it.
-const OFFLINE = /ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH|EHOSTUNREACH|ERR_SOCKET_TIMEOUT|network|offline|request to .* failed/i;
-
-function installDependencies() {
-  try {
-    require.resolve('@grpc/grpc-js', { paths: [CLIENT_DIR] });
-    require.resolve('@grpc/proto-loader', { paths: [CLIENT_DIR] });
-    return;
-  } catch {
-    // Not installed yet.
-  }
-  const npm = process.env.DGMM_NPM || 'npm';
-  console.log(`# ${npm} ci in ${CLIENT_DIR}`);
-  const run = childProcess.spawnSync(npm,
-    ['ci', '--no-audit', '--no-fund', '--fetch-retries=1', '--fetch-timeout=30000'],
-    { cwd: CLIENT_DIR, encoding: 'utf8', timeout: 240000 });
-  const output = `${run.stdout || ''}${run.stderr || ''}`;
-  if (run.error && run.error.code === 'ENOENT') skip(`npm not found (${npm}); install Node.js with npm`);
-  if (run.status === 0) return;
-  if (run.error || OFFLINE.test(output)) {
-    skip(`npm could not install @grpc/grpc-js and @grpc/proto-loader (offline?):\n${output.slice(-2000)}${run.error || ''}`);
-  }
-  console.error(output);
-  throw new Error(`npm ci failed with status ${run.status}`);
-}
 
 installDependencies();
 
 const { test, before, after } = require('node:test');
 const dgmm = require(CLIENT_DIR);
-
-// Starts dgmm-server on an ephemeral loopback port; resolves once it has
-// written the port.
-async function startServer(extraFlags = []) {
-  const binary = process.env.DGMM_SERVER_BIN;
-  if (!binary || !fs.existsSync(binary)) throw new Error(`set DGMM_SERVER_BIN to the built dgmm-server (got ${binary})`);
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dgmm-node-test-'));
-  const portFile = path.join(dir, 'port');
-  const log = fs.openSync(path.join(dir, 'server.log'), 'w');
-  const proc = childProcess.spawn(binary, ['--listen=127.0.0.1:0', `--port_file=${portFile}`, '--backend=cpu', ...extraFlags],
-    { stdio: ['ignore', log, log] });
-  const readLog = () => fs.readFileSync(path.join(dir, 'server.log'), 'utf8');
-  const deadline = Date.now() + 30000;
-  while (Date.now() < deadline) {
-    if (proc.exitCode !== null) throw new Error(`dgmm-server exited with ${proc.exitCode}:\n${readLog()}`);
-    if (fs.existsSync(portFile)) {
-      const text = fs.readFileSync(portFile, 'utf8');
-      if (text.endsWith('\n')) return { proc, dir, address: `127.0.0.1:${text.trim()}` };
-    }
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  proc.kill('SIGKILL');
-  throw new Error(`dgmm-server did not write its port within 30 s:\n${readLog()}`);
-}
-
-async function stopServer(server) {
-  if (server.proc.exitCode === null) {
-    const exited = new Promise((r) => server.proc.once('exit', r));
-    server.proc.kill('SIGTERM');
-    const timer = setTimeout(() => server.proc.kill('SIGKILL'), 15000);
-    await exited;
-    clearTimeout(timer);
-  }
-  fs.rmSync(server.dir, { recursive: true, force: true });
-}
-
-// A seeded generator of uniform values in [-4, 4), so failures reproduce.
-function random(seed) {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(s ^ (s >>> 15), 1 | s);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return (((t ^ (t >>> 14)) >>> 0) / 4294967296) * 8 - 4;
-  };
-}
-
-// C in float64, independently of the server, for either layout.
-function reference(a, rows, cols, d, side, layout) {
-  const c = new Float64Array(rows * cols);
-  for (let i = 0; i < rows; i++) {
-    for (let j = 0; j < cols; j++) {
-      const k = layout === 'col' ? j * rows + i : i * cols + j;
-      c[k] = a[k] * (side === 'right' ? d[j] : d[i]);
-    }
-  }
-  return c;
-}
-
-function assertClose(actual, expected, rtol) {
-  assert.equal(actual.length, expected.length);
-  for (let k = 0; k < expected.length; k++) {
-    if (Math.abs(actual[k] - expected[k]) > rtol * Math.abs(expected[k])) {
-      assert.fail(`element ${k}: ${actual[k]} != ${expected[k]} (rtol ${rtol})`);
-    }
-  }
-}
 
 let server;
 let client;
