@@ -200,7 +200,8 @@ def run_case(case_path, runner, server_binary, timeout):
         try:
             run = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return case, None, ["runner took over %d s" % timeout], 0.0
+            problems.append("runner took over %d s" % timeout)
+            return case, None, problems, float(timeout)
         elapsed = time.monotonic() - start
         lines = [line for line in run.stdout.splitlines() if line.strip().startswith("{")]
         if run.returncode != 0 or len(lines) != 1:
@@ -209,6 +210,8 @@ def run_case(case_path, runner, server_binary, timeout):
             return case, None, problems, elapsed
         result = json.loads(lines[0])
         problems += compare(case, result)
+        if problems and run.stderr.strip():
+            problems.append("runner stderr: " + run.stderr.strip()[-800:])
         if inject and not any(p.resets_done for p in proxies) and result.get("status") == "OK":
             problems.append("the proxy reset no connection: the case did not test a reset")
         connections = sum(p.connections for p in proxies)
@@ -225,6 +228,10 @@ def run_case(case_path, runner, server_binary, timeout):
                             % (result["resumed"], case["expect"]["min_resumed"]))
         return case, result, problems, elapsed
     finally:
+        if problems:  # What the servers said, for the table's failure lines.
+            for i, s in enumerate(servers):
+                tail = s.log().strip().splitlines()[-8:]
+                problems.extend("server %d log: %s" % (i, line) for line in tail)
         for p in proxies:
             p.close()
         for s in servers:
