@@ -44,7 +44,6 @@ constexpr char kToken2[] = "regions-test-token-two";
 constexpr int64_t kBudget = int64_t{24} << 20;  // --region_memory_budget
 constexpr int kMaxRegions = 6;                   // --max_regions_per_client
 
-int64_t ElemSize(v1::DType t) { return t == v1::DTYPE_FLOAT64 ? 8 : 4; }
 int64_t Align64(int64_t n) { return (n + 63) / 64 * 64; }
 
 std::string TokenFile() {
@@ -346,7 +345,7 @@ TEST_F(RegionsTest, BadRegistrationsGetTheirCodes) {
   for (const std::string& name :
        {std::string(), std::string("a/b"), std::string("a b"), std::string(65, 'n'),
         std::string("r\xc3\xa9gion"), std::string("x\0y", 3)}) {
-    SCOPED_TRACE("name '" + name + "'");
+    SCOPED_TRACE(std::string("name '").append(name).append("'"));
     EXPECT_EQ(code(ShmRequest(name, shm.key(), 0, 4096)), kInvalid);
   }
   EXPECT_TRUE(Register(ShmRequest(std::string(64, 'n'), shm.key(), 0, 4096)).ok())
@@ -355,9 +354,9 @@ TEST_F(RegionsTest, BadRegistrationsGetTheirCodes) {
   for (const std::string& key :
        {std::string(), std::string("/"), std::string("/."), std::string("/.."),
         std::string("/../dev/shm") + shm.key(), std::string("/dev/shm") + shm.key(),
-        shm.key().substr(1), std::string("/a/b"), "/" + std::string(201, 'k'),
+        shm.key().substr(1), std::string("/a/b"), std::string("/").append(201, 'k'),
         std::string("/x y"), std::string("//") + shm.key().substr(1)}) {
-    SCOPED_TRACE("key '" + key + "'");
+    SCOPED_TRACE(std::string("key '").append(key).append("'"));
     EXPECT_EQ(code(ShmRequest("k", key, 0, 16)), kInvalid);
   }
   EXPECT_EQ(code(ShmRequest("k", shm.key(), -1, 16)), kInvalid) << "negative offset";
@@ -416,7 +415,7 @@ TEST_F(RegionsTest, BudgetAndRegionsPerClientAreEnforced) {
   // (token) has its own count.
   ShmObject small(4096);
   for (int i = 0; i < kMaxRegions; ++i) {
-    ASSERT_TRUE(Register(ShmRequest("r" + std::to_string(i), small.key(), 0, 64)).ok()) << i;
+    ASSERT_TRUE(Register(ShmRequest(std::string("r").append(std::to_string(i)), small.key(), 0, 64)).ok()) << i;
   }
   status = Register(ShmRequest("one-more", small.key(), 0, 64));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();

@@ -235,7 +235,9 @@ absl::StatusOr<JobResult> Run(Client& client, const Job& job, Mode mode, void* o
 // nullopt for failures streaming would meet too (no server, bad token, ...).
 std::optional<std::string> ShmFallbackReason(const absl::Status& status) {
   const std::string detail =
-      absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+      status.message().empty()
+          ? absl::StatusCodeToString(status.code())
+          : absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
   switch (status.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kUnauthenticated:
