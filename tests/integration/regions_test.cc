@@ -505,7 +505,8 @@ TEST_F(RegionsTest, UnregisterWhileAJobRunsLetsItFinish) {
                                 v1::SIDE_RIGHT, 21);
   const int64_t bytes = static_cast<int64_t>(job.matrix.size());
   bool caught = false;
-  for (int attempt = 0; attempt < 20 && !caught; ++attempt) {
+  int attempts = 0;
+  for (; attempts < 20 && !caught; ++attempts) {
     ShmObject shm(2 * bytes);
     std::memcpy(shm.data(), job.matrix.data(), bytes);
     Poison(shm.data() + bytes, bytes, v1::DTYPE_FLOAT64);
@@ -539,6 +540,7 @@ TEST_F(RegionsTest, UnregisterWhileAJobRunsLetsItFinish) {
     EXPECT_TRUE(WaitUntil([] { return RegisteredBytes() == 0; }, 5000));
   }
   EXPECT_TRUE(caught) << "no attempt unregistered the region while its job ran";
+  std::printf("caught the job running after %d attempt(s)\n", attempts);
 }
 
 TEST_F(RegionsTest, ShrunkObjectFailsTheJobNotTheServer) {
