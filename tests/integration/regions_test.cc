@@ -337,6 +337,46 @@ TEST_F(RegionsTest, DiagonalInARegion) {
   }
 }
 
+// Regions registered at offsets of their object: job refs are relative to
+// the region, and two regions over the same bytes count as the same memory.
+TEST_F(RegionsTest, RegionsAtOffsetsOfOneObject) {
+  const RandomJob job = MakeJob(64, 48, v1::DTYPE_FLOAT32, v1::LAYOUT_COL_MAJOR,
+                                v1::SIDE_RIGHT, 41);
+  const int64_t bytes = static_cast<int64_t>(job.matrix.size());  // 12288
+  ShmObject shm(4096 + 2 * bytes + 4096);
+  // Region "a" is bytes [4096, 4096 + bytes) of the object, "c" the next
+  // `bytes`, and "all" the whole object.
+  std::memcpy(shm.data() + 4096, job.matrix.data(), bytes);
+  Poison(shm.data() + 4096 + bytes, bytes, v1::DTYPE_FLOAT32);
+  ASSERT_TRUE(Register(ShmRequest("a", shm.key(), 4096, bytes)).ok());
+  ASSERT_TRUE(Register(ShmRequest("c", shm.key(), 4096 + bytes, bytes)).ok());
+  ASSERT_TRUE(Register(ShmRequest("all", shm.key(), 0, shm.size())).ok());
+  v1::MultiplyRegionRequest request = RegionRequest(job, "a", 0, 0);
+  request.mutable_result()->set_name("c");
+  grpc::Status status = MultiplyRegion(request);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_LE(MaxRelError(job, std::string(shm.data() + 4096 + bytes, bytes)), 1e-6);
+  EXPECT_EQ(std::memcmp(shm.data() + 4096, job.matrix.data(), bytes), 0);
+  // A job range of `bytes` does not fit "a" at offset 4.
+  EXPECT_EQ(MultiplyRegion(RegionRequest(job, "a", 4, 4)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Matrix in "a", result in "all" 4 bytes later in the object: a partial
+  // overlap through two regions.
+  request = RegionRequest(job, "a", 0, 4096 + 4);
+  request.mutable_result()->set_name("all");
+  status = MultiplyRegion(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  // The same bytes through two regions are in place: allowed.
+  Poison(shm.data() + 4096 + bytes, bytes, v1::DTYPE_FLOAT32);
+  request = RegionRequest(job, "c", 0, 4096 + bytes);
+  request.mutable_result()->set_name("all");
+  std::memcpy(shm.data() + 4096 + bytes, job.matrix.data(), bytes);
+  status = MultiplyRegion(request);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_LE(MaxRelError(job, std::string(shm.data() + 4096 + bytes, bytes)), 1e-6);
+  EXPECT_EQ(RegisteredBytes(), 2 * bytes + shm.size());
+}
+
 TEST_F(RegionsTest, BadRegistrationsGetTheirCodes) {
   ShmObject shm(4096);
   const auto code = [](const v1::RegisterRegionRequest& r) { return Register(r).error_code(); };
@@ -399,7 +439,11 @@ TEST_F(RegionsTest, BudgetAndRegionsPerClientAreEnforced) {
   ShmObject big(kBudget + 4096);
   grpc::Status status = RegisterShm("big", big);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
-  EXPECT_FALSE(status.error_message().empty());
+  // The message names the bytes asked and the budget.
+  EXPECT_NE(status.error_message().find(std::to_string(kBudget + 4096)), std::string::npos)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find(std::to_string(kBudget)), std::string::npos)
+      << status.error_message();
   ASSERT_TRUE(Register(ShmRequest("half1", big.key(), 0, kBudget / 2 + 1)).ok());
   status = Register(ShmRequest("half2", big.key(), 0, kBudget / 2));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
@@ -448,6 +492,9 @@ TEST_F(RegionsTest, BadJobsGetTheirCodes) {
   EXPECT_EQ(code(RegionRequest(job, "m", std::numeric_limits<int64_t>::max() - 8, bytes)),
             kInvalid)
       << "offset + size overflows";
+  // Offsets that are not a multiple of the element size.
+  EXPECT_EQ(code(RegionRequest(job, "m", 2, bytes)), kInvalid) << "misaligned matrix";
+  EXPECT_EQ(code(RegionRequest(job, "m", 0, bytes + 1)), kInvalid) << "misaligned result";
   // A result that partly overlaps the matrix (in place is the same offset).
   EXPECT_EQ(code(RegionRequest(job, "m", 0, 4)), kInvalid) << "partial overlap";
   EXPECT_EQ(code(RegionRequest(job, "m", bytes / 2, 0)), kInvalid) << "partial overlap";
@@ -625,6 +672,33 @@ TEST(RegionsOffTest, EveryRegionRpcIsFailedPrecondition) {
   EXPECT_EQ(stub->MultiplyRegion(ctx().get(), RegionRequest(job, "r", 0, 64), &multiplied)
                 .error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST(RegionsIdleTest, AnIdleRegionIsDroppedAfterTheTimeout) {
+  ServerProcess server({"--backend=cpu", "--threads=1", "--allow_regions",
+                        "--region_idle_timeout_s=1"});
+  std::unique_ptr<v1::Dgmm::Stub> stub = Connect(server.address());
+  ShmObject shm(1 << 16);
+  v1::RegisterRegionResponse registered;
+  grpc::Status status =
+      stub->RegisterRegion(Ctx("").get(), ShmRequest("idle", shm.key(), 0, shm.size()),
+                           &registered);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  const auto registered_bytes = [&] {
+    v1::GetRegionStatusResponse listed;
+    grpc::Status s = stub->GetRegionStatus(Ctx("").get(), v1::GetRegionStatusRequest(), &listed);
+    return s.ok() ? listed.registered_bytes() : -1;
+  };
+  EXPECT_EQ(registered_bytes(), shm.size());
+  // Idle past 1 s, found by the sweep (every second): gone within 3 s.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(WaitUntil([&] { return registered_bytes() == 0; }, 5000));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+  v1::GetRegionStatusRequest one;
+  one.set_name("idle");
+  v1::GetRegionStatusResponse listed;
+  EXPECT_EQ(stub->GetRegionStatus(Ctx("").get(), one, &listed).error_code(),
+            grpc::StatusCode::NOT_FOUND);
 }
 
 TEST(RegionsInfoTest, LimitsReportTheFlags) {
