@@ -234,7 +234,7 @@ TEST(CliShmTest, OnUsesSharedMemoryAndChecks) {
     EXPECT_EQ(run.exit_code, 0) << run.output;
     EXPECT_THAT(run.output, HasSubstr("mode:       shm"));
     EXPECT_THAT(run.output, HasSubstr("max relative error"));
-    EXPECT_THAT(run.output, HasSubstr("OK"));
+    EXPECT_THAT(run.output, HasSubstr("): OK"));
     EXPECT_THAT(run.output, Not(HasSubstr("streaming instead")));
   }
   Client client(RegionsServer().address());
@@ -253,7 +253,7 @@ TEST(CliShmTest, AutoFallsBackToStreamingAndSaysWhy) {
   EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: regions are off"));
   EXPECT_THAT(run.output, HasSubstr("FAILED_PRECONDITION"));
   EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
-  EXPECT_THAT(run.output, HasSubstr("OK"));
+  EXPECT_THAT(run.output, HasSubstr("): OK"));
 
   ServerProcess* elsewhere = ElsewhereServer();
   if (elsewhere == nullptr) GTEST_SKIP() << "no mount namespaces here (unshare -m failed)";
