@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
@@ -202,6 +204,20 @@ TEST(SharedMemoryRegionTest, ErrorsCarryTheServersCodeAndLeaveNothingBehind) {
   EXPECT_EQ(UnregisterRegion(client, "").value_or(-1), 0);
   EXPECT_EQ(GetRegionStatus(client, "nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(RegisteredBytes(client), 0);
+}
+
+TEST(SharedMemoryRegionTest, DestructorWithTheServerGoneReturnsAndUnlinks) {
+  ServerProcess server({"--backend=cpu", "--threads=1", "--allow_regions"});
+  Client client(server.address());
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
+      SharedMemoryRegion::Create(client, 1 << 16);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ(OwnShmObjects(), 1);
+  server.Signal(SIGKILL, /*wait=*/true);
+  const auto start = std::chrono::steady_clock::now();
+  region->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(6));
+  EXPECT_EQ(OwnShmObjects(), 0);
 }
 
 TEST(SharedMemoryRegionTest, RemoteServerIsNotFound) {

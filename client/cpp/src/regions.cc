@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -57,6 +58,21 @@ std::string UniqueKey() {
                          static_cast<uint32_t>(rng()));
 }
 
+// The destructor of a SharedMemoryRegion waits at most this long for its
+// UnregisterRegion call (a server that is gone must not hang it).
+constexpr absl::Duration kDestructorUnregisterWait = absl::Seconds(5);
+
+absl::StatusOr<int> Unregister(Client& client, const std::string& name, absl::Time deadline) {
+  grpc::ClientContext context;
+  if (absl::Status ok = client.PrepareCall(&context, deadline); !ok.ok()) return ok;
+  v1::UnregisterRegionRequest request;
+  request.set_name(name);
+  v1::UnregisterRegionResponse response;
+  grpc::Status status = client.stub()->UnregisterRegion(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.unregistered();
+}
+
 absl::StatusOr<v1::RegionStatus> Register(Client& client, const v1::RegisterRegionRequest& request) {
   grpc::ClientContext context;
   if (absl::Status ok = client.PrepareCall(&context, DeadlineFromNow(client)); !ok.ok()) return ok;
@@ -94,14 +110,7 @@ absl::StatusOr<v1::RegionStatus> RegisterCudaIpcRegion(Client& client, const std
 }
 
 absl::StatusOr<int> UnregisterRegion(Client& client, const std::string& name) {
-  grpc::ClientContext context;
-  if (absl::Status ok = client.PrepareCall(&context, DeadlineFromNow(client)); !ok.ok()) return ok;
-  v1::UnregisterRegionRequest request;
-  request.set_name(name);
-  v1::UnregisterRegionResponse response;
-  grpc::Status status = client.stub()->UnregisterRegion(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response.unregistered();
+  return Unregister(client, name, DeadlineFromNow(client));
 }
 
 absl::StatusOr<v1::GetRegionStatusResponse> GetRegionStatus(Client& client,
@@ -212,7 +221,12 @@ SharedMemoryRegion::SharedMemoryRegion(Client* client, std::string name, std::st
 SharedMemoryRegion::~SharedMemoryRegion() {
   // Unregister before unlinking: the server also drops a region whose object
   // is unlinked, but only at its next sweep.
-  if (registered_) (void)Unregister();
+  if (registered_) {
+    registered_ = false;
+    (void)dgmm::Unregister(*client_, name_,
+                           std::min(DeadlineFromNow(*client_),
+                                    absl::Now() + kDestructorUnregisterWait));
+  }
   munmap(data_, size_);
   shm_unlink(key_.c_str());
 }

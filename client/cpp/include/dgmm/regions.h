@@ -106,8 +106,9 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job);
 // The object is created with shm_open(key, O_CREAT | O_EXCL | O_RDWR, 0600)
 // under a key unique to this process ("/dgmm-<pid>-<n>-<random>"), sized with
 // ftruncate (its pages are allocated as they are first written) and mapped
-// MAP_SHARED. Destroying the SharedMemoryRegion unregisters it (errors are
-// ignored: use Unregister() to see them), unmaps it and unlinks the object.
+// MAP_SHARED. Destroying the SharedMemoryRegion unregisters it (waiting at
+// most 5 s, or less under ClientOptions.deadline; errors are ignored: use
+// Unregister() to see them), unmaps it and unlinks the object.
 // A process that dies without that leaves the object in /dev/shm; the server
 // drops the region once the object is unlinked or after
 // --region_idle_timeout_s.
