@@ -225,11 +225,17 @@ class RegionJobTest(RegionTestCase):
         c[:] = np.nan
         stats = self.client.multiply_region(a, d, out=c)
         np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-15, atol=0)
-        self.assertEqual(stats.bytes_in, a.nbytes + d.nbytes)  # The diagonal was read there.
+        # bytes_in counts the matrix (as for inline diagonals), not the diagonal's bytes.
+        self.assertEqual((stats.bytes_in, stats.bytes_out), (a.nbytes, a.nbytes))
+        # The diagonal is read from the region at job time: change it there.
+        d[:] = self.random(cols, np.float64)
+        c[:] = np.nan
+        self.client.multiply_region(a, d, out=c)
+        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-15, atol=0)
 
     def test_refs_at_offsets_into_a_range_registered_at_an_offset(self):
         rows, cols = 33, 17
-        shm = self.shm(8192 + 2 * rows * cols * 4)
+        shm = self.shm(8192 + 2 * rows * cols * 4 + 64)
         shm.register(self.client, "ranged", offset=8192)
         self.assertEqual(self.client.region_status("ranged").regions[0].offset, 8192)
         a = shm.ndarray((rows, cols), np.float32, offset=8192 + 4 * 3)
@@ -350,15 +356,22 @@ class BadInputTest(RegionTestCase):
         self.assertCode(grpc.StatusCode.INVALID_ARGUMENT, self.client.multiply_region_refs,
                         bad, shm.ref(0), shm.ref(4096))
 
-    def test_another_clients_regions_are_not_found(self):
-        # Without tokens a client is its peer address: from 127.0.0.2 it is
-        # another client (this server listens on every address for it).
-        server = Server("--allow_regions", "--listen=0.0.0.0:0")
-        mine = dgmm.Client(server.address)
-        other = dgmm.Client(server.address.replace("127.0.0.1", "127.0.0.2"))
+    def test_another_tokens_regions_are_not_found(self):
+        # With tokens on, a region belongs to the token that registered it.
+        with tempfile.TemporaryDirectory() as tmp:
+            token_file = os.path.join(tmp, "tokens")
+            with open(token_file, "w") as f:
+                f.write("token-one-%s\ntoken-two-%s\n" % (os.urandom(8).hex(), os.urandom(8).hex()))
+            with open(token_file) as f:
+                one, two = f.read().split()
+            server = Server("--allow_regions", "--auth_token_file=" + token_file)
+        mine = dgmm.Client(server.address, token=one)
+        other = dgmm.Client(server.address, token=two)
         shm = dgmm.SharedMemoryRegion(64 * 64 * 8)
         try:
             shm.register(mine, "mine")
+            a = shm.ndarray((8, 8), np.float64)
+            a[:] = self.random((8, 8), np.float64)
             small = pb.JobHeader(rows=8, cols=8, dtype=pb.DTYPE_FLOAT64,
                                  diagonal=np.ones(8).tobytes())
             self.assertCode(grpc.StatusCode.NOT_FOUND, other.multiply_region_refs,
@@ -367,12 +380,16 @@ class BadInputTest(RegionTestCase):
             self.assertEqual(list(other.region_status().regions), [])
             self.assertEqual(other.unregister_regions(), 0)
             self.assertEqual([r.name for r in mine.region_status().regions], ["mine"])
-            # The same name is free for the other client.
+            # The owner's job runs; the same name is free for the other token.
+            mine.multiply_region_refs(small, shm.ref(0), shm.ref(0))
             other_shm = dgmm.SharedMemoryRegion(4096)
             other_shm.register(other, "mine")
             other_shm.close()
             shm.close()
             self.assertEqual(mine.region_status().registered_bytes, 0)
+            anonymous = dgmm.Client(server.address)
+            self.assertCode(grpc.StatusCode.UNAUTHENTICATED, anonymous.region_status)
+            anonymous.close()
         finally:
             shm.close()
             mine.close()
