@@ -88,6 +88,19 @@ def timed(fn, reps, warmup=1):
     return samples
 
 
+def timed_rpc(fn, reps, warmup=1):
+    """(median wall ms, median server total_ns in ms) of fn() -> JobStats."""
+    for _ in range(warmup):
+        fn()
+    walls, totals = [], []
+    for _ in range(reps):
+        start = time.perf_counter()
+        stats = fn()
+        walls.append(time.perf_counter() - start)
+        totals.append(stats.total_ns / 1e9)
+    return median_ms(walls), median_ms(totals)
+
+
 class Server:
     def __init__(self, binary, flags):
         self.dir = tempfile.TemporaryDirectory(prefix="dgmm-region-bench-")
@@ -163,14 +176,13 @@ def bench_size(n, args, client, rng, gpu, log):
     row["pinned"] = bool(shm_a.status.pinned)
     stats = client.multiply_region(a, d, out=c)  # warm-up, checked
     check(c, a_src, d, "dgmm host region", rows)
-    samples = timed(lambda: client.multiply_region(a, d, out=c), args.reps, warmup=0)
-    row["region"] = median_ms(samples)
-    row["region_server_total_ms"] = stats.total_ns / 1e6
+    row["region"], row["region_server_total_ms"] = timed_rpc(
+        lambda: client.multiply_region(a, d, out=c), args.reps, warmup=0)
     row["region_device"] = stats.device
     start = time.perf_counter()
     shm_a.close()
     shm_c.close()
-    row["unregister_host_ms"] = (time.perf_counter() - start) * 1e3
+    row["close_host_ms"] = (time.perf_counter() - start) * 1e3
     del a, c
     log("N=%d host region %.3f ms (register %.1f ms)" % (n, row["region"],
                                                          row["register_host_ms"]))
@@ -230,11 +242,9 @@ def bench_gpu(n, args, client, rng, a_src, d, rows, row, log):
     row["register_ipc_server_ms"] = (ipc_a.status.register_ns + ipc_c.status.register_ns) / 1e6
     stats = client.multiply_region(d_a, d, out=d_c)
     check(cupy.asnumpy(d_c), a_src, d, "dgmm IPC", rows)
-    samples = timed(lambda: client.multiply_region(d_a, d, out=d_c), max(args.reps, 20),
-                    warmup=2)
-    row["ipc"] = median_ms(samples)
+    row["ipc"], row["ipc_server_total_ms"] = timed_rpc(
+        lambda: client.multiply_region(d_a, d, out=d_c), max(args.reps, 20), warmup=2)
     row["ipc_server_compute_ms"] = stats.compute_ns / 1e6
-    row["ipc_server_total_ms"] = stats.total_ns / 1e6
     ipc_a.close()
     ipc_c.close()
     log("N=%d kernel %.3f ms, IPC %.3f ms" % (n, row["kernel"], row["ipc"]))
@@ -299,35 +309,51 @@ def verdict(ok):
 
 
 def targets(rows, gpu):
+    """The issue's targets as ratios, each with the measured breakdown that
+    explains it (where the time went), MET or MISSED."""
     by_n = {r["n"]: r for r in rows}
     out = []
+
+    def goal(target, measured, ratio, limit, ok, why):
+        out.append({"target": target, "measured": measured, "ratio": ratio, "limit": limit,
+                    "verdict": verdict(ok), "why": why})
+
     if gpu:
         r = by_n.get(10000)
         if r and "region" in r and "duplex" in r:
+            rpc = r["region"] - r["region_server_total_ms"]
             ratio = r["region"] / r["duplex"]
-            out.append({"target": "host-region job at N=10000 <= 1.25 x duplex floor",
-                        "measured": "%.3f ms vs %.3f ms" % (r["region"], r["duplex"]),
-                        "ratio": ratio, "limit": 1.25, "verdict": verdict(ratio <= 1.25)})
+            goal("host-region job at N=10000 <= 1.25 x duplex floor",
+                 "%.3f ms vs %.3f ms" % (r["region"], r["duplex"]), ratio, 1.25, ratio <= 1.25,
+                 "server %.3f ms + RPC and client %.3f ms; the floor moves the same bytes both "
+                 "ways at once on two streams (one way: H2D %.3f ms, D2H %.3f ms)"
+                 % (r["region_server_total_ms"], rpc, r["h2d"], r["d2h"]))
             ratio = r["region"] / r["cupy_pinned"]
-            out.append({"target": "host-region job at N=10000 faster than CuPy pinned",
-                        "measured": "%.3f ms vs %.3f ms" % (r["region"], r["cupy_pinned"]),
-                        "ratio": ratio, "limit": 1.0, "verdict": verdict(ratio < 1.0)})
+            goal("host-region job at N=10000 faster than CuPy pinned",
+                 "%.3f ms vs %.3f ms" % (r["region"], r["cupy_pinned"]), ratio, 1.0, ratio < 1.0,
+                 "CuPy runs H2D, kernel and D2H one after another on one stream (H2D %.3f + "
+                 "kernel %.3f + D2H %.3f = %.3f ms); the engine overlaps them over tiles"
+                 % (r["h2d"], r["kernel"], r["d2h"], r["h2d"] + r["kernel"] + r["d2h"]))
         for r in rows:
             if "ipc" in r:
                 margin = r["ipc"] - r["kernel"]
-                out.append({"target": "IPC job at N=%d <= kernel + 0.2 ms" % r["n"],
-                            "measured": "%.3f ms vs kernel %.3f ms (+%.3f ms)"
-                            % (r["ipc"], r["kernel"], margin),
-                            "ratio": r["ipc"] / (r["kernel"] + 0.2), "limit": 1.0,
-                            "verdict": verdict(margin <= 0.2)})
+                goal("IPC job at N=%d <= kernel + 0.2 ms" % r["n"],
+                     "%.3f ms vs kernel %.3f ms (+%.3f ms)" % (r["ipc"], r["kernel"], margin),
+                     r["ipc"] / (r["kernel"] + 0.2), 1.0, margin <= 0.2,
+                     "server %.3f ms (compute %.3f ms) + RPC and client %.3f ms"
+                     % (r["ipc_server_total_ms"], r["ipc_server_compute_ms"],
+                        r["ipc"] - r["ipc_server_total_ms"]))
     else:
         r = by_n.get(4000)
         if r:
             ratio = r["region"] / r["numpy"]
-            out.append({"target": "CPU: region job at N=4000 no slower than NumPy A*d "
-                                  "in the client process",
-                        "measured": "%.3f ms vs %.3f ms" % (r["region"], r["numpy"]),
-                        "ratio": ratio, "limit": 1.0, "verdict": verdict(ratio <= 1.0)})
+            goal("CPU: region job at N=4000 no slower than NumPy A*d in the client process",
+                 "%.3f ms vs %.3f ms" % (r["region"], r["numpy"]), ratio, 1.0, ratio <= 1.0,
+                 "server %.3f ms + RPC and client %.3f ms; the server computes in the shared "
+                 "memory on its thread pool, A*d allocates and faults in a new result on one "
+                 "thread (NumPy into a preallocated out=: %.3f ms, ratio %.3f)"
+                 % (r["region_server_total_ms"], r["region"] - r["region_server_total_ms"],
+                    r["numpy_out"], r["region"] / r["numpy_out"]))
     return out
 
 
@@ -347,21 +373,21 @@ def markdown(meta, rows, goals, plot_note):
             "%.3f" % r[k] if k in r else "" for k, _ in keys) + " |")
     lines += ["", "All times in ms.", "", "## Registration (one-time)", "",
               "| N | host: register A and C (client wall, ms) | host: server register_ns "
-              "(map%s, ms) | host: unregister (ms) | IPC: register (client wall, ms) | "
-              "IPC: server register_ns (open, ms) |"
+              "(map%s, ms) | host: close (unregister, unlink, unmap; ms) | "
+              "IPC: register (client wall, ms) | IPC: server register_ns (open, ms) |"
               % (" + pin" if any(r.get("pinned") for r in rows) else ""),
               "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append("| %d | %.2f | %.2f | %.2f | %s | %s |" % (
             r["n"], r["register_host_ms"], r["register_host_server_ms"],
-            r["unregister_host_ms"],
+            r["close_host_ms"],
             "%.2f" % r["register_ipc_ms"] if "register_ipc_ms" in r else "-",
             "%.2f" % r["register_ipc_server_ms"] if "register_ipc_server_ms" in r else "-"))
-    lines += ["", "## Targets", "", "| target | measured | ratio | limit | verdict |",
-              "|---|---|---|---|---|"]
+    lines += ["", "## Targets", "", "| target | measured | ratio | limit | verdict | why |",
+              "|---|---|---|---|---|---|"]
     for g in goals:
-        lines.append("| %s | %s | %.3f | %.2f | %s |" % (g["target"], g["measured"],
-                                                        g["ratio"], g["limit"], g["verdict"]))
+        lines.append("| %s | %s | %.3f | %.2f | %s | %s |" % (
+            g["target"], g["measured"], g["ratio"], g["limit"], g["verdict"], g["why"]))
     lines += ["", plot_note, ""]
     return "\n".join(lines)
 
