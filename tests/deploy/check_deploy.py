@@ -46,7 +46,7 @@ OTHER_TOOL_FLAGS = {
     "docker": {"file", "tag", "gpus", "stop_timeout", "publish", "env", "rm", "name",
                "detach", "build", "profile", "interval", "timeout", "start_period",
                "retries", "from", "format", "prefix", "strip", "install", "target", "build_arg",
-               "read_only", "health_cmd"},
+               "read_only", "health_cmd", "ipc", "pid"},
     "podman": {"runtime", "ulimit"},
     "kubectl": {"namespace", "dry_run", "selector", "grace_period", "timeout", "for"},
     "useradd/groupadd": {"system", "uid", "gid", "no_create_home", "shell"},
