@@ -361,6 +361,7 @@ def markdown(meta, rows, goals, plot_note):
     lines = ["# Regions benchmark (%s)" % meta["mode"], "",
              "- date: %s" % meta["date"], "- host: %s" % meta["host"],
              "- gpu: %s" % meta["gpu"], "- commit: %s" % meta["commit"],
+             "- load average at the end (1, 5, 15 min): %s" % meta["load_average"],
              "- command: `%s`" % meta["command"],
              "- server: `%s`" % meta["server_argv"],
              "- float32, C = A·diag(d); median of %d runs after a warm-up (kernel and IPC: "
@@ -475,7 +476,8 @@ def main():
             "host": "%s, %d CPUs, %s" % (platform.node(), os.cpu_count(), platform.machine()),
             "gpu": gpu_name() if gpu else "none (CPU backend)", "commit": commit,
             "command": " ".join(shlex.quote(a) for a in ["bench/region_bench.py", *sys.argv[1:]]),
-            "server_argv": " ".join(server.argv[:1] + server.argv[3:]), "reps": args.reps}
+            "server_argv": " ".join(server.argv[:1] + server.argv[3:]), "reps": args.reps,
+            "load_average": "%.2f %.2f %.2f" % os.getloadavg()}
     goals = targets(rows, gpu)
     plot_note = plot(rows, os.path.join(args.out, "region_bench.png"))
     text = markdown(meta, rows, goals, plot_note)

@@ -401,7 +401,6 @@ class CudaIpcRegion(_Region):
 
 def _host_interface(array):
     """(pointer, nbytes, dtype, shape, layout) of a NumPy array."""
-    array = np.asarray(array) if not isinstance(array, np.ndarray) else array
     pointer = array.__array_interface__["data"][0]
     if array.flags.c_contiguous:
         layout = "C"
