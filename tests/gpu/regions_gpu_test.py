@@ -207,9 +207,8 @@ class GpuRegionTest(unittest.TestCase):
                     self.assertEqual(stats.device_index, device)
                     self.assertEqual((stats.h2d_ns, stats.d2h_ns), (0, 0))  # No PCIe.
                     self.assertEqual(stats.bytes_out, a.nbytes)
-                    # In place, the diagonal in an IPC region as well.
+                    # In place, the diagonal a CuPy array (the client sends it inline).
                     d = cupy.asarray(d_host)
-                    self.keep(dgmm.CudaIpcRegion(d, device=device), "d")
                     stats = self.client.multiply_region(a, d, out=a, side=side)
                     cupy.cuda.runtime.deviceSynchronize()
                     np.testing.assert_allclose(cupy.asnumpy(a), want, rtol=tolerance(dtype),
@@ -234,6 +233,27 @@ class GpuRegionTest(unittest.TestCase):
             self.assertEqual(dgmm.CudaIpcRegion(a).offset - whole.offset, 16 * 4)
             d_host = self.random(300, np.float32)
             self.client.multiply_region(a, d_host, out=c)
+            cupy.cuda.runtime.deviceSynchronize()
+            np.testing.assert_allclose(cupy.asnumpy(c), reference(a_host, d_host, "right"),
+                                       rtol=1e-6, atol=0)
+            # The same allocation as two more regions: the server opens its
+            # handle again (CUDA counts the opens) and closes it per region.
+            whole.close()
+            self.regions.remove(whole)
+            a_region, c_region = dgmm.CudaIpcRegion(a), dgmm.CudaIpcRegion(c)
+            self.assertEqual(a_region.handle, c_region.handle)
+            self.keep(a_region, "part-a")
+            self.keep(c_region, "part-c")
+            c.fill(cupy.nan)
+            self.client.multiply_region(a, d_host, out=c, side="right")
+            cupy.cuda.runtime.deviceSynchronize()
+            np.testing.assert_allclose(cupy.asnumpy(c), reference(a_host, d_host, "right"),
+                                       rtol=1e-6, atol=0)
+            a_region.close()  # Closing one must leave the other usable.
+            c[...] = cupy.asarray(a_host)
+            header = pb.JobHeader(rows=500, cols=300, dtype=pb.DTYPE_FLOAT32,
+                                  diagonal=d_host.tobytes())
+            self.client.multiply_region_refs(header, c_region.ref(0), c_region.ref(0))
             cupy.cuda.runtime.deviceSynchronize()
             np.testing.assert_allclose(cupy.asnumpy(c), reference(a_host, d_host, "right"),
                                        rtol=1e-6, atol=0)
@@ -275,8 +295,18 @@ class GpuRegionTest(unittest.TestCase):
                 with self.assertRaises(grpc.RpcError) as raised:
                     self.client._stub.RegisterRegion(request)
                 self.assertEqual(raised.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-        # A job mixing a host region and an IPC region.
+        # A diagonal in an IPC region: the server takes none (send it inline).
+        with cupy.cuda.Device(device):
+            d = cupy.ones(64, dtype=cupy.float32)
+        d_region = dgmm.CudaIpcRegion(d, device=device)
+        self.keep(d_region, "ipc-d")
         self.keep(region, "ipc")
+        header = pb.JobHeader(rows=64, cols=64, dtype=pb.DTYPE_FLOAT32)
+        with self.assertRaises(dgmm.DgmmError) as raised:
+            self.client.multiply_region_refs(header, region.ref(0), region.ref(0),
+                                             d_region.ref(0))
+        self.assertEqual(raised.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        # A job mixing a host region and an IPC region.
         shm = dgmm.SharedMemoryRegion(64 * 64 * 4)
         self.keep(shm, "shm")
         header = pb.JobHeader(rows=64, cols=64, dtype=pb.DTYPE_FLOAT32,

@@ -446,9 +446,10 @@ class RegionMethods:
           CUDA arrays of CudaIpcRegions. 2-D, float32 or float64, C- or
           Fortran-contiguous; out has a's shape, dtype and order. out may be
           a itself (in place); a partial overlap is INVALID_ARGUMENT.
-        d: 1-D; read from a registered region when it lies in one of a's
-          kind and has a's dtype, else sent inline (converted to a's dtype;
-          a CUDA array not in a region is copied to the host first).
+        d: 1-D; read by the server from a registered shared-memory region
+          when it lies in one and has a's dtype, else sent inline (converted
+          to a's dtype; a CUDA array is copied to the host first: the server
+          takes no diagonal from IPC regions).
         timeout: seconds; None for no deadline. Not retried.
 
         Raises ValueError for arrays that cannot be a region job (not in a
@@ -488,16 +489,11 @@ class RegionMethods:
         return _call(self, "MultiplyRegion", request, timeout).stats
 
     def _region_diagonal(self, where, d, dtype, header):
-        """The diagonal's RegionRef when it lies in a region of `where`'s
-        kind with the job's dtype; else None, with header.diagonal set."""
+        """The diagonal's RegionRef when it lies in a registered shared-memory
+        region with the job's dtype; else None, with header.diagonal set (a
+        CUDA diagonal is copied to the host: the server reads diagonals only
+        inline or from host regions)."""
         if hasattr(d, "__cuda_array_interface__"):
-            ptr, nbytes, d_dtype, d_shape, _ = _cuda_interface(d)
-            if len(d_shape) != 1:
-                raise ValueError("dgmm: the diagonal must be 1-D, got shape %s" % (d_shape,))
-            if where == "cuda" and d_dtype == dtype:
-                ref = _find_ref(self, "cuda", ptr, nbytes)
-                if ref is not None:
-                    return ref
             import cupy
             d = cupy.asnumpy(d)
         elif isinstance(d, np.ndarray) and where == "host" and d.dtype == dtype and (
