@@ -10,6 +10,7 @@ import numpy as np
 from . import _health
 from .v1 import dgmm_pb2 as pb
 from .v1 import dgmm_pb2_grpc as pb_grpc
+from .regions import RegionMethods
 
 _MIB = 1 << 20
 # Used when the caller does not set them and the server's GetServerInfo cannot
@@ -207,7 +208,7 @@ def _enum_value(value, names, what):
     return int(value)  # A dgmm.pb enum value, passed through.
 
 
-class Client:
+class Client(RegionMethods):
     """A connection to a dgmm server. Thread-safe; close() it (or use `with`).
 
     Args:
