@@ -271,6 +271,15 @@ TEST(CliShmTest, AutoFallsBackToStreamingAndSaysWhy) {
   EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
   EXPECT_THAT(run.output, HasSubstr("): OK"));
 
+  // A region over the server's region budget.
+  ServerProcess small({"--backend=cpu", "--threads=1", "--allow_regions",
+                       "--region_memory_budget=65536"});
+  run = Cli("multiply --shm=auto --random=300 --check", small);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: RESOURCE_EXHAUSTED: "
+                                    "registering 360000 bytes would exceed the region budget"));
+  EXPECT_THAT(run.output, HasSubstr("): OK"));
+
   ServerProcess* elsewhere = ElsewhereServer();
   if (elsewhere == nullptr) GTEST_SKIP() << "no mount namespaces here (unshare -m failed)";
   run = Cli("multiply --shm=auto --random=300 --mode=stream --check", *elsewhere);
