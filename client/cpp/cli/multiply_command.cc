@@ -246,7 +246,7 @@ std::optional<std::string> ShmFallbackReason(const absl::Status& status) {
       return std::nullopt;
     case absl::StatusCode::kNotFound:
       return absl::StrCat("the server cannot open this host's shared memory: it is remote or "
-                          "in another IPC namespace (", detail, ")");
+                          "does not share this host's /dev/shm (", detail, ")");
     case absl::StatusCode::kFailedPrecondition:
       return absl::StrCat("regions are off on the server: it runs without --allow_regions (",
                           detail, ")");
