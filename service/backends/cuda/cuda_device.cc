@@ -180,8 +180,11 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
         absl::StrFormat("cudaMallocFromPoolAsync(%d bytes)", bytes));
   };
   if (auto st = alloc(&d_diag_, p_.diag_bytes()); !st.ok()) return st;
-  if (auto st = alloc(&d_in_, region_bytes()); !st.ok()) return st;
-  if (auto st = alloc(&d_out_, region_bytes()); !st.ok()) return st;
+  // A job on the client's device memory (kDeviceRegion) needs no slots.
+  if (region_bytes() > 0) {
+    if (auto st = alloc(&d_in_, region_bytes()); !st.ok()) return st;
+    if (auto st = alloc(&d_out_, region_bytes()); !st.ok()) return st;
+  }
   if (auto st = device_->Check(
           cudaMemcpyAsync(d_diag_, diag, static_cast<size_t>(p_.diag_bytes()),
                           cudaMemcpyHostToDevice, s),
@@ -194,7 +197,8 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
       !st.ok()) {
     return st;
   }
-  lanes_.resize(device_->pieces_in_flight());
+  // kDeviceRegion launches once: one lane's events.
+  lanes_.resize(mode_ == JobMode::kDeviceRegion ? 1 : device_->pieces_in_flight());
   for (Lane& lane : lanes_) {
     for (cudaEvent_t* e :
          {&lane.start, &lane.uploaded, &lane.computed, &lane.done}) {
