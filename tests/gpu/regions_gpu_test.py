@@ -177,6 +177,38 @@ class GpuRegionTest(unittest.TestCase):
                 shm.close()
                 self.regions.remove(shm)
 
+    def test_shrunk_pinned_region_fails_the_job_not_the_server(self):
+        # The client truncates its object after the server mapped and pinned
+        # it: the job must fail FAILED_PRECONDITION (the server checks the
+        # object's size after every job), and the server must keep serving.
+        n = 2000
+        shm = dgmm.SharedMemoryRegion(2 * n * n * 4)
+        self.keep(shm, "shrink")
+        self.assertTrue(self.client.region_status("shrink").regions[0].pinned)
+        a = shm.ndarray((n, n), np.float32)
+        c = shm.ndarray((n, n), np.float32, offset=a.nbytes)
+        a[:] = self.random((n, n), np.float32)
+        d = self.random(n, np.float32)
+        os.truncate(shm.path, 0)  # from here on, this process must not touch a or c
+        with self.assertRaises(dgmm.DgmmError) as caught:
+            self.client.multiply_region(a, d, out=c)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION,
+                         caught.exception)
+        self.assertIn("shrank", caught.exception.details)
+        del a, c
+        shm.close()
+        self.regions.remove(shm)
+        # Still serving: a fresh region computes correctly.
+        fresh = dgmm.SharedMemoryRegion(2 * n * n * 4)
+        self.keep(fresh, "fresh")
+        a = fresh.ndarray((n, n), np.float32)
+        c = fresh.ndarray((n, n), np.float32, offset=a.nbytes)
+        a[:] = self.random((n, n), np.float32)
+        c[:] = np.nan
+        self.client.multiply_region(a, d, out=c)
+        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-6, atol=0)
+        self.assertEqual(SERVER.process.poll(), None)
+
     def test_ipc_regions_owned_by_this_process_run_in_place_on_their_gpu(self):
         device = GPUS[0]
         with cupy.cuda.Device(device):
