@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "service/problem.h"
 
@@ -20,9 +21,13 @@ namespace dgmm {
 
 class HostBufferPool;  // service/host_buffers.h
 
-// How a job hands its matrix to a device: all at once (Multiply) or as a
-// sequence of blocks of at most `max_block_bytes` (MultiplyStream).
-enum class JobMode { kWhole, kStreamed };
+// How a job hands its matrix to a device: all at once (Multiply), as a
+// sequence of blocks of at most `max_block_bytes` (MultiplyStream), from a
+// registered host region in one tile that the device pipelines itself
+// (MultiplyRegion on shared memory: device tiles only, no host copy), or in
+// device memory the job does not own (MultiplyRegion on CUDA IPC regions:
+// tile pointers are device addresses on the job's GPU; nothing is copied).
+enum class JobMode { kWhole, kStreamed, kHostRegion, kDeviceRegion };
 
 // Time spent per stage, summed over a job's tiles. Stages of different tiles
 // overlap, so the sum may exceed the job's wall time.
@@ -91,6 +96,23 @@ class Device {
   // into and sent from without further copies: pinned for a GPU (no staging
   // copy on the way to and from it), plain pages for the CPU.
   virtual HostBufferPool& block_buffers() = 0;
+
+  // Regions (service/regions). Makes host memory DMA-able for this device
+  // (cudaHostRegister, portable to every GPU) and returns what undoes it;
+  // the CPU has nothing to do.
+  virtual absl::StatusOr<std::function<void()>> PinHostMemory(void* p, int64_t bytes) {
+    return std::function<void()>([] {});
+  }
+  // Opens another process's CUDA IPC handle (64 bytes) on this GPU: the
+  // allocation's base address, its size in bytes and what closes it.
+  struct IpcMapping {
+    std::byte* base = nullptr;
+    int64_t bytes = 0;
+    std::function<void()> close;
+  };
+  virtual absl::StatusOr<IpcMapping> OpenIpcMemory(absl::string_view handle) {
+    return absl::FailedPreconditionError("the CPU cannot open CUDA IPC memory");
+  }
 };
 
 // Bytes of returned block buffers a device's pool keeps for reuse.

@@ -23,7 +23,23 @@ v1::Backend ToWire(BackendKind b) {
   return v1::BACKEND_AUTO;
 }
 
-absl::string_view ModeName(JobMode m) { return m == JobMode::kWhole ? "unary" : "streamed"; }
+absl::string_view ModeName(JobMode m) {
+  switch (m) {
+    case JobMode::kWhole:
+      return "unary";
+    case JobMode::kStreamed:
+      return "streamed";
+    case JobMode::kHostRegion:
+      return "host-region";
+    case JobMode::kDeviceRegion:
+      return "cuda-ipc-region";
+  }
+  return "?";
+}
+
+int LatencyIndex(JobMode m) {
+  return m == JobMode::kWhole ? 0 : m == JobMode::kStreamed ? 1 : 2;
+}
 
 }  // namespace
 
@@ -89,19 +105,28 @@ absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mo
   const Problem& p = job.problem;
   Route r;
   const bool wants_gpu = job.backend.has_value() ? *job.backend != BackendKind::kCpu
-                                                 : gpu_default_;
+                                                 : gpu_default_ || mode == JobMode::kDeviceRegion;
+  if (mode == JobMode::kDeviceRegion && !wants_gpu) {
+    return absl::InvalidArgumentError(
+        "a job on CUDA IPC regions runs on their GPU: BACKEND_CPU cannot read GPU memory");
+  }
   if (!wants_gpu) {
     r.device = cpu_.get();
     r.backend = BackendKind::kCpu;
   } else {
     if (gpus_.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "backend ", BackendName(*job.backend),
+          job.backend.has_value() ? absl::StrCat("backend ", BackendName(*job.backend))
+                                  : std::string("a job on GPU memory"),
           " needs a GPU but this server has none; available: BACKEND_AUTO, BACKEND_CPU"));
     }
     int best = -1;
     for (int i = 0; i < gpu_count(); ++i) {
       if (!gpus_[i]->in_service()) continue;
+      if (job.gpu >= 0) {
+        if (gpus_[i]->index() == job.gpu) best = i;
+        continue;
+      }
       if (best < 0 || admission_->free_bytes(i + 1) > admission_->free_bytes(best + 1)) best = i;
     }
     if (best < 0) {
@@ -237,7 +262,7 @@ void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {
   if (status.ok()) {
     const double seconds = static_cast<double>(job->stats_.total_ns()) * 1e-9;
     std::lock_guard lock(latency_mu_);
-    LatencyHistogram& h = latency_[job->mode_ == JobMode::kWhole ? 0 : 1];
+    LatencyHistogram& h = latency_[LatencyIndex(job->mode_)];
     std::size_t b = 0;
     while (b < std::size(kLatencyBuckets) && seconds > kLatencyBuckets[b]) ++b;
     h.counts[b]++;
@@ -253,7 +278,27 @@ void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {
 
 LatencyHistogram Engine::Latency(JobMode mode) const {
   std::lock_guard lock(latency_mu_);
-  return latency_[mode == JobMode::kWhole ? 0 : 1];
+  return latency_[LatencyIndex(mode)];
+}
+
+RegionMemoryOps Engine::RegionOps() {
+  RegionMemoryOps ops;
+  if (gpus_.empty()) return ops;
+  Device* first = gpus_.front().get();
+  ops.pin_host = [first](void* p, int64_t bytes) { return first->PinHostMemory(p, bytes); };
+  ops.open_ipc = [this](int device,
+                        absl::string_view handle) -> absl::StatusOr<RegionMemoryOps::IpcMemory> {
+    for (const auto& g : gpus_) {
+      if (g->index() != device) continue;
+      auto m = g->OpenIpcMemory(handle);
+      if (!m.ok()) return m.status();
+      return RegionMemoryOps::IpcMemory{.base = m->base, .bytes = m->bytes,
+                                         .close = std::move(m->close)};
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this server has no GPU ", device, " in use (GetServerInfo lists its GPUs)"));
+  };
+  return ops;
 }
 
 bool Engine::serving() const {

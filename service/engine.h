@@ -18,6 +18,7 @@
 #include "dgmm/v1/dgmm.pb.h"
 #include "service/admission.h"
 #include "service/device.h"
+#include "service/regions/region_registry.h"
 #include "service/validator.h"
 #include "service/server_flags.h"
 #include "util/flag_types.h"
@@ -126,7 +127,12 @@ class Engine {
 
   // Server info: devices, budgets, counters, limits.
   v1::GetServerInfoResponse Info() const;
-  // Latency histogram of completed jobs, per mode ("unary", "stream").
+  // What the region registry needs from the devices (pinning host memory,
+  // opening CUDA IPC handles); empty functions where there is no GPU.
+  RegionMemoryOps RegionOps();
+
+  // Latency histogram of completed jobs, per mode ("unary", "stream",
+  // "region": both region modes).
   LatencyHistogram Latency(JobMode mode) const;
 
   // True once Drain has begun.
@@ -172,7 +178,7 @@ class Engine {
   std::atomic<bool> draining_{false};
   std::function<void(bool)> serving_listener_;
   mutable std::mutex latency_mu_;
-  LatencyHistogram latency_[2];
+  LatencyHistogram latency_[3];
 };
 
 }  // namespace dgmm

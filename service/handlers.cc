@@ -15,6 +15,7 @@
 #include "service/pipeline/block_pipeline.h"
 #include "service/pipeline/stages.h"
 #include "service/receive_gate.h"
+#include "service/region_service.h"
 #include "service/status_map.h"
 #include "service/validator.h"
 #include "service/wire_buffers.h"
@@ -900,8 +901,52 @@ grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext
                      context),
         &calls_);
   }
-  *response = wire::EncodeMessage(engine_->Info());
+  v1::GetServerInfoResponse info = engine_->Info();
+  if (regions_ != nullptr && regions_->enabled()) {
+    v1::Limits* l = info.mutable_limits();
+    l->set_regions_enabled(true);
+    l->set_region_budget_bytes(regions_->options().budget_bytes);
+    l->set_max_regions_per_client(regions_->options().max_per_client);
+    l->set_region_idle_timeout_s(absl::ToInt64Seconds(regions_->options().idle_timeout));
+  }
+  *response = wire::EncodeMessage(info);
   return new RefusedUnary(grpc::Status::OK, &calls_);
+}
+
+grpc::ServerUnaryReactor* DgmmService::RegisterRegion(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  absl::StatusOr<int> token = Authenticate(context);
+  if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
+  return ServeRegionCall(RegionMethod::kRegister, regions_, context, ClientKey(context, *token),
+                         request, response, &calls_);
+}
+
+grpc::ServerUnaryReactor* DgmmService::UnregisterRegion(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  absl::StatusOr<int> token = Authenticate(context);
+  if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
+  return ServeRegionCall(RegionMethod::kUnregister, regions_, context,
+                         ClientKey(context, *token), request, response, &calls_);
+}
+
+grpc::ServerUnaryReactor* DgmmService::GetRegionStatus(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  absl::StatusOr<int> token = Authenticate(context);
+  if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
+  return ServeRegionCall(RegionMethod::kStatus, regions_, context, ClientKey(context, *token),
+                         request, response, &calls_);
+}
+
+grpc::ServerUnaryReactor* DgmmService::MultiplyRegion(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  absl::StatusOr<int> token = Authenticate(context);
+  if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
+  return ServeMultiplyRegion(engine_, regions_, context, ClientKey(context, *token), request,
+                             response, &calls_);
 }
 
 }  // namespace dgmm

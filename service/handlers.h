@@ -19,6 +19,7 @@
 #include "service/auth.h"
 #include "service/engine.h"
 #include "service/receive_gate.h"
+#include "service/regions/region_registry.h"
 
 namespace dgmm {
 
@@ -78,18 +79,26 @@ inline constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
 // a stream's only when the handler asks (see ReceiveGate).
 class DgmmService final
     : public v1::Dgmm::WithGenericMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
-          v1::Dgmm::WithRawCallbackMethod_GetServerInfo<v1::Dgmm::Service>>> {
+          v1::Dgmm::WithRawCallbackMethod_GetServerInfo<
+              v1::Dgmm::WithRawCallbackMethod_RegisterRegion<
+                  v1::Dgmm::WithRawCallbackMethod_UnregisterRegion<
+                      v1::Dgmm::WithRawCallbackMethod_GetRegionStatus<
+                          v1::Dgmm::WithRawCallbackMethod_MultiplyRegion<
+                              v1::Dgmm::Service>>>>>>> {
  public:
   // `engine` must outlive the service. With `auth`, every RPC of this
   // service needs the bearer token (UNAUTHENTICATED otherwise). Multiply
   // requests not yet admitted hold at most `unary_receive_bytes` (at least
   // one request of --max_unary_message_bytes is let in), and at most
   // `unary_max_waiting` calls wait for that room.
+  // `regions` (may be null: regions off) must outlive the service too.
   DgmmService(Engine* engine, std::optional<TokenAuth> auth, StreamTimeouts timeouts,
-              int64_t unary_receive_bytes, int unary_max_waiting)
+              int64_t unary_receive_bytes, int unary_max_waiting,
+              RegionRegistry* regions = nullptr)
       : engine_(engine),
         auth_(std::move(auth)),
         timeouts_(timeouts),
+        regions_(regions),
         gate_(unary_receive_bytes, unary_max_waiting) {}
 
   // A Multiply call (from DgmmGenericService).
@@ -98,6 +107,19 @@ class DgmmService final
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response) override;
+  // Regions (service/region_service.h).
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetRegionStatus(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* MultiplyRegion(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
 
   // Calls of this service that gRPC is not yet done with.
   int64_t calls_in_progress() const { return calls_.load(); }
@@ -110,6 +132,7 @@ class DgmmService final
   Engine* engine_;
   std::optional<TokenAuth> auth_;
   const StreamTimeouts timeouts_;
+  RegionRegistry* const regions_;
   std::atomic<int64_t> calls_{0};
   ReceiveGate gate_;
   StreamWatchdog watchdog_;

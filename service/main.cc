@@ -135,6 +135,23 @@ ABSL_FLAG(bool, enable_bench_echo, false,
           "Also serve dgmm.bench.v1.Echo, a benchmark-only RPC with MultiplyStream's shape that "
           "returns each block unchanged (the transport floor bench/stream_bench.sh compares "
           "jobs with). Leave off in production.");
+ABSL_FLAG(bool, allow_regions, false,
+          "Serve the region RPCs (RegisterRegion, MultiplyRegion...): clients on this host "
+          "register POSIX shared-memory objects or CUDA IPC handles and run jobs on them with "
+          "no payload on the socket. The server opens the named /dev/shm objects with its own "
+          "permissions: allow it only for clients you trust with them. Off: region RPCs are "
+          "FAILED_PRECONDITION.");
+ABSL_FLAG(dgmm::Budget, region_memory_budget, dgmm::Budget::Percent(25),
+          "Most bytes all registered regions may hold at once (host regions are mapped and, "
+          "on a GPU server, pinned: pinned memory is scarce): bytes (e.g. 8GiB) or a "
+          "percentage of the host's free memory at start (e.g. 25%).");
+ABSL_FLAG(int, max_regions_per_client, 64,
+          "Most regions one client (bearer token, or peer address without tokens) may have "
+          "registered at once.");
+ABSL_FLAG(int, region_idle_timeout_s, 600,
+          "A region no job has used for this many seconds is unregistered by the server (a "
+          "client that exited without unregistering); 0 = never. A shared-memory region whose "
+          "object was unlinked is dropped within a second once no job uses it.");
 
 namespace dgmm {
 namespace {
@@ -165,6 +182,10 @@ absl::Status CheckFlagRanges() {
       CheckFlagRange("max_client_share_percent", absl::GetFlag(FLAGS_max_client_share_percent),
                      1, 100),
       CheckFlagRange("max_connections", absl::GetFlag(FLAGS_max_connections), 1),
+      CheckFlagRange("max_regions_per_client", absl::GetFlag(FLAGS_max_regions_per_client), 1,
+                     1024),
+      CheckFlagRange("region_idle_timeout_s", absl::GetFlag(FLAGS_region_idle_timeout_s), 0,
+                     kMaxSeconds),
       CheckFlagRange("handshake_timeout_s", absl::GetFlag(FLAGS_handshake_timeout_s), 1, 3600),
       CheckFlagRange("max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 1,
                      kMaxSeconds),
@@ -313,6 +334,10 @@ int Main(int argc, char** argv) {
   so.enable_bench_echo = absl::GetFlag(FLAGS_enable_bench_echo);
   so.transport_memory_bytes = transport_bytes;
   so.stream_timeouts = timeouts;
+  so.allow_regions = absl::GetFlag(FLAGS_allow_regions);
+  so.region_memory_budget = absl::GetFlag(FLAGS_region_memory_budget);
+  so.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
+  so.region_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_region_idle_timeout_s));
   auto server = Server::Start(so, std::move(*engine));
   if (!server.ok()) {
     std::fprintf(stderr, "dgmm-server: %s\n", std::string(server.status().message()).c_str());

@@ -56,8 +56,10 @@ std::string RenderMetrics(const Engine& engine) {
   }
   Family(&out, "dgmm_job_duration_seconds", "histogram",
          "Wall time of completed jobs from arrival to result, by mode.");
-  for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed}) {
-    const std::string m = mode == JobMode::kWhole ? "unary" : "stream";
+  for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed, JobMode::kHostRegion}) {
+    const std::string m = mode == JobMode::kWhole      ? "unary"
+                          : mode == JobMode::kStreamed ? "stream"
+                                                       : "region";
     const LatencyHistogram h = engine.Latency(mode);
     int64_t cumulative = 0;
     for (std::size_t b = 0; b < std::size(kLatencyBuckets); ++b) {

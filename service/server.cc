@@ -70,8 +70,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // calls (hardening_test's flood: 5 of 48 retried).
   const int64_t unary_receive = std::max<int64_t>(
       options.transport_memory_bytes / 2, s->engine_->options().limits.max_unary_message_bytes);
+  RegionOptions region_options;
+  region_options.enabled = options.allow_regions;
+  region_options.budget_bytes =
+      options.region_memory_budget.Of(s->engine_->cpu().free_memory_at_start_bytes());
+  region_options.max_per_client = options.max_regions_per_client;
+  region_options.idle_timeout = options.region_idle_timeout;
+  s->regions_ = std::make_unique<RegionRegistry>(region_options, s->engine_->RegionOps());
   s->service_ = std::make_unique<DgmmService>(s->engine_.get(), auth, options.stream_timeouts,
-                                              unary_receive, options.max_waiting_unary_calls);
+                                              unary_receive, options.max_waiting_unary_calls,
+                                              s->regions_.get());
   s->generic_ = std::make_unique<DgmmGenericService>(s->service_.get());
 
   grpc::EnableDefaultHealthCheckService(true);

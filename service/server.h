@@ -54,6 +54,14 @@ struct ServerOptions {
   // progress (replies on their way out, requests refused with UNAVAILABLE)
   // before gRPC cancels what is left.
   absl::Duration shutdown_grace = absl::Seconds(5);
+  // Same-host regions (docs/protocol.md "Regions"): off unless allowed.
+  bool allow_regions = false;
+  // Most bytes all registered regions hold at once: bytes, or a percentage
+  // of the host's free memory at start.
+  Budget region_memory_budget = Budget::Percent(25);
+  int max_regions_per_client = 64;
+  // A region no job used for this long is dropped; zero: never.
+  absl::Duration region_idle_timeout = absl::Seconds(600);
 };
 
 class Server {
@@ -80,6 +88,9 @@ class Server {
   void SetServing(bool serving);
 
   std::unique_ptr<Engine> engine_;
+  // After the engine (its GPUs unpin and close region memory), before the
+  // service that uses it.
+  std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<DgmmService> service_;
   std::unique_ptr<DgmmGenericService> generic_;
   std::unique_ptr<EchoService> echo_;  // null unless enable_bench_echo

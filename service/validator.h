@@ -30,6 +30,8 @@ struct JobRequest {
   Problem problem;
   absl::string_view diagonal;
   std::optional<BackendKind> backend;
+  // Jobs on CUDA IPC regions: the GPU ordinal they must run on; -1: any.
+  int gpu = -1;
 };
 
 // Checks dims (positive, within max_dim), enums (known values), that

@@ -63,6 +63,7 @@ inline constexpr int kStreamWindowBlocks = 4;
 // payload on the host side. kWhole: the request matrix as received and the
 // buffer it is computed in (the reply is sent from it), plus the diagonal.
 // kStreamed: the window, each block held twice (see above), plus the diagonal.
+// Region modes: the diagonal alone (matrix and result are in client memory).
 int64_t HostFootprint(const Problem& p, JobMode mode, int64_t max_block_bytes);
 
 // A block message as it arrived, not yet decoded.

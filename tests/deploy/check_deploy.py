@@ -27,6 +27,7 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 K8S = DOCKER / "k8s"
+K8S_REGIONS = DOCKER / "k8s-regions"  # kustomize overlay of K8S: shared-memory regions
 DOC = ROOT / "docs" / "operations.md"
 sys.path.insert(0, str(DOCKER))
 import flags_table  # noqa: E402  (docker/flags_table.py)
@@ -45,7 +46,7 @@ OTHER_TOOL_FLAGS = {
     "docker": {"file", "tag", "gpus", "stop_timeout", "publish", "env", "rm", "name",
                "detach", "build", "profile", "interval", "timeout", "start_period",
                "retries", "from", "format", "prefix", "strip", "install", "target", "build_arg",
-               "read_only", "health_cmd"},
+               "read_only", "health_cmd", "ipc", "pid"},
     "podman": {"runtime", "ulimit"},
     "kubectl": {"namespace", "dry_run", "selector", "grace_period", "timeout", "for"},
     "useradd/groupadd": {"system", "uid", "gid", "no_create_home", "shell"},
@@ -429,6 +430,49 @@ def check_dockerfile(text):
 # ---------------------------------------------------------------- Compose
 
 
+def compose_servers(services):
+    """The services that run dgmm-server (the image's ENTRYPOINT, or an
+    entrypoint naming it); the others are clients."""
+    servers = {}
+    for name, s in services.items():
+        entry = s.get("entrypoint")
+        entry = shlex.split(entry) if isinstance(entry, str) else list(entry or [])
+        if not entry or pathlib.PurePath(str(entry[0])).name == "dgmm-server":
+            servers[name] = s
+    return servers
+
+
+def service_env(s):
+    env = s.get("environment", {})
+    return dict(e.split("=", 1) for e in env) if isinstance(env, list) else env
+
+
+def check_compose_regions(services):
+    """A client that joins a server's IPC namespace (ipc: service:NAME), to
+    reach its /dev/shm, needs a server that shares it (ipc: shareable), has
+    regions on and a /dev/shm larger than Docker's 64 MB default."""
+    problems = []
+    servers = compose_servers(services)
+    for name, s in services.items():
+        ipc = str(s.get("ipc", ""))
+        if name in servers or not ipc.startswith("service:"):
+            continue
+        owner = ipc[len("service:"):]
+        server = servers.get(owner)
+        if server is None:
+            problems.append(f"compose.yaml: {name} joins the IPC namespace of {owner}, which is no dgmm-server service")
+            continue
+        if server.get("ipc") != "shareable":
+            problems.append(f"compose.yaml: {owner} must have ipc: shareable for {name} to join it")
+        if str(service_env(server).get("DGMM_ALLOW_REGIONS", "false")).lower() not in ("true", "1", "yes"):
+            problems.append(f"compose.yaml: {owner} must set DGMM_ALLOW_REGIONS: \"true\" for {name}'s regions")
+        if not server.get("shm_size"):
+            problems.append(f"compose.yaml: {owner} needs shm_size (its /dev/shm holds {name}'s regions; Docker's default is 64 MB)")
+        if owner not in dig(s, "depends_on", default={}):
+            problems.append(f"compose.yaml: {name} must depend on {owner} (it joins its IPC namespace)")
+    return problems
+
+
 def check_compose(doc):
     problems = []
     services = doc.get("services", {})
@@ -450,7 +494,7 @@ def check_compose(doc):
         if str(dig(s, "environment", "DGMM_BACKEND")) != "cpu":
             problems.append(f"compose.yaml: {name} (profile cpu) must set DGMM_BACKEND: cpu")
     host_ports = {}
-    for name, s in services.items():
+    for name, s in compose_servers(services).items():
         env = s.get("environment", {})
         if isinstance(env, list):
             env = dict(e.split("=", 1) for e in env)
@@ -474,7 +518,61 @@ def check_compose(doc):
             "drain_timeout_s", env.get("DGMM_DRAIN_TIMEOUT_S", dockerfile_env().get("DGMM_DRAIN_TIMEOUT_S", SERVER_DEFAULTS["drain_timeout_s"]))))
         if duration_s(s.get("stop_grace_period", "10s")) <= drain:
             problems.append(f"compose.yaml: {name}'s stop_grace_period must exceed the drain timeout ({drain} s)")
+    return problems + check_compose_regions(services)
+
+
+# ---------------------------------------------------------------- regions overlay
+
+
+def check_k8s_regions(kustomization, patches, base_objs):
+    """docker/k8s-regions: the base plus a patch that mounts a Memory emptyDir
+    at /dev/shm in the server container and in a client container of the same
+    pod, with regions on and a region budget the volume can hold."""
+    problems = []
+    if kustomization.get("resources") != ["../k8s"]:
+        problems.append("k8s-regions/kustomization.yaml: resources must be [../k8s] (the base)")
+    patch_paths = [p.get("path") if isinstance(p, dict) else p for p in kustomization.get("patches", [])]
+    if sorted(patch_paths) != sorted(patches):
+        problems.append(f"k8s-regions/kustomization.yaml: patches {patch_paths} must list {sorted(patches)}")
+    base = next((o for _, o in base_objs if o.get("kind") == "Deployment"), {})
+    deps = [o for objs in patches.values() for o in objs if o.get("kind") == "Deployment"]
+    if len(deps) != 1 or dig(deps[0], "metadata", "name") != dig(base, "metadata", "name"):
+        return problems + ["k8s-regions: one patch must be of the base Deployment (same metadata.name)"]
+    pod = dig(deps[0], "spec", "template", "spec", default={})
+    shm = [v for v in pod.get("volumes", []) if dig(v, "emptyDir", "medium") == "Memory"]
+    if len(shm) != 1 or not dig(shm[0], "emptyDir", "sizeLimit"):
+        return problems + ["k8s-regions: the pod needs one emptyDir with medium: Memory and a sizeLimit (the shared /dev/shm)"]
+    volume, size_limit = shm[0]["name"], k8s_quantity_bytes(shm[0]["emptyDir"]["sizeLimit"])
+    containers = {c.get("name"): c for c in pod.get("containers", [])}
+    mounting = [n for n, c in containers.items()
+                if any(m.get("name") == volume and m.get("mountPath") == "/dev/shm" for m in c.get("volumeMounts", []))]
+    server_name = dig(base, "spec", "template", "spec", "containers", 0, "name")
+    if server_name not in mounting or len(mounting) < 2:
+        problems.append(f"k8s-regions: the server container ({server_name}) and a client container must both mount {volume} at /dev/shm (found {mounting})")
+    env = {e.get("name"): e.get("value") for e in containers.get(server_name, {}).get("env", [])}
+    if str(env.get("DGMM_ALLOW_REGIONS", "false")).lower() not in ("true", "1", "yes"):
+        problems.append("k8s-regions: the server container must set DGMM_ALLOW_REGIONS \"true\"")
+    budget = env.get("DGMM_REGION_MEMORY_BUDGET")
+    if budget is None or str(budget).strip().endswith("%"):
+        problems.append("k8s-regions: DGMM_REGION_MEMORY_BUDGET must be set and absolute (a percentage is of the node's memory)")
+    elif (parse_bytes(budget) or 0) > size_limit:
+        problems.append(f"k8s-regions: DGMM_REGION_MEMORY_BUDGET {budget} must not exceed the volume's sizeLimit")
+    for name in mounting:
+        if name == server_name:
+            continue
+        limit = k8s_quantity_bytes(dig(containers[name], "resources", "limits", "memory", default="0"))
+        if limit is None or limit < size_limit:
+            problems.append(f"k8s-regions: client {name}'s memory limit must cover the volume's sizeLimit (tmpfs pages are charged to the container that writes them)")
     return problems
+
+
+def k8s_regions_parts():
+    kust = load_yaml(K8S_REGIONS / "kustomization.yaml")[0]
+    patches = {}
+    for p in kust.get("patches", []):
+        path = p.get("path") if isinstance(p, dict) else p
+        patches[path] = load_yaml(K8S_REGIONS / path) if (K8S_REGIONS / path).exists() else []
+    return kust, patches
 
 
 # ---------------------------------------------------------------- flags and variables
@@ -511,7 +609,7 @@ def check_server_argv(objs, compose):
             argvs.append((f"{name}:{c.get('name')}", c.get("args", []) + c.get("command", [])[1:]))
             for e in c.get("env", []):
                 argvs.append((f"{name}:{c.get('name')} env", [f"--{e['name'][5:].lower()}"] if e["name"].startswith("DGMM_") else []))
-    for name, s in compose.get("services", {}).items():
+    for name, s in compose_servers(compose.get("services", {})).items():
         argvs.append((f"compose.yaml:{name}", s.get("command", []) or []))
         env = s.get("environment", {})
         argvs.append((f"compose.yaml:{name} env", [f"--{k[5:].lower()}" for k in env if k.startswith("DGMM_")]))
@@ -568,6 +666,17 @@ class Artifacts(unittest.TestCase):
 
     def test_compose_has_gpu_and_cpu_services(self):
         self.assertEqual(check_compose(load_yaml(DOCKER / "compose.yaml")[0]), [])
+
+    def test_compose_shows_a_client_sharing_the_servers_shm(self):
+        services = load_yaml(DOCKER / "compose.yaml")[0]["services"]
+        clients = [n for n, s in services.items()
+                   if n not in compose_servers(services) and str(s.get("ipc", "")).startswith("service:")]
+        self.assertTrue(clients, "compose.yaml: no client service joins a server's IPC namespace")
+        self.assertEqual(check_compose_regions(services), [])
+
+    def test_k8s_regions_overlay_shares_dev_shm_in_one_pod(self):
+        kust, patches = k8s_regions_parts()
+        self.assertEqual(check_k8s_regions(kust, patches, k8s_objects()), [])
 
     def test_every_dgmm_variable_and_flag_named_is_real(self):
         self.assertEqual(check_bases(), [])
@@ -702,6 +811,38 @@ class ChecksCatchBreakage(unittest.TestCase):
     def test_stale_flags_table(self):
         text = DOC.read_text(encoding="utf-8").replace("`DGMM_MAX_QUEUE`", "`DGMM_QUEUE`")
         self.assertNotEqual(flags_table.replace_table(text, flags_table.render(flags_table.server_flags())), text)
+
+    def test_compose_regions_client_without_a_shareable_server(self):
+        for change, fragment in ((lambda s: s["dgmm-regions"].pop("ipc"), "shareable"),
+                                 (lambda s: s["dgmm-regions"]["environment"].pop("DGMM_ALLOW_REGIONS"), "DGMM_ALLOW_REGIONS"),
+                                 (lambda s: s["dgmm-regions"].pop("shm_size"), "shm_size"),
+                                 (lambda s: s["dgmm-regions-client"].update(ipc="service:nowhere"), "no dgmm-server service")):
+            c = copy.deepcopy(self.compose)
+            change(c["services"])
+            self.assertFinds(check_compose(c), fragment)
+
+    def test_compose_client_is_not_held_to_the_servers_checks(self):
+        c = copy.deepcopy(self.compose)
+        self.assertEqual([p for p in check_compose(c) if "dgmm-regions-client" in p], [])
+        c["services"]["dgmm-regions-client"].pop("entrypoint")  # now it would run dgmm-server
+        self.assertFinds(check_compose(c), "dgmm-regions-client must publish")
+
+    def test_k8s_regions_overlay_breakage(self):
+        kust, patches = k8s_regions_parts()
+        base = k8s_objects()
+
+        def broken(change):
+            p = copy.deepcopy(patches)
+            change(next(o for objs in p.values() for o in objs if o.get("kind") == "Deployment")["spec"]["template"]["spec"])
+            return check_k8s_regions(kust, p, base)
+
+        self.assertFinds(broken(lambda pod: pod["volumes"][0]["emptyDir"].pop("medium")), "medium: Memory")
+        self.assertFinds(broken(lambda pod: pod["containers"][1].pop("volumeMounts")), "must both mount")
+        self.assertFinds(broken(lambda pod: pod["containers"][0]["env"].pop(0)), "DGMM_ALLOW_REGIONS")
+        self.assertFinds(broken(lambda pod: pod["containers"][0]["env"][1].update(value="50%")), "absolute")
+        self.assertFinds(broken(lambda pod: pod["containers"][0]["env"][1].update(value="64GiB")), "sizeLimit")
+        self.assertFinds(broken(lambda pod: pod["containers"][1]["resources"]["limits"].update(memory="1Gi")), "memory limit")
+        self.assertFinds(check_k8s_regions(dict(kust, resources=["../k8s/deployment.yaml"]), patches, base), "resources")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ done < <(grep -rnE '#include [<"]service/' "$src"/client --include='*.h' --inclu
 
 # Transitive includes of the gRPC-free parts.
 units=("$src"/util/*.cc "$src"/service/host_buffers.cc "$src"/service/admission.cc
-       "$src"/service/pipeline/*.cc)
+       "$src"/service/pipeline/*.cc "$src"/service/regions/*.cc)
 if [[ " $* " == *" -DDGMM_HAVE_CUDA=1 "* ]]; then
   units+=("$src"/service/backends/cuda/*.cc)
 fi

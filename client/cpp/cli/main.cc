@@ -53,6 +53,10 @@ multiply flags:
   --side=right|left    right: C = A·diag(d) (default); left: C = diag(d)·A.
   --backend=NAME       auto (default: the server's fastest), cpu, cuda-kernel, cublas.
   --mode=NAME          auto (default), unary (one message) or stream.
+  --shm=off|auto|on    A and C through a shared-memory region, not the socket, when
+                       the server is on this host and runs with --allow_regions
+                       (mode: shm): off (default); auto streams otherwise and says
+                       why on stderr; on fails otherwise.
   --random=N           Random operands with N rows instead of files.
   --cols=M             With --random: columns (default N).
   --dtype=f32|f64      With --random: element type (default f32).

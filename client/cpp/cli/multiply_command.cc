@@ -1,6 +1,7 @@
 // `dgmm-cli multiply`: from .npy files or random operands, with an optional
 // check against a float64 reference.
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 #include "cli/progress_bar.h"
 #include "cli/reference.h"
 #include "dgmm/npy.h"
+#include "dgmm/regions.h"
 
 ABSL_FLAG(std::string, matrix, "",
           "The matrix A: a 2-D .npy file, float32 or float64, C or Fortran order.");
@@ -34,6 +36,10 @@ ABSL_FLAG(uint64_t, seed, 1, "With --random: the random seed.");
 ABSL_FLAG(bool, check, false,
           "Compare C with a float64 reference computed locally; exit 3 if the largest "
           "relative error exceeds --tolerance.");
+ABSL_FLAG(std::string, shm, "off",
+          "Move A and C through a POSIX shared-memory region instead of the socket (the "
+          "server must be on this host and run with --allow_regions): off; auto (else stream, "
+          "and say why on stderr); on (else fail). --mode applies when streamed.");
 ABSL_FLAG(double, tolerance, 0,
           "Largest relative error --check accepts; 0 means 1e-6 for f32, 1e-14 for f64.");
 
@@ -41,12 +47,14 @@ namespace dgmm::cli {
 namespace {
 
 enum class Mode { kAuto, kUnary, kStream };
+enum class Shm { kOff, kAuto, kOn };
 
 // The flags that shape a job, parsed.
 struct Choices {
   v1::Side side = v1::SIDE_RIGHT;
   v1::Backend backend = v1::BACKEND_AUTO;
   Mode mode = Mode::kAuto;
+  Shm shm = Shm::kOff;
 };
 
 absl::Status BadFlag(absl::string_view name, absl::string_view value, absl::string_view expected) {
@@ -85,6 +93,16 @@ absl::StatusOr<Choices> ParseChoices() {
     c.mode = Mode::kStream;
   } else {
     return BadFlag("mode", mode, "auto, unary or stream");
+  }
+  const std::string shm = absl::GetFlag(FLAGS_shm);
+  if (shm == "off") {
+    c.shm = Shm::kOff;
+  } else if (shm == "auto") {
+    c.shm = Shm::kAuto;
+  } else if (shm == "on") {
+    c.shm = Shm::kOn;
+  } else {
+    return BadFlag("shm", shm, "off, auto or on");
   }
   return c;
 }
@@ -174,7 +192,8 @@ Job MakeJob(const Operands& ops, const Choices& choices) {
 
 double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
-void PrintReport(const Job& job, const JobResult& result, absl::Duration wall) {
+void PrintReport(const Job& job, const JobResult& result, const char* mode,
+                 absl::Duration wall) {
   const v1::JobStats& s = result.stats;
   const int64_t bytes =
       static_cast<int64_t>(ElementSize(job.matrix.dtype)) * job.matrix.rows * job.matrix.cols;
@@ -183,7 +202,7 @@ void PrintReport(const Job& job, const JobResult& result, absl::Duration wall) {
               static_cast<long long>(job.matrix.cols), DTypeName(job.matrix.dtype).c_str(),
               job.matrix.layout == v1::LAYOUT_COL_MAJOR ? "col-major" : "row-major",
               job.side == v1::SIDE_LEFT ? "left" : "right", FormatBytes(bytes).c_str());
-  std::printf("mode:       %s\n", TransferModeName(result.mode));
+  std::printf("mode:       %s\n", mode);
   std::printf("backend:    %s on %s\n", BackendName(s.backend()).c_str(), s.device().c_str());
   std::printf(
       "timings:    queue wait %.3f ms, h2d %.3f ms, compute %.3f ms, d2h %.3f ms, "
@@ -212,6 +231,67 @@ absl::StatusOr<JobResult> Run(Client& client, const Job& job, Mode mode, void* o
   return client.Multiply(job, out, out_bytes, progress);
 }
 
+// --shm: why a region could not be set up, when streaming may still work;
+// nullopt for failures streaming would meet too (no server, bad token, ...).
+std::optional<std::string> ShmFallbackReason(const absl::Status& status) {
+  const std::string detail =
+      status.message().empty()
+          ? absl::StatusCodeToString(status.code())
+          : absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+      return std::nullopt;
+    case absl::StatusCode::kNotFound:
+      return absl::StrCat("the server cannot open this host's shared memory: it is remote or "
+                          "does not share this host's /dev/shm (", detail, ")");
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::StrCat("regions are off on the server: it runs without --allow_regions (",
+                          detail, ")");
+    case absl::StatusCode::kUnimplemented:
+      return absl::StrCat("the server has no regions (", detail, ")");
+    default:
+      return detail;
+  }
+}
+
+// --shm=auto|on: A is copied into a fresh region, C is computed there in
+// place and copied to `out`. nullopt (after one line on stderr saying why)
+// when the region cannot be set up and `required` is false: stream instead.
+std::optional<absl::StatusOr<JobResult>> RunShm(Client& client, const Job& job, bool required,
+                                                void* out, size_t out_bytes) {
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
+      SharedMemoryRegion::Create(client, out_bytes);
+  if (!region.ok()) {
+    const std::optional<std::string> reason = ShmFallbackReason(region.status());
+    if (required || !reason.has_value()) {
+      return absl::Status(region.status().code(),
+                          absl::StrCat("--shm: ", region.status().message()));
+    }
+    std::fprintf(stderr, "dgmm-cli: --shm=auto: streaming instead of shared memory: %s\n",
+                 reason->c_str());
+    return std::nullopt;
+  }
+  SharedMemoryRegion& shm = **region;
+  std::memcpy(shm.bytes(), job.matrix.data, out_bytes);
+  RegionJob region_job;
+  region_job.rows = job.matrix.rows;
+  region_job.cols = job.matrix.cols;
+  region_job.dtype = job.matrix.dtype;
+  region_job.layout = job.matrix.layout;
+  region_job.side = job.side;
+  region_job.backend = job.backend;
+  region_job.matrix = shm.Ref();
+  region_job.result = shm.Ref();
+  region_job.diagonal = job.diagonal;
+  region_job.diagonal_bytes = job.diagonal_bytes;
+  absl::StatusOr<JobResult> result = MultiplyRegion(client, region_job);
+  if (result.ok()) std::memcpy(out, shm.bytes(), out_bytes);
+  return result;
+}
+
 }  // namespace
 
 int RunMultiply() {
@@ -230,10 +310,16 @@ int RunMultiply() {
   const Job job = MakeJob(*ops, *choices);
   NpyArray out(ops->matrix->header());
   const absl::Time start = absl::Now();
+  std::optional<absl::StatusOr<JobResult>> shm_result;
+  if (choices->shm != Shm::kOff) {
+    shm_result = RunShm(**client, job, choices->shm == Shm::kOn, out.data(), out.size_bytes());
+  }
   absl::StatusOr<JobResult> result =
-      Run(**client, job, choices->mode, out.data(), out.size_bytes());
+      shm_result.has_value() ? *std::move(shm_result)
+                             : Run(**client, job, choices->mode, out.data(), out.size_bytes());
   const absl::Duration wall = absl::Now() - start;
   if (!result.ok()) return ReportError(result.status(), kExitRpcError);
+  const char* mode = shm_result.has_value() ? "shm" : TransferModeName(result->mode);
 
   const std::string out_path = absl::GetFlag(FLAGS_out);
   if (!out_path.empty()) {
@@ -241,7 +327,7 @@ int RunMultiply() {
     if (!written.ok()) return ReportError(written, kExitRpcError);
   }
   const bool quiet = absl::GetFlag(FLAGS_quiet);
-  if (!quiet) PrintReport(job, *result, wall);
+  if (!quiet) PrintReport(job, *result, mode, wall);
   if (!absl::GetFlag(FLAGS_check)) return kExitOk;
 
   const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)

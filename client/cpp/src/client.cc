@@ -239,6 +239,12 @@ void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline,
   }
 }
 
+absl::Status Client::PrepareCall(grpc::ClientContext* context, absl::Time deadline) const {
+  if (!options_status_.ok()) return options_status_;
+  PrepareContext(context, deadline);
+  return absl::OkStatus();
+}
+
 absl::Status Client::AwaitConnection(absl::Time deadline) {
   const absl::Time start = absl::Now();
   const absl::Duration wait = options_.retry.max_reconnect_wait;

@@ -20,7 +20,8 @@ __path__.append(_os.path.join(_stubs.ensure_stubs(), "dgmm"))  # noqa: F821
 from .v1 import dgmm_pb2 as pb  # noqa: E402
 from .v1 import dgmm_pb2_grpc as pb_grpc  # noqa: E402
 from .client import Client, DgmmError, InvalidArgumentError, MultiplyInfo, RetryPolicy  # noqa: E402,E501
+from .regions import CudaIpcRegion, SharedMemoryRegion  # noqa: E402
 
-__all__ = ["Client", "DgmmError", "InvalidArgumentError", "MultiplyInfo", "RetryPolicy", "pb",
-           "pb_grpc"]
+__all__ = ["Client", "CudaIpcRegion", "DgmmError", "InvalidArgumentError", "MultiplyInfo",
+           "RetryPolicy", "SharedMemoryRegion", "pb", "pb_grpc"]
 __version__ = "0.1.0"

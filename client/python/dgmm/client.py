@@ -17,6 +17,7 @@ import numpy as np
 from . import _health
 from .v1 import dgmm_pb2 as pb
 from .v1 import dgmm_pb2_grpc as pb_grpc
+from .regions import RegionMethods
 
 _MIB = 1 << 20
 # The policy's defaults (docs/protocol.md, "Client policy"): the server's
@@ -358,7 +359,7 @@ def _new_group_id():
     return os.urandom(8).hex()
 
 
-class Client:
+class Client(RegionMethods):
     """A connection to a dgmm server. Thread-safe; close() it (or use `with`).
 
     Args:

@@ -1,10 +1,13 @@
 #include "service/backends/cuda/cuda_device.h"
 
+#include <cuda.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -127,6 +130,9 @@ class CudaJobContext final : public JobContext {
   std::byte* DeviceAddress(std::byte* region, int lane,
                            const Piece& piece) const;
   absl::Status Launch(const Lane& lane, const Piece& piece, int lane_index);
+  absl::Status LaunchOn(std::byte* in, std::byte* out, const Piece& piece, int stream);
+  // kDeviceRegion: the tile's pointers are device memory of this GPU.
+  absl::Status ProcessResident(const Tile& tile, StageTimes* times);
   absl::Status Start(Lane& lane, int lane_index, const Piece& piece,
                      const Tile& tile, bool pinned_in, bool pinned_out,
                      StageTimes* times);
@@ -174,8 +180,11 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
         absl::StrFormat("cudaMallocFromPoolAsync(%d bytes)", bytes));
   };
   if (auto st = alloc(&d_diag_, p_.diag_bytes()); !st.ok()) return st;
-  if (auto st = alloc(&d_in_, region_bytes()); !st.ok()) return st;
-  if (auto st = alloc(&d_out_, region_bytes()); !st.ok()) return st;
+  // A job on the client's device memory (kDeviceRegion) needs no slots.
+  if (region_bytes() > 0) {
+    if (auto st = alloc(&d_in_, region_bytes()); !st.ok()) return st;
+    if (auto st = alloc(&d_out_, region_bytes()); !st.ok()) return st;
+  }
   if (auto st = device_->Check(
           cudaMemcpyAsync(d_diag_, diag, static_cast<size_t>(p_.diag_bytes()),
                           cudaMemcpyHostToDevice, s),
@@ -188,7 +197,8 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
       !st.ok()) {
     return st;
   }
-  lanes_.resize(device_->pieces_in_flight());
+  // kDeviceRegion launches once: one lane's events.
+  lanes_.resize(mode_ == JobMode::kDeviceRegion ? 1 : device_->pieces_in_flight());
   for (Lane& lane : lanes_) {
     for (cudaEvent_t* e :
          {&lane.start, &lane.uploaded, &lane.computed, &lane.done}) {
@@ -226,12 +236,16 @@ DeviceTile<T> CudaJobContext::MakeDeviceTile(std::byte* in, std::byte* out,
 
 absl::Status CudaJobContext::Launch(const Lane& lane, const Piece& piece,
                                     int lane_index) {
-  std::byte* in = DeviceAddress(d_in_, lane_index, piece);
-  std::byte* out = DeviceAddress(d_out_, lane_index, piece);
-  cudaStream_t stream = device_->streams_[lane.stream];
+  return LaunchOn(DeviceAddress(d_in_, lane_index, piece),
+                  DeviceAddress(d_out_, lane_index, piece), piece, lane.stream);
+}
+
+absl::Status CudaJobContext::LaunchOn(std::byte* in, std::byte* out,
+                                      const Piece& piece, int stream_index) {
+  cudaStream_t stream = device_->streams_[stream_index];
   const int sms = device_->multiprocessors_;
   if (backend_ == BackendKind::kCublas) {
-    cublasHandle_t h = device_->cublas_[lane.stream];
+    cublasHandle_t h = device_->cublas_[stream_index];
     return device_->Check(
         p_.dtype == DType::kFloat32
             ? LaunchCublasDgmm(h, MakeDeviceTile<float>(in, out, piece))
@@ -317,6 +331,41 @@ absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile,
   return absl::OkStatus();
 }
 
+absl::Status CudaJobContext::ProcessResident(const Tile& tile,
+                                             StageTimes* times) {
+  Lane& lane = lanes_[0];
+  lane.stream = static_cast<int>(device_->next_stream_.fetch_add(1) %
+                                 static_cast<uint32_t>(device_->streams()));
+  cudaStream_t s = device_->streams_[lane.stream];
+  // One launch over the whole tile: lines of any length, no piece limit.
+  Piece piece;
+  piece.byte_offset = 0;
+  piece.bytes = tile.lines * p_.line_bytes();
+  piece.first_line = tile.first_line;
+  piece.lines = tile.lines;
+  piece.line_len = p_.line_len();
+  piece.pos = 0;
+  if (auto st = device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord");
+      !st.ok()) {
+    return st;
+  }
+  absl::Status status = LaunchOn(const_cast<std::byte*>(tile.in), tile.out, piece,
+                                 lane.stream);
+  if (status.ok()) {
+    status = device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord");
+  }
+  if (status.ok()) {
+    status = device_->Check(cudaEventSynchronize(lane.computed), "kernel wait");
+  }
+  if (!status.ok()) {
+    cudaStreamSynchronize(s);
+    cudaGetLastError();
+    return status;
+  }
+  if (times != nullptr) times->compute += EventGap(lane.uploaded, lane.computed);
+  return absl::OkStatus();
+}
+
 absl::Status CudaJobContext::Process(const Tile& tile,
                                      const CancelFn& cancelled,
                                      StageTimes* times) {
@@ -333,6 +382,7 @@ absl::Status CudaJobContext::Process(const Tile& tile,
         device_->index(), device_->name()));
   }
   if (auto st = device_->Enter(); !st.ok()) return st;
+  if (mode_ == JobMode::kDeviceRegion) return ProcessResident(tile, times);
 
   const int64_t bytes = tile.lines * p_.line_bytes();
   const bool pinned_in = IsPinned(tile.in, bytes);
@@ -556,7 +606,9 @@ absl::Status CudaDevice::Check(cublasStatus_t st, std::string_view what) {
 
 int64_t CudaDevice::SlotBytes(JobMode mode, const Problem& p,
                               int64_t max_block_bytes) const {
-  if (mode == JobMode::kWhole) return tile_bytes_;
+  // A host region is one tile the device cuts into pieces of its own size.
+  if (mode == JobMode::kWhole || mode == JobMode::kHostRegion) return tile_bytes_;
+  if (mode == JobMode::kDeviceRegion) return 0;
   const int64_t block =
       std::max<int64_t>(max_block_bytes, static_cast<int64_t>(p.elem_size()));
   return RoundUp(std::min(tile_bytes_, block), kAlign);
@@ -565,6 +617,8 @@ int64_t CudaDevice::SlotBytes(JobMode mode, const Problem& p,
 int64_t CudaDevice::Footprint(const Problem& p, JobMode mode,
                               int64_t max_block_bytes) const {
   if (mode == JobMode::kWhole) return 2 * p.matrix_bytes() + p.diag_bytes();
+  // In place in the client's device memory: the diagonal's copy alone.
+  if (mode == JobMode::kDeviceRegion) return p.diag_bytes();
   return 2 * int64_t{pieces_in_flight_} * SlotBytes(mode, p, max_block_bytes) +
          p.diag_bytes();
 }
@@ -586,6 +640,86 @@ absl::StatusOr<std::unique_ptr<JobContext>> CudaDevice::Begin(
       this, p, backend, mode, SlotBytes(mode, p, max_block_bytes));
   if (auto st = job->Init(diag); !st.ok()) return st;
   return job;
+}
+
+absl::StatusOr<std::function<void()>> CudaDevice::PinHostMemory(void* p,
+                                                                int64_t bytes) {
+  if (auto st = Enter(); !st.ok()) return st;
+  if (auto st = CudaStatus(cudaHostRegister(p, static_cast<size_t>(bytes),
+                                            cudaHostRegisterPortable),
+                           "cudaHostRegister of a shared-memory region");
+      !st.ok()) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot pin the region for DMA (", st.message(),
+        "); pinned memory is limited by the host: register less"));
+  }
+  const int ordinal = ordinal_;
+  return std::function<void()>([p, ordinal] {
+    cudaSetDevice(ordinal);
+    cudaHostUnregister(p);  // fails harmlessly after a SIGBUS remapped it
+    cudaGetLastError();
+  });
+}
+
+absl::StatusOr<Device::IpcMapping> CudaDevice::OpenIpcMemory(
+    absl::string_view handle) {
+  if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError("a CUDA IPC handle has 64 bytes");
+  }
+  if (auto st = Enter(); !st.ok()) return st;
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  void* base = nullptr;
+  const cudaError_t err =
+      cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA IPC handle does not open on GPU ", ordinal_, ": ",
+        cudaGetErrorString(err),
+        " (a handle opens only in another process than the one that made "
+        "it, and only while its allocation lives)"));
+  }
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, base) != cudaSuccess ||
+      attr.type != cudaMemoryTypeDevice || attr.device != ordinal_) {
+    const int actual = attr.device;
+    cudaIpcCloseMemHandle(base);
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA IPC handle names memory on GPU ", actual, ", not on GPU ",
+        ordinal_, " (client and server must number the GPUs alike: same "
+        "CUDA_VISIBLE_DEVICES)"));
+  }
+  // The allocation's size, from the driver (the runtime has no call for it).
+  using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  size_t size = 0;
+  CUdeviceptr range_base = 0;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                       cudaEnableDefault, &q) != cudaSuccess ||
+      fn == nullptr ||
+      reinterpret_cast<GetRange>(fn)(&range_base, &size,
+                                     reinterpret_cast<CUdeviceptr>(base)) !=
+          CUDA_SUCCESS) {
+    cudaIpcCloseMemHandle(base);
+    cudaGetLastError();
+    return absl::InternalError(
+        "cannot read the size of the CUDA IPC allocation (cuMemGetAddressRange)");
+  }
+  const int64_t bytes = static_cast<int64_t>(
+      size - (reinterpret_cast<CUdeviceptr>(base) - range_base));
+  const int ordinal = ordinal_;
+  return IpcMapping{
+      .base = static_cast<std::byte*>(base),
+      .bytes = bytes,
+      .close = [base, ordinal] {
+        cudaSetDevice(ordinal);
+        cudaIpcCloseMemHandle(base);
+        cudaGetLastError();
+      }};
 }
 
 absl::StatusOr<int64_t> CudaDevice::PoolHighWaterBytes() const {

@@ -108,6 +108,8 @@ class CudaDevice final : public Device {
       JobMode mode, int64_t max_block_bytes) override;
 
   HostBufferPool& block_buffers() override { return *blocks_; }
+  absl::StatusOr<std::function<void()>> PinHostMemory(void* p, int64_t bytes) override;
+  absl::StatusOr<IpcMapping> OpenIpcMemory(absl::string_view handle) override;
 
   // Beyond Device, for tests and the benchmark.
   int64_t tile_bytes() const { return tile_bytes_; }

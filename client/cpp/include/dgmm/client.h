@@ -241,6 +241,13 @@ class Client {
 
   const ClientOptions& options() const { return options_; }
 
+  // Hook for the region calls of dgmm/regions.h: the typed stub of this
+  // client's channel, and `context` set up as for every call of this client
+  // (`deadline`, the bearer token), or the error of options that
+  // CheckClientOptions rejects.
+  v1::Dgmm::Stub* stub() const { return stub_.get(); }
+  absl::Status PrepareCall(grpc::ClientContext* context, absl::Time deadline) const;
+
  private:
   // The deadline of a call or job starting now.
   absl::Time Deadline() const;

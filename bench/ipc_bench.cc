@@ -1,0 +1,174 @@
+// ipc_bench: a client process whose matrix is already in GPU memory (as
+// CuPy's or PyTorch's would be) runs dgmm jobs on it through CUDA IPC
+// regions, and the same process times dgmm's kernel alone on the same
+// buffers. Target (issue 14): the IPC job, as the client sees it (one
+// MultiplyRegion call, wall time), within the kernel's time + 0.2 ms.
+//
+//   ipc_bench --server 127.0.0.1:50051 --n 4000,10000,20000 --reps 50
+//
+// The server (a separate process, started with --allow_regions) opens the
+// handles once at registration. Every N: A random (not zeros), C poisoned
+// with NaN before the checked job, the result compared with a float64
+// reference of A·diag(d) on the host.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "dgmm/client.h"
+#include "dgmm/regions.h"
+#include "service/backends/cuda/dgmm_kernel.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dgmm-server address (--allow_regions)");
+ABSL_FLAG(std::string, n, "4000,10000,20000", "square sizes N, float32");
+ABSL_FLAG(int, reps, 50, "timed jobs per N (after 5 warm-ups); medians are reported");
+
+namespace {
+
+#define CHECK_CUDA(x)                                                                \
+  do {                                                                             \
+    cudaError_t e_ = (x);                                                          \
+    if (e_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  dgmm::ConfigureGrpcForQuickExit();
+  auto client = dgmm::Client::Create(absl::GetFlag(FLAGS_server));
+  if (!client.ok()) {
+    std::fprintf(stderr, "client: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  const int reps = absl::GetFlag(FLAGS_reps);
+  int multiprocessors = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0));
+  std::printf("| N | MB | kernel alone (ms) | IPC job, client wall (ms) | job - kernel (ms) | "
+              "server total (ms) | server compute (ms) | max rel err | target job <= kernel + "
+              "0.2 ms |\n|---|---|---|---|---|---|---|---|---|\n");
+  bool all_met = true;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_n), ',')) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n <= 0) return 2;
+    const size_t elems = static_cast<size_t>(n * n);
+    const size_t bytes = elems * sizeof(float);
+    std::mt19937 rng(static_cast<unsigned>(n));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    std::vector<float> a(elems), d(static_cast<size_t>(n)), c(elems);
+    for (float& x : a) x = u(rng);
+    for (float& x : d) x = u(rng);
+    float *da = nullptr, *dc = nullptr, *dd = nullptr;
+    CHECK_CUDA(cudaMalloc(&da, bytes));
+    CHECK_CUDA(cudaMalloc(&dc, bytes));
+    CHECK_CUDA(cudaMalloc(&dd, d.size() * sizeof(float)));
+    CHECK_CUDA(cudaMemcpy(da, a.data(), bytes, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dd, d.data(), d.size() * sizeof(float), cudaMemcpyHostToDevice));
+
+    // The kernel alone, on this process's buffers, timed with events.
+    cudaStream_t s;
+    CHECK_CUDA(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    dgmm::cuda::DeviceTile<float> tile{.in = da, .out = dc, .diag = dd, .lines = n,
+                                       .line_len = n, .per_line = false};
+    std::vector<double> kernel_ms;
+    for (int i = 0; i < reps + 5; ++i) {
+      CHECK_CUDA(cudaEventRecord(e0, s));
+      CHECK_CUDA(dgmm::cuda::LaunchDgmmKernel(tile, multiprocessors, s));
+      CHECK_CUDA(cudaEventRecord(e1, s));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      if (i >= 5) kernel_ms.push_back(ms);
+    }
+
+    // Register both allocations once.
+    cudaIpcMemHandle_t ha, hc;
+    CHECK_CUDA(cudaIpcGetMemHandle(&ha, da));
+    CHECK_CUDA(cudaIpcGetMemHandle(&hc, dc));
+    const std::string na = "ipc-a-" + std::to_string(n), nc = "ipc-c-" + std::to_string(n);
+    auto ra = dgmm::RegisterCudaIpcRegion(**client, na,
+                                          absl::string_view(ha.reserved, sizeof(ha)), 0, 0,
+                                          static_cast<int64_t>(bytes));
+    auto rc = dgmm::RegisterCudaIpcRegion(**client, nc,
+                                          absl::string_view(hc.reserved, sizeof(hc)), 0, 0,
+                                          static_cast<int64_t>(bytes));
+    if (!ra.ok() || !rc.ok()) {
+      std::fprintf(stderr, "register: %s %s\n", ra.status().ToString().c_str(),
+                   rc.status().ToString().c_str());
+      return 1;
+    }
+    dgmm::RegionJob job;
+    job.rows = job.cols = n;
+    job.matrix = dgmm::MakeRegionRef(na);
+    job.result = dgmm::MakeRegionRef(nc);
+    job.diagonal = d.data();
+    job.diagonal_bytes = d.size() * sizeof(float);
+
+    // One checked job: C poisoned first.
+    CHECK_CUDA(cudaMemset(dc, 0xff, bytes));  // NaN pattern
+    auto first = dgmm::MultiplyRegion(**client, job);
+    if (!first.ok()) {
+      std::fprintf(stderr, "job: %s\n", first.status().ToString().c_str());
+      return 1;
+    }
+    CHECK_CUDA(cudaMemcpy(c.data(), dc, bytes, cudaMemcpyDeviceToHost));
+    double max_rel = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double ref = static_cast<double>(a[i * n + j]) * static_cast<double>(d[j]);
+        const double got = c[i * n + j];
+        const double rel = std::isfinite(got) ? std::abs(got - ref) / std::max(1e-30, std::abs(ref))
+                                              : INFINITY;
+        max_rel = std::max(max_rel, std::abs(ref) < 1e-30 ? std::abs(got) : rel);
+      }
+    }
+    std::vector<double> job_ms, server_ms, compute_ms;
+    for (int i = 0; i < reps + 5; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = dgmm::MultiplyRegion(**client, job);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (!r.ok()) {
+        std::fprintf(stderr, "job: %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      if (i < 5) continue;
+      job_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      server_ms.push_back(r->stats.total_ns() * 1e-6);
+      compute_ms.push_back(r->stats.compute_ns() * 1e-6);
+    }
+    const double k = Median(kernel_ms), j = Median(job_ms);
+    const bool met = j <= k + 0.2 && max_rel < 1e-6;
+    all_met = all_met && met;
+    std::printf("| %lld | %.0f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1e | %s (%.3f vs %.3f) |\n",
+                static_cast<long long>(n), bytes / 1e6, k, j, j - k, Median(server_ms),
+                Median(compute_ms), max_rel, met ? "MET" : "MISSED", j, k + 0.2);
+    std::fflush(stdout);
+    dgmm::UnregisterRegion(**client, na).IgnoreError();
+    dgmm::UnregisterRegion(**client, nc).IgnoreError();
+    cudaFree(da);
+    cudaFree(dc);
+    cudaFree(dd);
+    cudaStreamDestroy(s);
+  }
+  return all_met ? 0 : 3;
+}

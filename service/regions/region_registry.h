@@ -1,0 +1,181 @@
+// The same-host data plane's bookkeeping (issue 14, docs/protocol.md
+// "Regions"): which regions each client registered, what memory they map,
+// how many bytes they hold against --region_memory_budget, and when an
+// abandoned one is dropped. gRPC-free: the handlers (service/region_service.cc)
+// translate requests and statuses.
+#ifndef DGMM_SERVICE_REGIONS_REGION_REGISTRY_H_
+#define DGMM_SERVICE_REGIONS_REGION_REGISTRY_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "dgmm/v1/dgmm.pb.h"
+
+namespace dgmm {
+
+struct RegionOptions {
+  // --allow_regions: false answers every region RPC FAILED_PRECONDITION.
+  bool enabled = false;
+  // --region_memory_budget, resolved to bytes.
+  int64_t budget_bytes = 0;
+  // --max_regions_per_client.
+  int max_per_client = 64;
+  // --region_idle_timeout_s: a region no job used for this long is dropped;
+  // zero: never.
+  absl::Duration idle_timeout = absl::Seconds(600);
+  // How often abandoned regions are looked for.
+  absl::Duration sweep_interval = absl::Seconds(1);
+};
+
+// What the registry needs from the devices. Empty functions: no GPU.
+struct RegionMemoryOps {
+  // Pins host memory for DMA by every GPU; returns the function that unpins.
+  std::function<absl::StatusOr<std::function<void()>>(void* p, int64_t bytes)> pin_host;
+  // Opens a CUDA IPC handle on the GPU of ordinal `device`: the allocation's
+  // base, its size and the function that closes it. FAILED_PRECONDITION when
+  // the server has no such GPU, INVALID_ARGUMENT when the handle does not open.
+  struct IpcMemory {
+    std::byte* base = nullptr;
+    int64_t bytes = 0;
+    std::function<void()> close;
+  };
+  std::function<absl::StatusOr<IpcMemory>(int device, absl::string_view handle)> open_ipc;
+};
+
+// One registered region's memory. Jobs hold a shared_ptr while they use it,
+// so unregistering never frees memory under a job.
+class Region {
+ public:
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  const std::string& name() const { return name_; }
+  v1::RegionKind kind() const { return kind_; }
+  // -1 for host memory, else the GPU ordinal of a CUDA IPC region.
+  int device() const { return device_; }
+  int64_t byte_size() const { return byte_size_; }
+  // The region's first byte: host memory, or device memory for CUDA IPC.
+  std::byte* data() const { return data_; }
+  // Same memory as `other` at absolute byte `offset` of the underlying
+  // object: used to refuse partly overlapping matrix and result.
+  bool SameObject(const Region& other) const { return identity_ == other.identity_; }
+  int64_t object_offset() const { return object_offset_; }
+  // OK while the memory is as registered; FAILED_PRECONDITION once the
+  // client shrank its shared-memory object below the region (a SIGBUS
+  // absorbed, or the object's size now short).
+  absl::Status CheckIntact() const;
+  v1::RegionStatus Describe() const;
+
+  // A job's use of the region (RAII): counted in jobs_in_use.
+  class Use {
+   public:
+    explicit Use(std::shared_ptr<Region> r);
+    ~Use();
+    Use(Use&&) = default;
+    Region* operator->() const { return region_.get(); }
+    Region& operator*() const { return *region_; }
+
+   private:
+    std::shared_ptr<Region> region_;
+  };
+
+ private:
+  friend class RegionRegistry;
+  Region() = default;
+
+  std::string name_;
+  std::string owner_;
+  v1::RegionKind kind_ = v1::REGION_KIND_UNSPECIFIED;
+  std::string key_;
+  int64_t offset_ = 0;
+  int64_t byte_size_ = 0;
+  int device_ = -1;
+  std::byte* data_ = nullptr;
+  std::pair<uint64_t, uint64_t> identity_{0, 0};
+  int64_t object_offset_ = 0;
+  bool pinned_ = false;
+  absl::Duration register_time_;
+  // Host memory: the object's descriptor, the mapping and its guard slot.
+  int fd_ = -1;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  int guard_slot_ = -1;
+  std::function<void()> unpin_;
+  std::function<void()> close_ipc_;
+  std::shared_ptr<std::atomic<int64_t>> registered_bytes_;
+  std::atomic<int64_t> jobs_in_use_{0};
+  std::atomic<int64_t> jobs_total_{0};
+  std::atomic<int64_t> last_used_ns_{0};  // absl::ToUnixNanos
+};
+
+class RegionRegistry {
+ public:
+  RegionRegistry(RegionOptions options, RegionMemoryOps ops);
+  ~RegionRegistry();
+
+  const RegionOptions& options() const { return options_; }
+  bool enabled() const { return options_.enabled; }
+
+  // RegisterRegion for `owner` (see the status table in dgmm.proto).
+  absl::StatusOr<v1::RegionStatus> Register(const std::string& owner,
+                                            const v1::RegisterRegionRequest& request);
+  // Drops `name` (every region of `owner` when empty); returns how many.
+  absl::StatusOr<int> Unregister(const std::string& owner, const std::string& name);
+  absl::StatusOr<v1::GetRegionStatusResponse> Status(const std::string& owner,
+                                                     const std::string& name) const;
+  // `owner`'s region `name`, or NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Region>> Find(const std::string& owner,
+                                               const std::string& name) const;
+
+  // Bytes of every region still mapped, those unregistered but still used
+  // by a job included.
+  int64_t registered_bytes() const { return registered_bytes_->load(); }
+  // Regions in the table now.
+  int64_t count() const;
+  // Drops regions idle past the timeout and shared-memory regions whose
+  // object was unlinked, when no job uses them. Runs on its own thread
+  // every sweep_interval; public for tests.
+  void Sweep(absl::Time now);
+
+  static absl::Status CheckName(absl::string_view name);
+  static absl::Status CheckKey(absl::string_view key);
+
+ private:
+  absl::StatusOr<std::shared_ptr<Region>> MapShm(const std::string& owner,
+                                                 const std::string& name,
+                                                 const v1::SystemShmRegion& shm);
+  absl::StatusOr<std::shared_ptr<Region>> OpenIpc(const std::string& owner,
+                                                  const std::string& name,
+                                                  const v1::CudaIpcRegion& ipc);
+  void Loop();
+
+  const RegionOptions options_;
+  const RegionMemoryOps ops_;
+  std::shared_ptr<std::atomic<int64_t>> registered_bytes_ =
+      std::make_shared<std::atomic<int64_t>>(0);
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  // owner -> name -> region
+  std::map<std::string, std::map<std::string, std::shared_ptr<Region>>> regions_;
+  std::thread sweeper_;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_REGIONS_REGION_REGISTRY_H_

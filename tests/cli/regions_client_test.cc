@@ -1,0 +1,310 @@
+// The C++ region API (dgmm/regions.h) and `dgmm-cli multiply --shm` against
+// real dgmm-servers on loopback (CPU backend): one with --allow_regions, one
+// without, and one in a mount namespace of its own whose /dev/shm is not this
+// host's (a server that cannot see the client's shared memory, as a remote
+// one). Results are checked against a float64 reference computed here, in
+// outputs poisoned with NaN first.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dgmm/client.h"
+#include "dgmm/regions.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cli/operands.h"
+#include "tests/support/server_process.h"
+
+namespace dgmm {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::CliBinary;
+using testing::Operands;
+using testing::RunCommand;
+using testing::ServerProcess;
+
+ServerProcess& RegionsServer() {
+  static ServerProcess server({"--backend=cpu", "--threads=2", "--allow_regions"});
+  return server;
+}
+
+ServerProcess& RegionsOffServer() {
+  static ServerProcess server({"--backend=cpu", "--threads=1"});
+  return server;
+}
+
+// A server with regions on whose /dev/shm is a tmpfs of its own (unshare -m),
+// so RegisterRegion of this process's objects is NOT_FOUND, as from a remote
+// server; nullptr where this process may not make mount namespaces.
+ServerProcess* ElsewhereServer() {
+  static ServerProcess* server = []() -> ServerProcess* {
+    std::string output;
+    if (RunCommand("unshare -m sh -c 'mount -t tmpfs dgmm-test /dev/shm' 2>&1", &output) != 0) {
+      return nullptr;
+    }
+    char tmpl[] = "/tmp/dgmm-elsewhere-XXXXXX";
+    const int fd = mkstemp(tmpl);
+    if (fd < 0) return nullptr;
+    close(fd);
+    std::ofstream(tmpl) << "#!/bin/sh\nexec unshare -m sh -c "
+                           "'mount -t tmpfs dgmm-test /dev/shm && exec \"$0\" \"$@\"' "
+                        << testing::ServerBinary() << " \"$@\"\n";
+    chmod(tmpl, 0700);
+    const std::string real = testing::ServerBinary();
+    setenv("DGMM_SERVER_BIN", tmpl, 1);
+    // Static, so that its destructor stops the server at exit.
+    static ServerProcess started({"--backend=cpu", "--threads=1", "--allow_regions"});
+    setenv("DGMM_SERVER_BIN", real.c_str(), 1);
+    return &started;
+  }();
+  return server;
+}
+
+// Objects of this process in /dev/shm made by SharedMemoryRegion.
+int OwnShmObjects() {
+  const std::string prefix = "dgmm-" + std::to_string(getpid()) + "-";
+  int count = 0;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return -1;
+  while (dirent* entry = readdir(dir)) {
+    if (std::string(entry->d_name).rfind(prefix, 0) == 0) ++count;
+  }
+  closedir(dir);
+  return count;
+}
+
+int64_t RegisteredBytes(Client& client) {
+  absl::StatusOr<v1::GetRegionStatusResponse> listed = GetRegionStatus(client);
+  EXPECT_TRUE(listed.ok()) << listed.status();
+  return listed.ok() ? listed->registered_bytes() : -1;
+}
+
+template <typename T>
+RegionJob MakeRegionJob(const Operands<T>& ops, const SharedMemoryRegion& region,
+                        int64_t matrix_at, int64_t result_at) {
+  RegionJob job;
+  job.rows = ops.rows;
+  job.cols = ops.cols;
+  job.dtype = sizeof(T) == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64;
+  job.layout = ops.layout;
+  job.side = ops.side;
+  job.matrix = region.Ref(matrix_at);
+  job.result = region.Ref(result_at);
+  job.diagonal = ops.d.data();
+  job.diagonal_bytes = ops.d.size() * sizeof(T);
+  return job;
+}
+
+template <typename T>
+std::vector<T> ReadBack(const SharedMemoryRegion& region, int64_t at, size_t n) {
+  std::vector<T> out(n);
+  std::memcpy(out.data(), region.bytes() + at, n * sizeof(T));
+  return out;
+}
+
+TEST(SharedMemoryRegionTest, RoundTripThenDestructorUnregistersAndUnlinks) {
+  Client client(RegionsServer().address());
+  Operands<float> ops(200, 150, v1::LAYOUT_COL_MAJOR, v1::SIDE_LEFT, 11);
+  const size_t bytes = ops.a.size() * sizeof(float);
+  std::string key;
+  {
+    absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
+        SharedMemoryRegion::Create(client, 2 * bytes);
+    ASSERT_TRUE(region.ok()) << region.status();
+    SharedMemoryRegion& shm = **region;
+    key = shm.key();
+    EXPECT_EQ(shm.size(), 2 * bytes);
+    EXPECT_EQ(shm.name(), key.substr(1));
+    EXPECT_EQ(shm.registration().name(), shm.name());
+    EXPECT_EQ(shm.registration().byte_size(), static_cast<int64_t>(2 * bytes));
+    EXPECT_EQ(shm.registration().kind(), v1::REGION_KIND_SYSTEM_SHM);
+    EXPECT_EQ(OwnShmObjects(), 1);
+    std::memcpy(shm.bytes(), ops.a.data(), bytes);
+    std::vector<float> poison = ops.NanOutput();
+    std::memcpy(shm.bytes() + bytes, poison.data(), bytes);
+
+    absl::StatusOr<JobResult> r = MultiplyRegion(client, MakeRegionJob(ops, shm, 0, bytes));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->attempts, 1);
+    EXPECT_EQ(r->stats.bytes_out(), static_cast<int64_t>(bytes));
+    EXPECT_LE(ops.MaxRelativeError(ReadBack<float>(shm, bytes, ops.a.size())),
+              std::numeric_limits<float>::epsilon());
+
+    absl::StatusOr<v1::GetRegionStatusResponse> listed = GetRegionStatus(client, shm.name());
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    ASSERT_EQ(listed->regions_size(), 1);
+    EXPECT_EQ(listed->regions(0).jobs_total(), 1);
+    EXPECT_EQ(listed->registered_bytes(), static_cast<int64_t>(2 * bytes));
+  }
+  EXPECT_EQ(RegisteredBytes(client), 0);
+  EXPECT_EQ(OwnShmObjects(), 0);
+  EXPECT_LT(shm_open(key.c_str(), O_RDONLY, 0), 0);
+  EXPECT_EQ(errno, ENOENT);
+}
+
+TEST(SharedMemoryRegionTest, InPlaceWithTheDiagonalInTheRegion) {
+  Client client(RegionsServer().address());
+  Operands<double> ops(123, 77, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 12);
+  const size_t bytes = ops.a.size() * sizeof(double);
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
+      SharedMemoryRegion::Create(client, bytes + ops.d.size() * sizeof(double), "named.region");
+  ASSERT_TRUE(region.ok()) << region.status();
+  SharedMemoryRegion& shm = **region;
+  EXPECT_EQ(shm.name(), "named.region");
+  std::memcpy(shm.bytes(), ops.a.data(), bytes);
+  std::memcpy(shm.bytes() + bytes, ops.d.data(), ops.d.size() * sizeof(double));
+  RegionJob job = MakeRegionJob(ops, shm, 0, 0);
+  job.diagonal = nullptr;
+  job.diagonal_bytes = 0;
+  job.diagonal_ref = shm.Ref(static_cast<int64_t>(bytes));
+  absl::StatusOr<JobResult> r = MultiplyRegion(client, job);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LE(ops.MaxRelativeError(ReadBack<double>(shm, 0, ops.a.size())),
+            std::numeric_limits<double>::epsilon());
+  // Unregister() answers once; afterwards the name is gone.
+  EXPECT_TRUE(shm.Unregister().ok());
+  EXPECT_TRUE(shm.Unregister().ok());
+  absl::StatusOr<JobResult> gone = MultiplyRegion(client, job);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  EXPECT_EQ(RegisteredBytes(client), 0);
+}
+
+TEST(SharedMemoryRegionTest, ErrorsCarryTheServersCodeAndLeaveNothingBehind) {
+  Client client(RegionsServer().address());
+  EXPECT_EQ(SharedMemoryRegion::Create(client, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SharedMemoryRegion::Create(client, 64, "bad/name").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> a = SharedMemoryRegion::Create(client, 64, "dup");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(SharedMemoryRegion::Create(client, 64, "dup").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  a->reset();
+  Client off(RegionsOffServer().address());
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> refused = SharedMemoryRegion::Create(off, 64);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(OwnShmObjects(), 0) << "a failed Create left its object in /dev/shm";
+  // CUDA IPC on a CPU server.
+  absl::StatusOr<v1::RegionStatus> ipc =
+      RegisterCudaIpcRegion(client, "ipc", std::string(64, '\x5a'), 0, 0, 1 << 20);
+  EXPECT_EQ(ipc.status().code(), absl::StatusCode::kFailedPrecondition) << ipc.status();
+  EXPECT_EQ(UnregisterRegion(client, "").value_or(-1), 0);
+  EXPECT_EQ(GetRegionStatus(client, "nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(RegisteredBytes(client), 0);
+}
+
+TEST(SharedMemoryRegionTest, DestructorWithTheServerGoneReturnsAndUnlinks) {
+  ServerProcess server({"--backend=cpu", "--threads=1", "--allow_regions"});
+  Client client(server.address());
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
+      SharedMemoryRegion::Create(client, 1 << 16);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ(OwnShmObjects(), 1);
+  server.Signal(SIGKILL, /*wait=*/true);
+  const auto start = std::chrono::steady_clock::now();
+  region->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(6));
+  EXPECT_EQ(OwnShmObjects(), 0);
+}
+
+TEST(SharedMemoryRegionTest, RemoteServerIsNotFound) {
+  ServerProcess* elsewhere = ElsewhereServer();
+  if (elsewhere == nullptr) GTEST_SKIP() << "no mount namespaces here (unshare -m failed)";
+  Client client(elsewhere->address());
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
+      SharedMemoryRegion::Create(client, 4096);
+  EXPECT_EQ(region.status().code(), absl::StatusCode::kNotFound) << region.status();
+  EXPECT_EQ(OwnShmObjects(), 0);
+}
+
+// dgmm-cli against `server`: output (stdout and stderr) and exit code.
+struct CliRun {
+  int exit_code;
+  std::string output;
+};
+CliRun Cli(const std::string& args, const ServerProcess& server) {
+  CliRun run;
+  run.exit_code =
+      RunCommand(CliBinary() + " " + args + " --server=" + server.address() + " 2>&1", &run.output);
+  return run;
+}
+
+TEST(CliShmTest, OnUsesSharedMemoryAndChecks) {
+  for (const char* shape : {"--random=300 --cols=200", "--random=257 --cols=190 --dtype=f64 "
+                                                       "--layout=col --side=left"}) {
+    SCOPED_TRACE(shape);
+    CliRun run = Cli(std::string("multiply --shm=on --check ") + shape, RegionsServer());
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_THAT(run.output, HasSubstr("mode:       shm"));
+    EXPECT_THAT(run.output, HasSubstr("max relative error"));
+    EXPECT_THAT(run.output, HasSubstr("): OK"));
+    EXPECT_THAT(run.output, Not(HasSubstr("streaming instead")));
+  }
+  Client client(RegionsServer().address());
+  EXPECT_EQ(RegisteredBytes(client), 0) << "dgmm-cli left its region registered";
+}
+
+TEST(CliShmTest, AutoUsesSharedMemoryWhenItCan) {
+  CliRun run = Cli("multiply --shm=auto --random=100 --check", RegionsServer());
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("mode:       shm"));
+}
+
+TEST(CliShmTest, AutoFallsBackToStreamingAndSaysWhy) {
+  CliRun run = Cli("multiply --shm=auto --random=300 --check", RegionsOffServer());
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: regions are off"));
+  EXPECT_THAT(run.output, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
+  EXPECT_THAT(run.output, HasSubstr("): OK"));
+
+  // A region over the server's region budget.
+  ServerProcess small({"--backend=cpu", "--threads=1", "--allow_regions",
+                       "--region_memory_budget=65536"});
+  run = Cli("multiply --shm=auto --random=300 --check", small);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: RESOURCE_EXHAUSTED: "
+                                    "registering 360000 bytes would exceed the region budget"));
+  EXPECT_THAT(run.output, HasSubstr("): OK"));
+
+  ServerProcess* elsewhere = ElsewhereServer();
+  if (elsewhere == nullptr) GTEST_SKIP() << "no mount namespaces here (unshare -m failed)";
+  run = Cli("multiply --shm=auto --random=300 --mode=stream --check", *elsewhere);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: the server cannot open "
+                                    "this host's shared memory"));
+  EXPECT_THAT(run.output, HasSubstr("NOT_FOUND"));
+  EXPECT_THAT(run.output, HasSubstr("mode:       stream"));
+}
+
+TEST(CliShmTest, OnFailsWhenItCannot) {
+  CliRun run = Cli("multiply --shm=on --random=64", RegionsOffServer());
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("error: FAILED_PRECONDITION: --shm: "));
+  EXPECT_THAT(run.output, Not(HasSubstr("mode:")));
+  run = Cli("multiply --shm=maybe --random=64", RegionsServer());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--shm=maybe is not valid"));
+}
+
+TEST(CliShmTest, OffIsTheDefault) {
+  CliRun run = Cli("multiply --random=64 --check", RegionsServer());
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
+}
+
+}  // namespace
+}  // namespace dgmm
