@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,6 +79,7 @@ class ActiveJob {
   absl::Time arrived_;
   absl::Time admitted_;
   Reservation reservation_;
+  int64_t lines_ = 0;  // the job's lines (rows or columns), for its group's log line
   std::unique_ptr<JobContext> context_;
   StageTimes times_;
   v1::JobStats stats_;
@@ -128,6 +130,9 @@ class Engine {
   v1::GetServerInfoResponse Info() const;
   // Latency histogram of completed jobs, per mode ("unary", "stream").
   LatencyHistogram Latency(JobMode mode) const;
+  // Parts of job groups (JobHeader.group) that ended, by outcome
+  // ("completed" or an Outcome name); no per-group label (unbounded).
+  std::map<std::string, int64_t> GroupParts() const;
 
   // True once Drain has begun.
   bool draining() const { return draining_; }
@@ -159,6 +164,10 @@ class Engine {
   absl::StatusOr<Route> RouteJob(const JobRequest& job, JobMode mode) const;
   absl::Status TooLarge(const Problem& p, JobMode mode, const Route& r) const;
   void JobEnded(ActiveJob* job, const absl::Status& status);
+  // Counts and logs the end of one part of a job group (job_id 0: it ended
+  // before admission).
+  void GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
+                      const absl::Status& status);
   void NotifyServing();
 
   EngineOptions options_;
@@ -173,6 +182,7 @@ class Engine {
   std::function<void(bool)> serving_listener_;
   mutable std::mutex latency_mu_;
   LatencyHistogram latency_[2];
+  std::map<std::string, int64_t> group_parts_;  // guarded by latency_mu_
 };
 
 }  // namespace dgmm
