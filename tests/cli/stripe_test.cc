@@ -6,7 +6,10 @@
 // final error, with every reservation returned.
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <memory>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -387,6 +390,97 @@ TEST(StripeGroupEndTest, OnePartsFinalErrorCancelsTheOthers) {
     return ended == 4;
   })) << server.Log();
   EXPECT_LT(completed, 4u) << server.Log();
+}
+
+
+// The job ids (admission order) of the parts of group `id` in a server log.
+std::vector<int64_t> GroupJobIds(const std::string& log, const std::string& id) {
+  std::vector<int64_t> ids;
+  const std::string key = absl::StrCat(" group ", id, " lines [");
+  for (size_t at = log.find(key); at != std::string::npos; at = log.find(key, at + 1)) {
+    const size_t job = log.rfind("dgmm: job ", at);
+    ids.push_back(std::stoll(log.substr(job + 10, at - job - 10)));
+  }
+  return ids;
+}
+
+TEST(StripeAdmissionTest, StartedGroupIsNotStarvedByOtherGroups) {
+  // Three fair-share clients (one bearer token each). The budget holds two
+  // streamed parts. Group G (client 1) starts: two parts run, two wait.
+  // Then groups H and I (clients 2 and 3) queue 4 parts each. Under the
+  // clients-in-turn order alone, H's and I's first parts (rank 0) would go
+  // ahead of G's waiting parts (rank 1 and 2 while G has a part running);
+  // a started group's parts go first, so G's 4 parts are admitted (job ids
+  // are given at admission) before any part of H or I.
+  const std::string dir = ::testing::TempDir();
+  const std::string tokens = dir + "/stripe_tokens";
+  {
+    FILE* f = std::fopen(tokens.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("token-g\ntoken-h\ntoken-i\n", f);
+    std::fclose(f);
+  }
+  // A streamed part needs 2 x 4 blocks x 64 KiB plus its 8 KiB diagonal.
+  ServerProcess server({"--backend=cpu", "--threads=2", "--max_block_bytes=65536",
+                        "--host_memory_budget=1100000", "--max_client_share_percent=100",
+                        "--auth_token_file=" + tokens, "--max_head_wait_ms=60000"});
+  auto make = [&](const std::string& token) {
+    ClientOptions options;
+    options.stripes = 4;
+    options.chunk_bytes = 65536;
+    options.bearer_token = token;
+    options.deadline = absl::Seconds(60);
+    return std::make_unique<Client>(server.address(), options);
+  };
+  std::unique_ptr<Client> g = make("token-g"), h = make("token-h"), i = make("token-i");
+  // G: 128 MiB in 4 parts of 32 MiB, each long enough for H and I to queue.
+  Operands<float> g_ops(16384, 2048, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 31);
+  Operands<float> h_ops(1024, 2048, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 32);
+  Operands<float> i_ops(1024, 2048, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 33);
+  std::vector<float> g_out = g_ops.NanOutput(), h_out = h_ops.NanOutput(),
+                     i_out = i_ops.NanOutput();
+  absl::StatusOr<JobResult> g_r, h_r, i_r;
+  std::thread g_thread([&] { g_r = g->Multiply(g_ops.MakeJob(), g_out.data(), g_out.size() * 4); });
+  auto load = [&] {
+    ClientOptions o;
+    o.bearer_token = "token-g";
+    Client c(server.address(), o);
+    Load l;
+    absl::StatusOr<v1::GetServerInfoResponse> info = c.GetServerInfo();
+    if (!info.ok()) return l;
+    for (const v1::DeviceInfo& d : info->devices()) {
+      l.running += d.running_jobs();
+      l.queued += d.queued_jobs();
+    }
+    return l;
+  };
+  ASSERT_TRUE(WaitUntil([&] {
+    const Load l = load();
+    return l.running == 2 && l.queued == 2;
+  }, 20000)) << server.Log();
+  std::thread h_thread([&] { h_r = h->Multiply(h_ops.MakeJob(), h_out.data(), h_out.size() * 4); });
+  std::thread i_thread([&] { i_r = i->Multiply(i_ops.MakeJob(), i_out.data(), i_out.size() * 4); });
+  // Every part of H and I waits while G still has parts waiting.
+  bool all_queued = WaitUntil([&] { return load().queued == 10; }, 20000);
+  g_thread.join();
+  h_thread.join();
+  i_thread.join();
+  ASSERT_TRUE(all_queued) << "H and I did not queue while G had parts waiting; " << server.Log();
+  ASSERT_TRUE(g_r.ok()) << g_r.status();
+  ASSERT_TRUE(h_r.ok()) << h_r.status();
+  ASSERT_TRUE(i_r.ok()) << i_r.status();
+  EXPECT_LE(g_ops.MaxRelativeError(g_out), Tolerance<float>());
+  EXPECT_LE(h_ops.MaxRelativeError(h_out), Tolerance<float>());
+  EXPECT_LE(i_ops.MaxRelativeError(i_out), Tolerance<float>());
+  const std::string log = server.Log();
+  const std::vector<int64_t> g_ids = GroupJobIds(log, g_r->stats.group().id());
+  std::vector<int64_t> others = GroupJobIds(log, h_r->stats.group().id());
+  for (int64_t id : GroupJobIds(log, i_r->stats.group().id())) others.push_back(id);
+  ASSERT_EQ(g_ids.size(), 4u) << log;
+  ASSERT_EQ(others.size(), 8u) << log;
+  EXPECT_LT(*std::max_element(g_ids.begin(), g_ids.end()),
+            *std::min_element(others.begin(), others.end()))
+      << log;
 }
 
 }  // namespace

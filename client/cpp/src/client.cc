@@ -18,6 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "dgmm/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -69,6 +71,25 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
     credentials = options.credentials;
   }
   return grpc::CreateCustomChannel(target, credentials, args);
+}
+
+// The target of lane `i`. A fresh round_robin channel sends its first calls
+// to the first of its addresses to connect, and every lane's picks then
+// advance in step (one part each per job): with the same address list all
+// parts would go to one replica. So lane i of an "ipv4:"/"ipv6:" list under
+// round_robin gets the list rotated by i, and the lanes start on different
+// replicas. Other targets (a DNS name) are used as they are.
+std::string LaneTarget(const std::string& target, const std::string& lb_policy, int i) {
+  if (lb_policy != "round_robin" || i == 0) return target;
+  const size_t colon = target.find(':');
+  if (colon == std::string::npos) return target;
+  const std::string scheme = target.substr(0, colon);
+  if (scheme != "ipv4" && scheme != "ipv6") return target;
+  std::vector<std::string> addresses = absl::StrSplit(target.substr(colon + 1), ',');
+  if (addresses.size() < 2) return target;
+  std::rotate(addresses.begin(), addresses.begin() + static_cast<long>(i % addresses.size()),
+              addresses.end());
+  return absl::StrCat(scheme, ":", absl::StrJoin(addresses, ","));
 }
 
 v1::JobHeader MakeHeader(const Job& job) {
@@ -334,7 +355,9 @@ Client::Lane* Client::GetLane(int i) {
     // MakeChannel uses a local subchannel pool: each lane's channel makes its
     // own TCP connection(s), and with round_robin its own picks.
     auto lane = std::make_unique<Lane>();
-    lane->channel = MakeChannel(target_, options_);
+    lane->channel = MakeChannel(LaneTarget(target_, options_.load_balancing_policy,
+                                           static_cast<int>(lanes_.size())),
+                                options_);
     lane->stub = std::make_unique<grpc::GenericStub>(lane->channel);
     lanes_.push_back(std::move(lane));
   }
@@ -554,6 +577,13 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
       return absl::OkStatus();
     }
     done += attempt.lines_received;
+    if (done == range.lines) {
+      // Every line arrived and only the final stats were lost: the part is
+      // complete (a retry would have nothing to send).
+      v1::JobStats& stats = run->stats[static_cast<size_t>(index)];
+      *stats.mutable_group() = header.group();
+      return absl::OkStatus();
+    }
     if (run->Failed()) return attempt.result.status();
     std::optional<absl::Duration> wait;
     if (attempt.retryable) {
