@@ -132,6 +132,7 @@ TEST(StripeFaultTest, ReplicaKilledMidJob) {
   const auto t3 = std::chrono::steady_clock::now();
   // No line received twice.
   EXPECT_EQ(r->received_bytes, total);
+  EXPECT_GE(r->resumed, 1);
   const int k = r->stripes;
   EXPECT_EQ(k, 8);
   EXPECT_GT(r->attempts, k) << "no part was retried: the killed replica ran none";

@@ -375,6 +375,9 @@ TEST(StripeGroupEndTest, OnePartsFinalErrorCancelsTheOthers) {
   absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), c.data(), c.size() * 4);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("max_queued_per_client"));
+  // Every part made one attempt (or was cancelled before making one).
+  EXPECT_GE(AttemptsOf(r.status()), 1);
+  EXPECT_LE(AttemptsOf(r.status()), 4);
   EXPECT_TRUE(WaitIdle(server.address())) << server.Log();
   // Every part ended on the server (a line each), not all of them completed.
   size_t ended = 0;

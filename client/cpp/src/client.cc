@@ -16,6 +16,8 @@
 #include <vector>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +33,8 @@ namespace dgmm {
 namespace {
 
 constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
+// The status payload that carries a failed job's attempts (AttemptsOf).
+constexpr char kAttemptsPayload[] = "type.dgmm.dev/dgmm.client.attempts";
 
 // A duration as a channel argument in ms (CheckClientOptions rejects those
 // out of range; this only keeps the conversion defined for them).
@@ -154,6 +158,7 @@ struct Client::JobRun {
   std::vector<v1::JobStats> stats;
   std::vector<TransferMode> first_mode;
   std::atomic<int64_t> received_bytes{0};
+  std::atomic<int> resumed{0};
 
   // Progress: per part, bytes sent and received (received lines kept over
   // resumes); calls to the user's callback never overlap.
@@ -263,6 +268,13 @@ size_t ElementSize(v1::DType dtype) {
 
 const char* TransferModeName(TransferMode mode) {
   return mode == TransferMode::kUnary ? "unary" : "stream";
+}
+
+int AttemptsOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kAttemptsPayload);
+  int attempts = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &attempts)) return 0;
+  return attempts;
 }
 
 TransferMode ChooseTransferMode(int64_t request_bytes, int64_t max_unary_message_bytes,
@@ -479,7 +491,13 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   }
   {
     absl::MutexLock lock(&run.mu);
-    if (run.failed) return run.first_error;
+    if (run.failed) {
+      int attempts = 0;
+      for (int a : run.attempts) attempts += a;
+      absl::Status failed = run.first_error;
+      failed.SetPayload(kAttemptsPayload, absl::Cord(absl::StrCat(attempts)));
+      return failed;
+    }
   }
   for (const absl::Status& s : outcomes) {
     if (!s.ok()) return s;  // not reached: a part's final error fails the run
@@ -491,6 +509,7 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   for (int a : run.attempts) result.attempts += a;
   result.part_stats = run.stats;
   result.received_bytes = run.received_bytes.load();
+  result.resumed = run.resumed.load();
   result.stats = run.stats[0];
   if (k > 1) {
     int64_t h2d = 0, compute = 0, d2h = 0, queue = 0, total = 0;
@@ -599,6 +618,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
       run->Fail(final_status);
       return final_status;
     }
+    if (attempt.lines_received > 0) run->resumed++;
     if (!run->Sleep(*wait)) return absl::CancelledError("another part of the job failed");
   }
 }

@@ -224,7 +224,14 @@ struct JobResult {
   // Result bytes received over every attempt of every part. Equal to the
   // matrix's size: a resumed part never receives a line twice.
   int64_t received_bytes = 0;
+  // Retries that resumed a stream after part of its result had arrived.
+  int resumed = 0;
 };
+
+// Attempts a failed job made over all its parts (a Multiply error carries
+// them as a status payload); 0 when the status has none (an error found
+// before any call, or another status).
+int AttemptsOf(const absl::Status& status);
 
 // The client policy as pure functions (docs/protocol.md; the conformance
 // suite's policy vectors check them).
