@@ -211,6 +211,27 @@ TEST(StripePolicyTest, PureFunctions) {
   EXPECT_THAT(Client::Create("127.0.0.1:1", options).status().message(), HasSubstr("stripes"));
 }
 
+TEST(StripeCliTest, StripesFlagIsPrintedBeforeTheJobAndUsed) {
+  std::string out;
+  const std::string base = absl::StrCat(testing::CliBinary(), " multiply --server=",
+                                        SharedServer().address(), " --random=300 --cols=100");
+  ASSERT_EQ(testing::RunCommand(base + " --stripes=3 --check --backend=cpu", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("stripes:    3 (--stripes), mode unary"));
+  EXPECT_THAT(out, HasSubstr("mode:       unary, 3 stripes, 3 attempts"));
+  EXPECT_THAT(out, HasSubstr("max relative error"));
+  EXPECT_LT(out.find("stripes:    3"), out.find("job "));
+  // Auto: a 120 KB job is not striped.
+  ASSERT_EQ(testing::RunCommand(base + " --backend=BACKEND_CPU", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("stripes:    1 (auto), mode unary"));
+  // Backend names per the policy: anything else is refused before any call.
+  for (const char* bad : {"cuda_kernel", "cuda", "gpu"}) {
+    ASSERT_EQ(testing::RunCommand(absl::StrCat(base, " --backend=", bad), &out), 2) << out;
+    EXPECT_THAT(out, HasSubstr("INVALID_ARGUMENT")) << bad;
+  }
+  ASSERT_EQ(testing::RunCommand(base + " --stripes=-1", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("stripes"));
+}
+
 // A unary request with `group`, sent with the generated stub.
 grpc::Status SendGroup(const v1::JobGroup& group, v1::MultiplyResponse* response) {
   auto stub = v1::Dgmm::NewStub(
@@ -280,6 +301,33 @@ TEST(StripeServerTest, ValidatesAndEchoesTheGroup) {
       [] { return SharedServer().Log().find("group Ab0._-z lines [4,10) of 10 (3 parts): completed") !=
                   std::string::npos; }))
       << SharedServer().Log();
+}
+
+TEST(StripeServerTest, GroupPartsAreCountedByOutcomeInMetrics) {
+  ServerProcess server({"--backend=cpu", "--threads=2", "--metrics_listen=127.0.0.1:0"});
+  ClientOptions options;
+  options.stripes = 3;
+  Client client(server.address(), options);
+  Operands<float> ops(30, 20, v1::LAYOUT_COL_MAJOR, v1::SIDE_LEFT, 15);
+  std::vector<float> c = ops.NanOutput();
+  ASSERT_TRUE(client.Multiply(ops.MakeJob(), c.data(), c.size() * 4).ok());
+  EXPECT_LE(ops.MaxRelativeError(c), Tolerance<float>());
+  // A job that is not striped is no group's part.
+  Client plain(server.address());
+  ASSERT_TRUE(plain.Multiply(ops.MakeJob(), c.data(), c.size() * 4).ok());
+  const std::string log = server.Log();
+  const size_t at = log.find("/metrics (port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::string body;
+  ASSERT_EQ(testing::RunCommand(absl::StrCat("curl -sf http://127.0.0.1:",
+                                             std::stoi(log.substr(at + 15)), "/metrics"),
+                                &body),
+            0)
+      << body;
+  EXPECT_THAT(body, HasSubstr("# TYPE dgmm_group_parts_total counter"));
+  EXPECT_THAT(body, HasSubstr("dgmm_group_parts_total{outcome=\"completed\"} 3\n"));
+  // No label carries a group id.
+  EXPECT_EQ(body.find("group=\""), std::string::npos);
 }
 
 // Sum of reserved bytes and of running and queued jobs over the devices.
