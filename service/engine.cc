@@ -179,11 +179,17 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
                                                 StartCallback done, const std::string& client) {
   if (draining_) {
     admission_->RecordOutcome(0, Outcome::kUnavailable);
-    return absl::UnavailableError("server is draining; retry on another replica");
+    const absl::Status draining =
+        absl::UnavailableError("server is draining; retry on another replica");
+    if (job.group.has_value()) GroupPartEnded(*job.group, job.problem.lines(), 0, draining);
+    return draining;
   }
   auto route = RouteJob(job, mode);
   if (!route.ok()) {
     admission_->RecordOutcome(0, OutcomeOf(route.status()));
+    if (job.group.has_value()) {
+      GroupPartEnded(*job.group, job.problem.lines(), 0, route.status());
+    }
     return route.status();
   }
   const Problem problem = job.problem;
@@ -245,7 +251,8 @@ void Engine::RecordRejected(const absl::Status& s) { admission_->RecordOutcome(0
 
 void Engine::GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
                             const absl::Status& status) {
-  const std::string outcome = status.ok() ? "completed" : std::string(OutcomeName(OutcomeOf(status)));
+  const std::string outcome =
+      status.ok() ? "completed" : std::string(OutcomeName(OutcomeOf(status)));
   {
     std::lock_guard lock(latency_mu_);
     group_parts_[outcome]++;
