@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <functional>
 #include <limits>
 #include <random>
@@ -136,7 +138,8 @@ struct Client::Attempt {
 };
 
 // What the parts of one logical job share: the job, the first final error
-// (which cancels the other parts), the calls in flight, and progress.
+// (which cancels the other parts), the calls in flight, and progress. Its
+// locks are std::mutex, which the thread sanitizer can see.
 struct Client::JobRun {
   const Job* job = nullptr;
   char* out = nullptr;
@@ -149,11 +152,13 @@ struct Client::JobRun {
   size_t matrix_bytes = 0;
   bool slice_diagonal = false;  // the diagonal runs along the lines
 
-  absl::Mutex mu;
-  bool failed ABSL_GUARDED_BY(mu) = false;
-  absl::Status first_error ABSL_GUARDED_BY(mu);
-  std::vector<grpc::ClientContext*> live ABSL_GUARDED_BY(mu);
-  // Per part: the attempts made, its final stats, the mode of its first attempt.
+  std::mutex mu;
+  std::condition_variable failed_cv;
+  bool failed = false;                    // guarded by mu
+  absl::Status first_error;               // guarded by mu
+  std::vector<grpc::ClientContext*> live;  // guarded by mu
+  // Per part (each written by its own part's thread, read after the join):
+  // the attempts made, its final stats, the mode of its first attempt.
   std::vector<int> attempts;
   std::vector<v1::JobStats> stats;
   std::vector<TransferMode> first_mode;
@@ -163,41 +168,44 @@ struct Client::JobRun {
   // Progress: per part, bytes sent and received (received lines kept over
   // resumes); calls to the user's callback never overlap.
   const ProgressCallback* progress = nullptr;
-  absl::Mutex progress_mu;
-  std::vector<int64_t> sent ABSL_GUARDED_BY(progress_mu);
-  std::vector<int64_t> received ABSL_GUARDED_BY(progress_mu);
+  std::mutex progress_mu;
+  std::vector<int64_t> sent;      // guarded by progress_mu
+  std::vector<int64_t> received;  // guarded by progress_mu
 
   bool Failed() {
-    absl::MutexLock lock(&mu);
+    std::lock_guard lock(mu);
     return failed;
   }
   // The first final error ends the job: cancels every call in flight.
   void Fail(const absl::Status& status) {
-    absl::MutexLock lock(&mu);
-    if (failed) return;
-    failed = true;
-    first_error = status;
-    for (grpc::ClientContext* c : live) c->TryCancel();
+    {
+      std::lock_guard lock(mu);
+      if (failed) return;
+      failed = true;
+      first_error = status;
+      for (grpc::ClientContext* c : live) c->TryCancel();
+    }
+    failed_cv.notify_all();
   }
   // A call starting; cancelled at once when the job has already failed.
   void Register(grpc::ClientContext* context) {
-    absl::MutexLock lock(&mu);
+    std::lock_guard lock(mu);
     live.push_back(context);
     if (failed) context->TryCancel();
   }
   void Unregister(grpc::ClientContext* context) {
-    absl::MutexLock lock(&mu);
+    std::lock_guard lock(mu);
     live.erase(std::find(live.begin(), live.end(), context));
   }
   // Waits `wait`, or less when the job fails meanwhile; false if it failed.
   bool Sleep(absl::Duration wait) {
-    absl::MutexLock lock(&mu);
-    mu.AwaitWithTimeout(absl::Condition(&failed), wait);
+    std::unique_lock lock(mu);
+    failed_cv.wait_for(lock, absl::ToChronoNanoseconds(wait), [this] { return failed; });
     return !failed;
   }
   void Progress(int part, int64_t sent_bytes, int64_t received_bytes) {
     if (progress == nullptr || !*progress) return;
-    absl::MutexLock lock(&progress_mu);
+    std::lock_guard lock(progress_mu);
     sent[part] = sent_bytes;
     received[part] = received_bytes;
     int64_t total_sent = 0;
@@ -360,7 +368,7 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
 }
 
 Client::Lane* Client::GetLane(int i) {
-  absl::MutexLock lock(&lanes_mu_);
+  std::lock_guard lock(lanes_mu_);
   // Without a target every part shares the one channel it was given.
   if (target_.empty()) return lanes_.front().get();
   while (static_cast<int>(lanes_.size()) <= i) {
@@ -474,7 +482,7 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   run.first_mode.assign(k, TransferMode::kUnary);
   run.progress = &progress;
   {
-    absl::MutexLock lock(&run.progress_mu);
+    std::lock_guard lock(run.progress_mu);
     run.sent.assign(k, 0);
     run.received.assign(k, 0);
   }
@@ -490,7 +498,7 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
     for (std::thread& t : threads) t.join();
   }
   {
-    absl::MutexLock lock(&run.mu);
+    std::lock_guard lock(run.mu);
     if (run.failed) {
       int attempts = 0;
       for (int a : run.attempts) attempts += a;

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,7 +48,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dgmm/credentials.h"
 #include "dgmm/v1/dgmm.grpc.pb.h"
@@ -350,8 +350,10 @@ class Client {
   // For Multiply/MultiplyStream, whose payloads are sent from the caller's
   // memory and received into it without proto copies (see proto/wire.h):
   // one lane per stripe, each its own connection.
-  absl::Mutex lanes_mu_;
-  std::vector<std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(lanes_mu_);
+  // A std::mutex rather than absl::Mutex: the thread sanitizer can see it
+  // (Debian's Abseil is not instrumented).
+  std::mutex lanes_mu_;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // guarded by lanes_mu_
 };
 
 // For a short-lived program (a command-line tool, a batch job): call first
