@@ -15,6 +15,7 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
     device_pool_ = other.device_pool_;
     device_bytes_ = other.device_bytes_;
     client_ = std::move(other.client_);
+    group_ = std::move(other.group_);
     other.owner_ = nullptr;
   }
   return *this;
@@ -24,7 +25,7 @@ void Reservation::Release() {
   if (owner_ == nullptr) return;
   Admission* owner = owner_;
   owner_ = nullptr;
-  owner->Return(host_bytes_, device_pool_, device_bytes_, client_);
+  owner->Return(host_bytes_, device_pool_, device_bytes_, client_, group_);
 }
 
 Admission::Admission(std::vector<Pool> pools, int max_queue, absl::Duration max_head_wait,
@@ -56,7 +57,13 @@ bool Admission::FitsLocked(const Need& n) const {
   return dev.reserved + n.device_bytes <= dev.config.capacity;
 }
 
-Reservation Admission::TakeLocked(const Need& n, const std::string& client) {
+Reservation Admission::TakeLocked(const Need& n, const std::string& client,
+                                  const std::string& group) {
+  if (!group.empty()) {
+    GroupState& g = groups_[group];
+    g.running++;
+    g.admitted++;
+  }
   pools_[0].reserved += n.host_bytes;
   if (n.device_pool != 0) pools_[n.device_pool].reserved += n.device_bytes;
   pools_[n.device_pool].running++;
@@ -70,7 +77,15 @@ Reservation Admission::TakeLocked(const Need& n, const std::string& client) {
   r.device_pool_ = n.device_pool;
   r.device_bytes_ = n.device_bytes;
   r.client_ = client;
+  r.group_ = group;
   return r;
+}
+
+bool Admission::GroupStartedLocked(const Waiter& w) const {
+  if (w.group.empty()) return false;
+  const auto g = groups_.find(w.group);
+  return g != groups_.end() && g->second.admitted > 0 &&
+         g->second.admitted < 2 * static_cast<int64_t>(w.parts);
 }
 
 bool Admission::WithinShareLocked(const ClientState& client, const Need& n) const {
@@ -104,6 +119,12 @@ std::list<Admission::Waiter>::iterator Admission::EraseLocked(std::list<Waiter>:
   if (c != clients_.end() && --c->second.queued == 0 && c->second.running == 0) {
     clients_.erase(c);
   }
+  if (!it->group.empty()) {
+    auto g = groups_.find(it->group);
+    if (g != groups_.end() && --g->second.queued == 0 && g->second.running == 0) {
+      groups_.erase(g);
+    }
+  }
   return queue_.erase(it);
 }
 
@@ -113,7 +134,8 @@ void Admission::Run(Fired& fired) {
 }
 
 absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time deadline,
-                                                    Callback cb, const std::string& client) {
+                                                    Callback cb, const std::string& client,
+                                                    const GroupRef& group) {
   Fired fired;
   Ticket ticket;
   {
@@ -152,7 +174,12 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
     }
     ticket = next_ticket_++;
     clients_[client].queued++;
-    queue_.push_back(Waiter{ticket, need, deadline, absl::Now(), std::move(cb), client});
+    // Known by client and id: one client cannot take another's group's turn.
+    std::string group_key =
+        group.id.empty() ? std::string() : absl::StrCat(client, "\x1f", group.id);
+    if (!group_key.empty()) groups_[group_key].queued++;
+    queue_.push_back(Waiter{ticket, need, deadline, absl::Now(), std::move(cb), client,
+                            std::move(group_key), std::max(group.parts, 1)});
     PumpLocked(&fired);
   }
   timer_cv_.notify_all();
@@ -164,7 +191,9 @@ void Admission::PumpLocked(Fired* fired) {
   if (queue_.empty()) return;
   // Clients in turn: a waiter's rank is its client's admitted jobs plus the
   // client's waiters ahead of it; lower ranks first, arrival order within.
+  // Before all of them: the parts of groups that have a part running.
   struct Entry {
+    bool started_group;
     int rank;
     std::list<Waiter>::iterator it;
   };
@@ -173,11 +202,14 @@ void Admission::PumpLocked(Fired* fired) {
   std::map<std::string, int> seen;
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
     int& k = seen[it->client];
-    order.push_back({clients_[it->client].running + k, it});
+    order.push_back({GroupStartedLocked(*it), clients_[it->client].running + k, it});
     ++k;
   }
   std::stable_sort(order.begin(), order.end(),
-                   [](const Entry& a, const Entry& b) { return a.rank < b.rank; });
+                   [](const Entry& a, const Entry& b) {
+                     if (a.started_group != b.started_group) return a.started_group;
+                     return a.rank < b.rank;
+                   });
   const absl::Time now = absl::Now();
   const Waiter* blocked_head = nullptr;
   for (const Entry& e : order) {
@@ -187,7 +219,7 @@ void Admission::PumpLocked(Fired* fired) {
       continue;  // waits for one of its client's own jobs to end
     }
     if (FitsLocked(w.need)) {
-      fired->emplace_back(std::move(w.cb), TakeLocked(w.need, w.client));
+      fired->emplace_back(std::move(w.cb), TakeLocked(w.need, w.client, w.group));
       EraseLocked(e.it);
     } else if (blocked_head == nullptr) {
       blocked_head = &w;
@@ -236,10 +268,13 @@ void Admission::Close() {
 }
 
 void Admission::Return(int64_t host_bytes, int device_pool, int64_t device_bytes,
-                       const std::string& client) {
+                       const std::string& client, const std::string& group) {
   Fired fired;
   {
     std::lock_guard lock(mu_);
+    if (auto g = groups_.find(group); !group.empty() && g != groups_.end()) {
+      if (--g->second.running == 0 && g->second.queued == 0) groups_.erase(g);
+    }
     pools_[0].reserved -= host_bytes;
     if (device_pool != 0) pools_[device_pool].reserved -= device_bytes;
     pools_[device_pool].running--;

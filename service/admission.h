@@ -19,7 +19,12 @@
 // jobs do not wait behind a huge one, but only while the head has waited less
 // than `max_head_wait`; after that nothing passes the head until it is
 // admitted, so that a huge job does not wait forever behind a stream of small
-// ones. Thread-safe.
+// ones. Job groups (the parts of one striped job, JobHeader.group): once a
+// part of a group is admitted and running, the group's queued parts go ahead
+// of every other waiter (other groups' parts and lone jobs), still under the
+// per-client limits and the head-wait rule, so that a started group is not
+// left half-run behind other groups. A group counts as started from its
+// first admitted part until none of its parts runs or waits. Thread-safe.
 #ifndef DGMM_SERVICE_ADMISSION_H_
 #define DGMM_SERVICE_ADMISSION_H_
 
@@ -62,6 +67,14 @@ class Reservation {
   int device_pool_ = 0;  // 0: host only
   int64_t device_bytes_ = 0;
   std::string client_;
+  std::string group_;  // Admission's key of the job's group; empty: none
+};
+
+// Which job group a job belongs to (JobHeader.group): its id and its number
+// of parts. An empty id: no group.
+struct GroupRef {
+  std::string id;
+  int parts = 1;
 };
 
 // What a job needs: host bytes, and device bytes from pool `device_pool`
@@ -114,8 +127,14 @@ class Admission {
   // `client` already has its most jobs waiting (both with a retry
   // pushback). Otherwise returns a ticket; `cb` runs when the job is
   // admitted, its deadline passes while queued, or it is cancelled.
+  // `group`: the job group the job is a part of (see the top of this file);
+  // a group is known by its client and id together, so that one client
+  // cannot jump the queue with another's group id. Its parts are put ahead
+  // once one of them has been admitted, for at most 2 x parts admissions
+  // (room for a retried part each), so that a group cannot keep the front
+  // for ever.
   absl::StatusOr<Ticket> Submit(const Need& need, absl::Time deadline, Callback cb,
-                                const std::string& client = "");
+                                const std::string& client = "", const GroupRef& group = {});
 
   // Ends a queued job with `why` (CANCELLED, or DEADLINE_EXCEEDED when the
   // caller's deadline is what ended it); no effect if it was already admitted
@@ -150,6 +169,14 @@ class Admission {
     absl::Time enqueued;
     Callback cb;
     std::string client;
+    std::string group;  // key in groups_, empty for none
+    int parts = 1;
+  };
+  // A group with a part running or waiting; forgotten when it has neither.
+  struct GroupState {
+    int running = 0;       // parts admitted and not released
+    int queued = 0;        // parts waiting
+    int64_t admitted = 0;  // parts admitted since the group was last idle
   };
   struct ClientState {
     int running = 0;
@@ -167,11 +194,14 @@ class Admission {
 
   friend class Reservation;
   void Return(int64_t host_bytes, int device_pool, int64_t device_bytes,
-              const std::string& client);
+              const std::string& client, const std::string& group);
+  // Whether a waiter's group has started (a part admitted since it was last
+  // idle) and may still go first.
+  bool GroupStartedLocked(const Waiter& w) const;
   bool FitsLocked(const Need& n) const;
   // Whether `client` may take `n` under the per-client limits now.
   bool WithinShareLocked(const ClientState& client, const Need& n) const;
-  Reservation TakeLocked(const Need& n, const std::string& client);
+  Reservation TakeLocked(const Need& n, const std::string& client, const std::string& group);
   int64_t PushbackMsLocked() const;
   // Removes a waiter from the queue and from its client's count.
   std::list<Waiter>::iterator EraseLocked(std::list<Waiter>::iterator it);
@@ -185,6 +215,7 @@ class Admission {
   std::vector<PoolState> pools_;
   std::list<Waiter> queue_;
   std::map<std::string, ClientState> clients_;  // clients with a job running or queued
+  std::map<std::string, GroupState> groups_;     // groups with a part running or queued
   const int max_queue_;
   const ClientLimits client_limits_;
   const absl::Duration max_head_wait_;

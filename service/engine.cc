@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "service/pipeline/block_pipeline.h"
+#include "service/util/log.h"
 #include "util/flag_names.h"
 
 namespace dgmm {
@@ -203,23 +204,31 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
                                                 StartCallback done, const std::string& client) {
   if (draining_) {
     admission_->RecordOutcome(0, Outcome::kUnavailable);
-    return absl::UnavailableError("server is draining; retry on another replica");
+    const absl::Status draining =
+        absl::UnavailableError("server is draining; retry on another replica");
+    if (job.group.has_value()) GroupPartEnded(*job.group, job.problem.lines(), 0, draining);
+    return draining;
   }
   auto route = RouteJob(job, mode);
   if (!route.ok()) {
     admission_->RecordOutcome(0, OutcomeOf(route.status()));
+    if (job.group.has_value()) {
+      GroupPartEnded(*job.group, job.problem.lines(), 0, route.status());
+    }
     return route.status();
   }
   const Problem problem = job.problem;
+  const std::optional<v1::JobGroup> group = job.group;
   auto on_admit = [this, r = *route, problem, mode, arrived, diag = std::string(job.diagonal),
-                   done = std::move(done)](absl::StatusOr<Reservation> res) mutable {
+                   group, done = std::move(done)](absl::StatusOr<Reservation> res) mutable {
     // Never run the job on the thread that freed the room (or inside Start).
     auto held = std::make_shared<absl::StatusOr<Reservation>>(std::move(res));
-    Post([this, r, problem, mode, arrived, diag = std::move(diag), done = std::move(done),
-          held]() mutable {
+    Post([this, r, problem, mode, arrived, diag = std::move(diag), group,
+          done = std::move(done), held]() mutable {
       absl::StatusOr<Reservation>& res = *held;
       if (!res.ok()) {
         admission_->RecordOutcome(r.pool, OutcomeOf(res.status()));
+        if (group.has_value()) GroupPartEnded(*group, problem.lines(), 0, res.status());
         done(res.status());
         return;
       }
@@ -238,6 +247,8 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
                                     : absl::StrCat("cuda:", r.device->index(), " ",
                                                    r.device->name()));
       active->stats_.set_device_index(r.device->index());
+      if (group.has_value()) *active->stats_.mutable_group() = *group;
+      active->lines_ = problem.lines();
       auto context = r.device->Begin(problem, r.backend,
                                      reinterpret_cast<const std::byte*>(diag.data()), mode,
                                      options_.limits.max_block_bytes);
@@ -250,15 +261,47 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
       done(std::move(active));
     });
   };
-  auto ticket = admission_->Submit(route->need, deadline, std::move(on_admit), client);
-  if (!ticket.ok()) admission_->RecordOutcome(route->pool, OutcomeOf(ticket.status()));
+  GroupRef group_ref;
+  if (job.group.has_value()) group_ref = {job.group->id(), job.group->parts()};
+  auto ticket =
+      admission_->Submit(route->need, deadline, std::move(on_admit), client, group_ref);
+  if (!ticket.ok()) {
+    admission_->RecordOutcome(route->pool, OutcomeOf(ticket.status()));
+    if (job.group.has_value()) GroupPartEnded(*job.group, problem.lines(), 0, ticket.status());
+  }
   return ticket;
 }
 
 void Engine::RecordRejected(const absl::Status& s) { admission_->RecordOutcome(0, OutcomeOf(s)); }
 
+void Engine::GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
+                            const absl::Status& status) {
+  const std::string outcome =
+      status.ok() ? "completed" : std::string(OutcomeName(OutcomeOf(status)));
+  {
+    std::lock_guard lock(latency_mu_);
+    group_parts_[outcome]++;
+  }
+  // One line per part, so that an operator (and the fault test) can follow a
+  // logical job's line ranges over the replicas.
+  LogInfo("job ", job_id, " group ", group.id(), " lines [", group.first_line(), ",",
+          group.first_line() + lines, ") of ", group.total_lines(), " (", group.parts(),
+          " parts): ", outcome,
+          status.ok() ? std::string()
+                      : absl::StrCat(" (", absl::StatusCodeToString(status.code()), ": ",
+                                     status.message(), ")"));
+}
+
+std::map<std::string, int64_t> Engine::GroupParts() const {
+  std::lock_guard lock(latency_mu_);
+  return group_parts_;
+}
+
 void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {
   admission_->RecordOutcome(job->pool_, OutcomeOf(status));
+  if (job->stats_.has_group()) {
+    GroupPartEnded(job->stats_.group(), job->lines_, job->stats_.job_id(), status);
+  }
   if (status.ok()) {
     const double seconds = static_cast<double>(job->stats_.total_ns()) * 1e-9;
     std::lock_guard lock(latency_mu_);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +80,7 @@ class ActiveJob {
   absl::Time arrived_;
   absl::Time admitted_;
   Reservation reservation_;
+  int64_t lines_ = 0;  // the job's lines (rows or columns), for its group's log line
   std::unique_ptr<JobContext> context_;
   StageTimes times_;
   v1::JobStats stats_;
@@ -134,6 +136,9 @@ class Engine {
   // Latency histogram of completed jobs, per mode ("unary", "stream",
   // "region": both region modes).
   LatencyHistogram Latency(JobMode mode) const;
+  // Parts of job groups (JobHeader.group) that ended, by outcome
+  // ("completed" or an Outcome name); no per-group label (unbounded).
+  std::map<std::string, int64_t> GroupParts() const;
 
   // True once Drain has begun.
   bool draining() const { return draining_; }
@@ -165,6 +170,10 @@ class Engine {
   absl::StatusOr<Route> RouteJob(const JobRequest& job, JobMode mode) const;
   absl::Status TooLarge(const Problem& p, JobMode mode, const Route& r) const;
   void JobEnded(ActiveJob* job, const absl::Status& status);
+  // Counts and logs the end of one part of a job group (job_id 0: it ended
+  // before admission).
+  void GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
+                      const absl::Status& status);
   void NotifyServing();
 
   EngineOptions options_;
@@ -179,6 +188,7 @@ class Engine {
   std::function<void(bool)> serving_listener_;
   mutable std::mutex latency_mu_;
   LatencyHistogram latency_[3];
+  std::map<std::string, int64_t> group_parts_;  // guarded by latency_mu_
 };
 
 }  // namespace dgmm

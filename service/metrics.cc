@@ -54,6 +54,12 @@ std::string RenderMetrics(const Engine& engine) {
                       "\"} ", n, "\n");
     }
   }
+  Family(&out, "dgmm_group_parts_total", "counter",
+         "Parts of striped jobs (JobHeader.group) that ended, by outcome (completed or the "
+         "reason).");
+  for (const auto& [outcome, n] : engine.GroupParts()) {
+    absl::StrAppend(&out, "dgmm_group_parts_total{outcome=\"", outcome, "\"} ", n, "\n");
+  }
   Family(&out, "dgmm_job_duration_seconds", "histogram",
          "Wall time of completed jobs from arrival to result, by mode.");
   for (JobMode mode : {JobMode::kWhole, JobMode::kStreamed, JobMode::kHostRegion}) {

@@ -12,8 +12,8 @@
 namespace dgmm {
 
 // The exposition text (format 0.0.4): per-device budget, reserved bytes,
-// queued/running jobs, completed and rejected totals by reason, and job
-// latency histograms by mode.
+// queued/running jobs, completed and rejected totals by reason, parts of
+// striped jobs by outcome, and job latency histograms by mode.
 std::string RenderMetrics(const Engine& engine);
 
 class MetricsServer {

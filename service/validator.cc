@@ -71,6 +71,36 @@ absl::StatusOr<std::optional<BackendKind>> ToBackend(int v) {
   }
 }
 
+// JobHeader.group of a job of `lines` lines (docs/protocol.md, striping).
+absl::Status ValidateGroup(const v1::JobGroup& g, int64_t lines) {
+  const std::string& id = g.id();
+  if (id.empty() || id.size() > 64) {
+    return Invalid(absl::StrCat("group.id has ", id.size(),
+                                " characters; it must have 1 to 64 of [A-Za-z0-9._-]"));
+  }
+  for (const char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return Invalid(absl::StrFormat(
+          "group.id contains the character 0x%02x; only [A-Za-z0-9._-] are allowed",
+          static_cast<unsigned char>(c)));
+    }
+  }
+  if (g.first_line() < 0) {
+    return Invalid(absl::StrCat("group.first_line is ", g.first_line(), "; it must be >= 0"));
+  }
+  if (g.total_lines() < lines || g.first_line() > g.total_lines() - lines) {
+    return Invalid(absl::StrCat("group.total_lines is ", g.total_lines(),
+                                "; it must be >= group.first_line (", g.first_line(),
+                                ") + this part's ", lines, " lines"));
+  }
+  if (g.parts() < 1) {
+    return Invalid(absl::StrCat("group.parts is ", g.parts(), "; it must be >= 1"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
@@ -142,6 +172,10 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
         "bytes, so it cannot be streamed in whole lines%s",
         row_major ? "row" : "column", p.line_bytes(), limits.max_block_bytes,
         advice.empty() ? std::string(" (--max_block_bytes)") : advice));
+  }
+  if (header.has_group()) {
+    if (absl::Status g = ValidateGroup(header.group(), p.lines()); !g.ok()) return g;
+    job.group = header.group();
   }
   job.diagonal = header.diagonal();
   return job;

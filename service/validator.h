@@ -32,11 +32,15 @@ struct JobRequest {
   std::optional<BackendKind> backend;
   // Jobs on CUDA IPC regions: the GPU ordinal they must run on; -1: any.
   int gpu = -1;
+  // JobHeader.group when set (one part of a striped job), validated.
+  std::optional<v1::JobGroup> group;
 };
 
 // Checks dims (positive, within max_dim), enums (known values), that
 // rows*cols*element size fits in int64, and the diagonal's length for the
-// side. INVALID_ARGUMENT for malformed headers, RESOURCE_EXHAUSTED for a shape
+// side, and the job group when set (id of 1-64 characters of [A-Za-z0-9._-],
+// first_line >= 0, first_line + lines <= total_lines, parts >= 1; the message
+// names the field). INVALID_ARGUMENT for malformed headers, RESOURCE_EXHAUSTED for a shape
 // over the limits. For streamed jobs it also checks that one line fits in a
 // block.
 absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,

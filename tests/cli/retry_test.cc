@@ -39,6 +39,11 @@ class FlakyDgmm final : public v1::Dgmm::Service {
     after_first_block_ = after_first_block;
   }
   int calls() const { return calls_.load(); }
+  // Rows of each MultiplyStream header received, in order.
+  std::vector<int64_t> stream_rows() {
+    absl::MutexLock lock(&mu_);
+    return stream_rows_;
+  }
   std::string last_authorization() {
     absl::MutexLock lock(&mu_);
     return last_authorization_;
@@ -61,6 +66,10 @@ class FlakyDgmm final : public v1::Dgmm::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no header");
     }
     const v1::JobHeader header = request.header();
+    {
+      absl::MutexLock lock(&mu_);
+      stream_rows_.push_back(header.rows());
+    }
     bool fail_after_block = false;
     if (std::optional<grpc::Status> failure = NextFailure(context, &fail_after_block);
         failure.has_value() && !fail_after_block) {
@@ -118,6 +127,7 @@ class FlakyDgmm final : public v1::Dgmm::Service {
   std::string pushback_ms_ ABSL_GUARDED_BY(mu_);
   bool after_first_block_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_authorization_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> stream_rows_ ABSL_GUARDED_BY(mu_);
 };
 
 class RetryTest : public ::testing::Test {
@@ -249,13 +259,21 @@ TEST_F(RetryTest, OtherCodesAreFinal) {
   }
 }
 
-TEST_F(RetryTest, StreamIsNotRepeatedOnceAResultBlockArrived) {
+// Issue 15's policy (docs/protocol.md): a stream lost after some result
+// lines arrived is resumed with only the lines not yet received.
+TEST_F(RetryTest, StreamIsResumedAfterTheLinesReceived) {
   Client client(address_, FastRetries());
   service_.FailNext(1, grpc::Status(grpc::StatusCode::UNAVAILABLE, "lost"), "",
                     /*after_first_block=*/true);
   absl::StatusOr<JobResult> r = Run(client, TransferMode::kStream);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
-  EXPECT_EQ(service_.calls(), 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(service_.calls(), 2);
+  EXPECT_EQ(r->attempts, 2);
+  EXPECT_EQ(r->resumed, 1);
+  // The first call delivered line 0; the second carried the other 5 only.
+  EXPECT_THAT(service_.stream_rows(), ::testing::ElementsAre(kRows, kRows - 1));
+  EXPECT_EQ(r->received_bytes, static_cast<int64_t>(sizeof(c_)));
+  EXPECT_TRUE(ResultIsRight());
 }
 
 TEST_F(RetryTest, BearerTokenTravelsWithEveryAttempt) {

@@ -50,8 +50,8 @@ std::string ServerAddress();
 
 // A client for ServerAddress() with the common flags applied; INVALID_ARGUMENT for
 // a flag value that does not parse or a file (--tls_*, --auth_token_file)
-// that cannot be read.
-absl::StatusOr<std::unique_ptr<Client>> MakeClient();
+// that cannot be read. `stripes`: ClientOptions.stripes (multiply --stripes).
+absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes = 0);
 
 // Lower-case names without the enum prefix: "cuda_kernel", "float32".
 std::string BackendName(v1::Backend backend);

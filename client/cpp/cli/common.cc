@@ -106,8 +106,9 @@ std::string ServerAddress() {
   return ServerFromListen(listen == nullptr ? "" : listen);
 }
 
-absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
+absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes) {
   ClientOptions options;
+  options.stripes = stripes;
   const double deadline = absl::GetFlag(FLAGS_deadline);
   if (deadline < 0 || !std::isfinite(deadline)) {
     return absl::InvalidArgumentError(

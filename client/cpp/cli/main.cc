@@ -17,7 +17,7 @@ scaled by d[i]) on the server's GPUs or CPU.
 Usage:
   dgmm-cli multiply --matrix=A.npy --diag=d.npy --out=C.npy [--side=right|left]
                     [--backend=auto|cpu|cuda-kernel|cublas] [--mode=auto|unary|stream]
-                    [--check] [common flags]
+                    [--stripes=K] [--check] [common flags]
   dgmm-cli multiply --random=N [--cols=M] [--dtype=f32|f64] [--layout=row|col]
                     [--side=right|left] [--seed=S] [--check] [--out=C.npy] ...
   dgmm-cli info [common flags]
@@ -57,6 +57,10 @@ multiply flags:
                        the server is on this host and runs with --allow_regions
                        (mode: shm): off (default); auto streams otherwise and says
                        why on stderr; on fails otherwise.
+  --stripes=K          Split the job into K line ranges, each on its own
+                       connection (spread over the replicas with round_robin);
+                       0 (default): auto, min(8, matrix bytes / 32 MiB), so jobs
+                       under 64 MiB go whole. K and the mode are printed first.
   --random=N           Random operands with N rows instead of files.
   --cols=M             With --random: columns (default N).
   --dtype=f32|f64      With --random: element type (default f32).

@@ -24,7 +24,11 @@ ABSL_FLAG(std::string, out, "", "Where to write C as .npy (A's shape, dtype and 
 ABSL_FLAG(std::string, side, "right",
           "right: C = A·diag(d), len(d) = cols; left: C = diag(d)·A, len(d) = rows.");
 ABSL_FLAG(std::string, backend, "auto",
-          "auto, cpu, cuda-kernel or cublas (a hint; auto is the server's best).");
+          "auto, cpu, cuda-kernel or cublas, or BACKEND_AUTO etc. (a hint; auto is the "
+          "server's best).");
+ABSL_FLAG(int, stripes, 0,
+          "Parts the job is striped into, each on its own connection; 0 (default): auto, "
+          "min(8, matrix bytes / 32 MiB), so jobs under 64 MiB go whole.");
 ABSL_FLAG(std::string, mode, "auto",
           "auto (one message when it fits, else streamed), unary or stream.");
 ABSL_FLAG(int64_t, random, 0,
@@ -73,17 +77,9 @@ absl::StatusOr<Choices> ParseChoices() {
     return BadFlag("side", side, "right or left");
   }
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend == "auto") {
-    c.backend = v1::BACKEND_AUTO;
-  } else if (backend == "cpu") {
-    c.backend = v1::BACKEND_CPU;
-  } else if (backend == "cuda-kernel" || backend == "cuda_kernel" || backend == "cuda") {
-    c.backend = v1::BACKEND_CUDA_KERNEL;
-  } else if (backend == "cublas") {
-    c.backend = v1::BACKEND_CUBLAS;
-  } else {
-    return BadFlag("backend", backend, "auto, cpu, cuda-kernel or cublas");
-  }
+  absl::StatusOr<v1::Backend> parsed = ParseBackendName(backend);
+  if (!parsed.ok()) return BadFlag("backend", backend, "auto, cpu, cuda-kernel or cublas");
+  c.backend = *parsed;
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "auto") {
     c.mode = Mode::kAuto;
@@ -202,7 +198,9 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode,
               static_cast<long long>(job.matrix.cols), DTypeName(job.matrix.dtype).c_str(),
               job.matrix.layout == v1::LAYOUT_COL_MAJOR ? "col-major" : "row-major",
               job.side == v1::SIDE_LEFT ? "left" : "right", FormatBytes(bytes).c_str());
-  std::printf("mode:       %s\n", mode);
+  std::printf("mode:       %s, %d stripe%s, %d attempt%s\n", mode,
+              result.stripes, result.stripes == 1 ? "" : "s", result.attempts,
+              result.attempts == 1 ? "" : "s");
   std::printf("backend:    %s on %s\n", BackendName(s.backend()).c_str(), s.device().c_str());
   std::printf(
       "timings:    queue wait %.3f ms, h2d %.3f ms, compute %.3f ms, d2h %.3f ms, "
@@ -212,6 +210,26 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode,
   const double seconds = absl::ToDoubleSeconds(wall);
   std::printf("throughput: %.3f GB/s (A sent + C received over client wall time)\n",
               seconds > 0 ? 2.0 * static_cast<double>(bytes) / seconds / 1e9 : 0.0);
+}
+
+// The striping and mode chosen for `job`, printed before it runs.
+void PrintPlan(const Job& job, Mode mode, const ClientOptions& options) {
+  const int64_t bytes =
+      static_cast<int64_t>(ElementSize(job.matrix.dtype)) * job.matrix.rows * job.matrix.cols;
+  const int64_t lines =
+      job.matrix.layout == v1::LAYOUT_COL_MAJOR ? job.matrix.cols : job.matrix.rows;
+  const int k = ChooseStripes(bytes, lines, options.stripes);
+  const LineRange first = SplitLines(lines, k).front();
+  const TransferMode part_mode =
+      mode == Mode::kUnary    ? TransferMode::kUnary
+      : mode == Mode::kStream ? TransferMode::kStream
+                              : ChooseTransferMode(first.lines * (bytes / lines) +
+                                                       static_cast<int64_t>(job.diagonal_bytes),
+                                                   options.max_unary_message_bytes,
+                                                   options.chunk_bytes);
+  std::printf("stripes:    %d (%s), mode %s\n", k, options.stripes == 0 ? "auto" : "--stripes",
+              TransferModeName(part_mode));
+  std::fflush(stdout);
 }
 
 absl::StatusOr<JobResult> Run(Client& client, const Job& job, Mode mode, void* out,
@@ -304,10 +322,11 @@ int RunMultiply() {
   }
   absl::StatusOr<Operands> ops = random ? RandomOperands(choices->side) : ReadOperands();
   if (!ops.ok()) return ReportError(ops.status(), kExitUsage);
-  absl::StatusOr<std::unique_ptr<Client>> client = MakeClient();
+  absl::StatusOr<std::unique_ptr<Client>> client = MakeClient(absl::GetFlag(FLAGS_stripes));
   if (!client.ok()) return ReportError(client.status(), kExitUsage);
 
   const Job job = MakeJob(*ops, *choices);
+  if (!absl::GetFlag(FLAGS_quiet)) PrintPlan(job, choices->mode, (*client)->options());
   NpyArray out(ops->matrix->header());
   const absl::Time start = absl::Now();
   std::optional<absl::StatusOr<JobResult>> shm_result;

@@ -5,13 +5,25 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <functional>
 #include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "dgmm/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -23,6 +35,8 @@ namespace dgmm {
 namespace {
 
 constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
+// The status payload that carries a failed job's attempts (AttemptsOf).
+constexpr char kAttemptsPayload[] = "type.dgmm.dev/dgmm.client.attempts";
 
 // A duration as a channel argument in ms (CheckClientOptions rejects those
 // out of range; this only keeps the conversion defined for them).
@@ -65,38 +79,23 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   return grpc::CreateCustomChannel(target, credentials, args);
 }
 
-// Runs `attempt` until it succeeds or RetryDelay says stop; a final error
-// after several attempts says how many.
-template <typename AttemptFn>
-absl::StatusOr<JobResult> WithRetries(const RetryPolicy& policy, absl::Time deadline,
-                                      const std::function<absl::Status()>& await_connection,
-                                      AttemptFn attempt) {
-  for (int made = 1;; ++made) {
-    if (made > 1) {
-      // A retried attempt first waits for a connection; one that finds none
-      // has waited its share and is not retried again.
-      if (absl::Status connected = await_connection(); !connected.ok()) {
-        return absl::Status(connected.code(), absl::StrCat(connected.message(), " (after ",
-                                                           made, " attempts)"));
-      }
-    }
-    auto [result, retryable, pushback] = attempt(/*retried=*/made > 1);
-    if (result.ok()) {
-      result->attempts = made;
-      return result;
-    }
-    std::optional<absl::Duration> wait;
-    if (retryable) {
-      wait = RetryDelay(policy, made, result.status(), pushback, absl::Now(), deadline,
-                        RandomJitter());
-    }
-    if (!wait.has_value()) {
-      if (made == 1) return result.status();
-      return absl::Status(result.status().code(),
-                          absl::StrCat(result.status().message(), " (after ", made, " attempts)"));
-    }
-    absl::SleepFor(*wait);
-  }
+// The target of lane `i`. A fresh round_robin channel sends its first calls
+// to the first of its addresses to connect, and every lane's picks then
+// advance in step (one part each per job): with the same address list all
+// parts would go to one replica. So lane i of an "ipv4:"/"ipv6:" list under
+// round_robin gets the list rotated by i, and the lanes start on different
+// replicas. Other targets (a DNS name) are used as they are.
+std::string LaneTarget(const std::string& target, const std::string& lb_policy, int i) {
+  if (lb_policy != "round_robin" || i == 0) return target;
+  const size_t colon = target.find(':');
+  if (colon == std::string::npos) return target;
+  const std::string scheme = target.substr(0, colon);
+  if (scheme != "ipv4" && scheme != "ipv6") return target;
+  std::vector<std::string> addresses = absl::StrSplit(target.substr(colon + 1), ',');
+  if (addresses.size() < 2) return target;
+  std::rotate(addresses.begin(), addresses.begin() + static_cast<long>(i % addresses.size()),
+              addresses.end());
+  return absl::StrCat(scheme, ":", absl::StrJoin(addresses, ","));
 }
 
 v1::JobHeader MakeHeader(const Job& job) {
@@ -134,6 +133,89 @@ struct Client::Attempt {
   // False when the failure must not be retried whatever its code.
   bool retryable = true;
   std::optional<absl::Duration> pushback;
+  // Result lines received (and placed) from the attempt's first line.
+  int64_t lines_received = 0;
+};
+
+// What the parts of one logical job share: the job, the first final error
+// (which cancels the other parts), the calls in flight, and progress. Its
+// locks are std::mutex, which the thread sanitizer can see.
+struct Client::JobRun {
+  const Job* job = nullptr;
+  char* out = nullptr;
+  absl::Time deadline;
+  std::optional<TransferMode> mode;  // nullopt: rule 1 per part
+  int stripes = 1;
+  std::string group_id;  // empty when stripes == 1
+  int64_t total_lines = 0;
+  size_t line_bytes = 0;
+  size_t matrix_bytes = 0;
+  bool slice_diagonal = false;  // the diagonal runs along the lines
+
+  std::mutex mu;
+  std::condition_variable failed_cv;
+  bool failed = false;                    // guarded by mu
+  absl::Status first_error;               // guarded by mu
+  std::vector<grpc::ClientContext*> live;  // guarded by mu
+  // Per part (each written by its own part's thread, read after the join):
+  // the attempts made, its final stats, the mode of its first attempt.
+  std::vector<int> attempts;
+  std::vector<v1::JobStats> stats;
+  std::vector<TransferMode> first_mode;
+  std::atomic<int64_t> received_bytes{0};
+  std::atomic<int> resumed{0};
+
+  // Progress: per part, bytes sent and received (received lines kept over
+  // resumes); calls to the user's callback never overlap.
+  const ProgressCallback* progress = nullptr;
+  std::mutex progress_mu;
+  std::vector<int64_t> sent;      // guarded by progress_mu
+  std::vector<int64_t> received;  // guarded by progress_mu
+
+  bool Failed() {
+    std::lock_guard lock(mu);
+    return failed;
+  }
+  // The first final error ends the job: cancels every call in flight.
+  void Fail(const absl::Status& status) {
+    {
+      std::lock_guard lock(mu);
+      if (failed) return;
+      failed = true;
+      first_error = status;
+      for (grpc::ClientContext* c : live) c->TryCancel();
+    }
+    failed_cv.notify_all();
+  }
+  // A call starting; cancelled at once when the job has already failed.
+  void Register(grpc::ClientContext* context) {
+    std::lock_guard lock(mu);
+    live.push_back(context);
+    if (failed) context->TryCancel();
+  }
+  void Unregister(grpc::ClientContext* context) {
+    std::lock_guard lock(mu);
+    live.erase(std::find(live.begin(), live.end(), context));
+  }
+  // Waits `wait`, or less when the job fails meanwhile; false if it failed.
+  bool Sleep(absl::Duration wait) {
+    std::unique_lock lock(mu);
+    failed_cv.wait_for(lock, absl::ToChronoNanoseconds(wait), [this] { return failed; });
+    return !failed;
+  }
+  void Progress(int part, int64_t sent_bytes, int64_t received_bytes) {
+    if (progress == nullptr || !*progress) return;
+    std::lock_guard lock(progress_mu);
+    sent[part] = sent_bytes;
+    received[part] = received_bytes;
+    int64_t total_sent = 0;
+    int64_t total_received = 0;
+    for (size_t i = 0; i < sent.size(); ++i) {
+      total_sent += sent[i];
+      total_received += received[i];
+    }
+    (*progress)(total_sent, total_received, static_cast<int64_t>(matrix_bytes));
+  }
 };
 
 void ConfigureGrpcForQuickExit() { setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0); }
@@ -173,6 +255,10 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
     }
     if (absl::Status tls = CheckTlsOptions(*options.tls); !tls.ok()) return tls;
   }
+  if (options.stripes < 0 || options.stripes > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.stripes is ", options.stripes, "; it must be from 0 (auto) to 256"));
+  }
   if (!options.bearer_token.empty()) return CheckBearerToken(options.bearer_token);
   return absl::OkStatus();
 }
@@ -190,6 +276,53 @@ size_t ElementSize(v1::DType dtype) {
 
 const char* TransferModeName(TransferMode mode) {
   return mode == TransferMode::kUnary ? "unary" : "stream";
+}
+
+int AttemptsOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kAttemptsPayload);
+  int attempts = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &attempts)) return 0;
+  return attempts;
+}
+
+TransferMode ChooseTransferMode(int64_t request_bytes, int64_t max_unary_message_bytes,
+                                int64_t chunk_bytes) {
+  const int64_t threshold = std::min(chunk_bytes, max_unary_message_bytes / 8 * 7);
+  return request_bytes <= threshold ? TransferMode::kUnary : TransferMode::kStream;
+}
+
+int ChooseStripes(int64_t matrix_bytes, int64_t lines, int stripes_option) {
+  constexpr int64_t kBytesPerStripe = int64_t{32} << 20;
+  int64_t k = stripes_option >= 1
+                  ? stripes_option
+                  : std::min<int64_t>(8, std::max<int64_t>(1, matrix_bytes / kBytesPerStripe));
+  k = std::min(k, std::max<int64_t>(lines, 1));
+  return static_cast<int>(k);
+}
+
+std::vector<LineRange> SplitLines(int64_t lines, int stripes) {
+  std::vector<LineRange> ranges;
+  const int64_t k = std::max(1, stripes);
+  const int64_t base = lines / k;
+  const int64_t extra = lines % k;
+  int64_t first = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t n = base + (i < extra ? 1 : 0);
+    ranges.push_back({first, n});
+    first += n;
+  }
+  return ranges;
+}
+
+absl::StatusOr<v1::Backend> ParseBackendName(absl::string_view name) {
+  if (name == "auto" || name == "BACKEND_AUTO") return v1::BACKEND_AUTO;
+  if (name == "cpu" || name == "BACKEND_CPU") return v1::BACKEND_CPU;
+  if (name == "cuda-kernel" || name == "BACKEND_CUDA_KERNEL") return v1::BACKEND_CUDA_KERNEL;
+  if (name == "cublas" || name == "BACKEND_CUBLAS") return v1::BACKEND_CUBLAS;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend \"", name,
+                   "\"; expected auto, cpu, cuda-kernel or cublas (or BACKEND_AUTO, BACKEND_CPU, "
+                   "BACKEND_CUDA_KERNEL, BACKEND_CUBLAS)"));
 }
 
 absl::StatusOr<size_t> MatrixBytes(const MatrixView& matrix) {
@@ -219,14 +352,37 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
 }
 
 Client::Client(const std::string& target, const ClientOptions& options)
-    : Client(MakeChannel(target, options), options) {}
+    : Client(MakeChannel(target, options), options) {
+  target_ = target;
+}
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(std::move(options)),
       options_status_(CheckClientOptions(options_)),
       channel_(std::move(channel)),
-      stub_(v1::Dgmm::NewStub(channel_)),
-      generic_stub_(channel_) {}
+      stub_(v1::Dgmm::NewStub(channel_)) {
+  auto lane = std::make_unique<Lane>();
+  lane->channel = channel_;
+  lane->stub = std::make_unique<grpc::GenericStub>(channel_);
+  lanes_.push_back(std::move(lane));
+}
+
+Client::Lane* Client::GetLane(int i) {
+  std::lock_guard lock(lanes_mu_);
+  // Without a target every part shares the one channel it was given.
+  if (target_.empty()) return lanes_.front().get();
+  while (static_cast<int>(lanes_.size()) <= i) {
+    // MakeChannel uses a local subchannel pool: each lane's channel makes its
+    // own TCP connection(s), and with round_robin its own picks.
+    auto lane = std::make_unique<Lane>();
+    lane->channel = MakeChannel(LaneTarget(target_, options_.load_balancing_policy,
+                                           static_cast<int>(lanes_.size())),
+                                options_);
+    lane->stub = std::make_unique<grpc::GenericStub>(lane->channel);
+    lanes_.push_back(std::move(lane));
+  }
+  return lanes_[static_cast<size_t>(i)].get();
+}
 
 absl::Time Client::Deadline() const { return absl::Now() + options_.deadline; }
 
@@ -245,12 +401,12 @@ absl::Status Client::PrepareCall(grpc::ClientContext* context, absl::Time deadli
   return absl::OkStatus();
 }
 
-absl::Status Client::AwaitConnection(absl::Time deadline) {
+absl::Status Client::AwaitConnection(Lane* lane, absl::Time deadline) {
   const absl::Time start = absl::Now();
   const absl::Duration wait = options_.retry.max_reconnect_wait;
   const bool deadline_first = deadline <= start + wait;
   const absl::Time until = deadline_first ? deadline : start + wait;
-  if (channel_->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
+  if (lane->channel->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
   const std::string waited =
       absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
   // UNAVAILABLE either way: the server could not be reached, which is what
@@ -263,35 +419,228 @@ absl::Status Client::AwaitConnection(absl::Time deadline) {
 
 absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out_bytes,
                                            const ProgressCallback& progress) {
-  if (!options_status_.ok()) return options_status_;
-  absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
-  if (!bytes.ok()) return bytes.status();
-  const int64_t threshold =
-      options_.streaming_threshold_bytes >= 0
-          ? options_.streaming_threshold_bytes
-          : std::min(options_.chunk_bytes, options_.max_unary_message_bytes / 8 * 7);
-  const int64_t request_bytes = static_cast<int64_t>(*bytes + job.diagonal_bytes);
-  if (request_bytes <= threshold) return MultiplyUnary(job, out, out_bytes, progress);
-  return MultiplyStream(job, out, out_bytes, progress);
+  std::optional<TransferMode> mode;
+  if (options_.streaming_threshold_bytes >= 0) {
+    // An explicit threshold decides for the whole job, as before striping.
+    absl::StatusOr<size_t> bytes = MatrixBytes(job.matrix);
+    if (bytes.ok()) {
+      mode = static_cast<int64_t>(*bytes + job.diagonal_bytes) <= options_.streaming_threshold_bytes
+                 ? TransferMode::kUnary
+                 : TransferMode::kStream;
+    }
+  }
+  return RunJob(job, out, out_bytes, progress, mode);
 }
 
 absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_t out_bytes,
                                                 const ProgressCallback& progress) {
+  return RunJob(job, out, out_bytes, progress, TransferMode::kUnary);
+}
+
+absl::StatusOr<JobResult> Client::MultiplyStream(const Job& job, void* out, size_t out_bytes,
+                                                 const ProgressCallback& progress) {
+  return RunJob(job, out, out_bytes, progress, TransferMode::kStream);
+}
+
+namespace {
+
+// A random group id: 16 lowercase hex characters.
+std::string RandomGroupId() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("%016x", rng());
+}
+
+}  // namespace
+
+absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_bytes,
+                                         const ProgressCallback& progress,
+                                         std::optional<TransferMode> mode) {
   if (!options_status_.ok()) return options_status_;
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
-  const absl::Time deadline = Deadline();
-  return WithRetries(options_.retry, deadline, [&] { return AwaitConnection(deadline); },
-                     [&](bool retried) {
-    return UnaryAttempt(job, *bytes, out, out_bytes, deadline, retried, progress);
-  });
+  JobRun run;
+  run.job = &job;
+  run.out = static_cast<char*>(out);
+  run.deadline = Deadline();
+  run.mode = mode;
+  run.matrix_bytes = *bytes;
+  const bool col_major = job.matrix.layout == v1::LAYOUT_COL_MAJOR;
+  run.total_lines = col_major ? job.matrix.cols : job.matrix.rows;
+  run.line_bytes = *bytes / static_cast<size_t>(run.total_lines);
+  run.slice_diagonal = (!col_major && job.side == v1::SIDE_LEFT) ||
+                       (col_major && job.side != v1::SIDE_LEFT);
+  // Parts (and resumed parts) slice the diagonal only when it has the length
+  // the side needs; otherwise the job goes whole and the server's validator
+  // names the problem.
+  const int64_t diag_elems = job.side == v1::SIDE_LEFT ? job.matrix.rows : job.matrix.cols;
+  const bool diag_fits =
+      job.diagonal != nullptr &&
+      job.diagonal_bytes == static_cast<size_t>(diag_elems) * ElementSize(job.matrix.dtype);
+  run.stripes = diag_fits ? ChooseStripes(static_cast<int64_t>(*bytes), run.total_lines,
+                                          options_.stripes)
+                          : 1;
+  if (!diag_fits) run.slice_diagonal = false;
+  if (run.stripes > 1) run.group_id = RandomGroupId();
+  const std::vector<LineRange> ranges = SplitLines(run.total_lines, run.stripes);
+  const size_t k = ranges.size();
+  run.attempts.assign(k, 0);
+  run.stats.assign(k, v1::JobStats());
+  run.first_mode.assign(k, TransferMode::kUnary);
+  run.progress = &progress;
+  {
+    std::lock_guard lock(run.progress_mu);
+    run.sent.assign(k, 0);
+    run.received.assign(k, 0);
+  }
+  std::vector<absl::Status> outcomes(k);
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < k; ++i) {
+      threads.emplace_back([&, i] {
+        outcomes[i] = RunPart(&run, static_cast<int>(i), ranges[i]);
+      });
+    }
+    outcomes[0] = RunPart(&run, 0, ranges[0]);
+    for (std::thread& t : threads) t.join();
+  }
+  {
+    std::lock_guard lock(run.mu);
+    if (run.failed) {
+      int attempts = 0;
+      for (int a : run.attempts) attempts += a;
+      absl::Status failed = run.first_error;
+      failed.SetPayload(kAttemptsPayload, absl::Cord(absl::StrCat(attempts)));
+      return failed;
+    }
+  }
+  for (const absl::Status& s : outcomes) {
+    if (!s.ok()) return s;  // not reached: a part's final error fails the run
+  }
+  JobResult result;
+  result.stripes = static_cast<int>(k);
+  result.mode = run.first_mode[0];
+  result.attempts = 0;
+  for (int a : run.attempts) result.attempts += a;
+  result.part_stats = run.stats;
+  result.received_bytes = run.received_bytes.load();
+  result.resumed = run.resumed.load();
+  result.stats = run.stats[0];
+  if (k > 1) {
+    int64_t h2d = 0, compute = 0, d2h = 0, queue = 0, total = 0;
+    for (const v1::JobStats& s : run.stats) {
+      h2d += s.h2d_ns();
+      compute += s.compute_ns();
+      d2h += s.d2h_ns();
+      queue = std::max(queue, s.queue_wait_ns());
+      total = std::max(total, s.total_ns());
+    }
+    result.stats.set_h2d_ns(h2d);
+    result.stats.set_compute_ns(compute);
+    result.stats.set_d2h_ns(d2h);
+    result.stats.set_queue_wait_ns(queue);
+    result.stats.set_total_ns(total);
+  }
+  return result;
 }
 
-Client::Attempt Client::UnaryAttempt(const Job& job, size_t matrix_bytes, void* out,
-                                     size_t out_bytes, absl::Time deadline, bool retried,
-                                     const ProgressCallback& progress) {
+absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
+  const Job& whole = *run->job;
+  const bool col_major = whole.matrix.layout == v1::LAYOUT_COL_MAJOR;
+  const size_t elem = ElementSize(whole.matrix.dtype);
+  int64_t done = 0;  // lines of this part received, from its first
+  for (int made = 1;; ++made) {
+    if (run->Failed()) return absl::CancelledError("another part of the job failed");
+    Lane* lane = GetLane((index + made - 1) % run->stripes);
+    if (made > 1) {
+      // A retried attempt first waits for a connection; one that finds none
+      // has waited its share and is not retried again.
+      if (absl::Status connected = AwaitConnection(lane, run->deadline); !connected.ok()) {
+        const absl::Status final_status(
+            connected.code(), absl::StrCat(connected.message(), " (after ", made, " attempts)"));
+        run->Fail(final_status);
+        return final_status;
+      }
+    }
+    // This attempt's lines: the part's lines not yet received.
+    const int64_t first = range.first_line + done;
+    const int64_t lines = range.lines - done;
+    Job part = whole;
+    part.matrix.data = static_cast<const char*>(whole.matrix.data) +
+                       static_cast<size_t>(first) * run->line_bytes;
+    (col_major ? part.matrix.cols : part.matrix.rows) = lines;
+    if (run->slice_diagonal) {
+      part.diagonal = static_cast<const char*>(whole.diagonal) + static_cast<size_t>(first) * elem;
+      part.diagonal_bytes = static_cast<size_t>(lines) * elem;
+    }
+    const size_t part_bytes = static_cast<size_t>(lines) * run->line_bytes;
+    char* part_out = run->out + static_cast<size_t>(first) * run->line_bytes;
+    v1::JobHeader header = MakeHeader(part);
+    if (!run->group_id.empty()) {
+      v1::JobGroup* g = header.mutable_group();
+      g->set_id(run->group_id);
+      g->set_first_line(first);
+      g->set_total_lines(run->total_lines);
+      g->set_parts(run->stripes);
+    }
+    const TransferMode mode =
+        run->mode.value_or(ChooseTransferMode(static_cast<int64_t>(part_bytes + part.diagonal_bytes),
+                                              options_.max_unary_message_bytes,
+                                              options_.chunk_bytes));
+    if (made == 1) run->first_mode[static_cast<size_t>(index)] = mode;
+    // Progress of the part: what was received before this attempt counts as
+    // sent and received.
+    const int64_t kept = done * static_cast<int64_t>(run->line_bytes);
+    ProgressCallback part_progress;
+    if (run->progress != nullptr && *run->progress) {
+      part_progress = [run, index, kept](int64_t sent, int64_t received, int64_t) {
+        run->Progress(index, kept + sent, kept + received);
+      };
+    }
+    Attempt attempt =
+        mode == TransferMode::kUnary
+            ? UnaryAttempt(lane, run, header, part, part_bytes, part_out, made > 1, part_progress)
+            : StreamAttempt(lane, run, header, part, part_bytes, part_out, made > 1,
+                            part_progress);
+    run->attempts[static_cast<size_t>(index)] = made;
+    run->received_bytes += attempt.result.ok()
+                               ? static_cast<int64_t>(part_bytes)
+                               : attempt.lines_received * static_cast<int64_t>(run->line_bytes);
+    if (attempt.result.ok()) {
+      run->stats[static_cast<size_t>(index)] = std::move(attempt.result->stats);
+      return absl::OkStatus();
+    }
+    done += attempt.lines_received;
+    if (done == range.lines) {
+      // Every line arrived and only the final stats were lost: the part is
+      // complete (a retry would have nothing to send).
+      v1::JobStats& stats = run->stats[static_cast<size_t>(index)];
+      *stats.mutable_group() = header.group();
+      return absl::OkStatus();
+    }
+    if (run->Failed()) return attempt.result.status();
+    std::optional<absl::Duration> wait;
+    if (attempt.retryable) {
+      wait = RetryDelay(options_.retry, made, attempt.result.status(), attempt.pushback,
+                        absl::Now(), run->deadline, RandomJitter());
+    }
+    if (!wait.has_value()) {
+      const absl::Status& failure = attempt.result.status();
+      const absl::Status final_status =
+          made == 1 ? failure
+                    : absl::Status(failure.code(), absl::StrCat(failure.message(), " (after ",
+                                                                made, " attempts)"));
+      run->Fail(final_status);
+      return final_status;
+    }
+    if (attempt.lines_received > 0) run->resumed++;
+    if (!run->Sleep(*wait)) return absl::CancelledError("another part of the job failed");
+  }
+}
+
+Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header,
+                                     const Job& job, size_t matrix_bytes, void* out,
+                                     bool retried, const ProgressCallback& progress) {
   Attempt attempt;
-  const v1::JobHeader header = MakeHeader(job);
   JobResult result;
   result.mode = TransferMode::kUnary;
   absl::Status outcome;
@@ -299,24 +648,26 @@ Client::Attempt Client::UnaryAttempt(const Job& job, size_t matrix_bytes, void* 
   wire::SliceLoans loans;
   {
     grpc::ClientContext context;
-    PrepareContext(&context, deadline, /*wait_for_ready=*/retried);
+    PrepareContext(&context, run->deadline, /*wait_for_ready=*/retried);
     grpc::ByteBuffer request =
         wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
     absl::Mutex mu;
     bool done = false;
     grpc::Status status;
-    generic_stub_.UnaryCall(&context, kMultiplyMethod, grpc::StubOptions(), &request, &response,
-                            [&](grpc::Status s) {
-                              absl::MutexLock lock(&mu);
-                              status = std::move(s);
-                              done = true;
-                            });
+    run->Register(&context);
+    lane->stub->UnaryCall(&context, kMultiplyMethod, grpc::StubOptions(), &request, &response,
+                          [&](grpc::Status s) {
+                            absl::MutexLock lock(&mu);
+                            status = std::move(s);
+                            done = true;
+                          });
     mu.LockWhen(absl::Condition(&done));
     mu.Unlock();
+    run->Unregister(&context);
     request.Clear();
     if (status.ok()) {
-      outcome = wire::DecodeMultiplyResponse(&response, out, out_bytes, &result.stats);
+      outcome = wire::DecodeMultiplyResponse(&response, out, matrix_bytes, &result.stats);
       // A response that does not decode came from a server that works: final.
       attempt.retryable = false;
     } else {
@@ -337,35 +688,24 @@ Client::Attempt Client::UnaryAttempt(const Job& job, size_t matrix_bytes, void* 
   return attempt;
 }
 
-absl::StatusOr<JobResult> Client::MultiplyStream(const Job& job, void* out, size_t out_bytes,
-                                                 const ProgressCallback& progress) {
-  if (!options_status_.ok()) return options_status_;
-  absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
-  if (!bytes.ok()) return bytes.status();
-  const absl::Time deadline = Deadline();
-  return WithRetries(options_.retry, deadline, [&] { return AwaitConnection(deadline); },
-                     [&](bool retried) {
-    return StreamAttempt(job, *bytes, out, deadline, retried, progress);
-  });
-}
-
-Client::Attempt Client::StreamAttempt(const Job& job, size_t matrix_bytes, void* out,
-                                      absl::Time deadline, bool retried,
-                                      const ProgressCallback& progress) {
+Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header,
+                                      const Job& job, size_t matrix_bytes, void* out,
+                                      bool retried, const ProgressCallback& progress) {
   Attempt attempt;
-  const v1::JobHeader header = MakeHeader(job);
   const StreamPlan plan = PlanStream(job.matrix, matrix_bytes, options_.chunk_bytes);
   absl::StatusOr<v1::JobStats> stats;
   // Declared first so that it outlives the context and buffers holding its slices.
   wire::SliceLoans loans;
   {
     grpc::ClientContext context;
-    PrepareContext(&context, deadline, /*wait_for_ready=*/retried);
+    PrepareContext(&context, run->deadline, /*wait_for_ready=*/retried);
     StreamCall call(header, static_cast<const char*>(job.matrix.data), static_cast<char*>(out),
                     plan, progress, &loans);
-    stats = call.Run(&generic_stub_, &context);
-    // Once part of the result has been delivered the job is not repeated.
-    attempt.retryable = !call.ReceivedResultBlock();
+    run->Register(&context);
+    stats = call.Run(lane->stub.get(), &context);
+    run->Unregister(&context);
+    // The lines received are kept: a retry resumes after them.
+    attempt.lines_received = call.LinesReceived();
     if (!stats.ok()) attempt.pushback = RetryPushback(context);
   }
   loans.WaitUntilReturned();
@@ -379,6 +719,7 @@ Client::Attempt Client::StreamAttempt(const Job& job, size_t matrix_bytes, void*
   attempt.result = std::move(result);
   return attempt;
 }
+
 
 absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
   if (!options_status_.ok()) return options_status_;

@@ -47,6 +47,9 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
   // After Run: whether any result block arrived (and was written to `out`).
   bool ReceivedResultBlock() const { return next_line_to_receive_ > 0; }
+  // After Run: how many lines of the result arrived, from the first (each
+  // written to `out`); a resumed job starts after them.
+  int64_t LinesReceived() const { return next_line_to_receive_; }
 
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;

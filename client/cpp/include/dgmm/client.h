@@ -17,6 +17,13 @@
 // Jobs that fail in a way that is safe to repeat are retried (RetryPolicy);
 // the job's deadline covers every attempt.
 //
+// Striping (docs/protocol.md, "The client policy"): a large job is split
+// into K contiguous line ranges ("parts", ClientOptions.stripes), each an
+// ordinary job tagged with JobHeader.group and sent on its own connection
+// (its own channel), all at once; results land in place in the caller's
+// output. A streamed part that fails UNAVAILABLE after some result lines
+// arrived is resumed: only the lines not yet received are sent again.
+//
 // Servers: one address ("127.0.0.1:50051"), a DNS name with several replicas
 // ("dns:///dgmm.svc:50051") or a list ("ipv4:127.0.0.1:50051,127.0.0.1:50052")
 // with load_balancing_policy "round_robin" to spread jobs over all of them.
@@ -33,11 +40,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "dgmm/credentials.h"
 #include "dgmm/v1/dgmm.grpc.pb.h"
@@ -62,8 +72,13 @@ using ProgressCallback =
 //    attempt goes to another server;
 //  - RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms` trailer
 //    (the server's admission queue was full), after the time it names.
-// Other errors are final, and so is any error of a streamed job once a
-// result block has arrived. No wait may end past the job's deadline.
+// Other errors are final. No wait may end past the job's deadline. The
+// policy applies to each part of a striped job on its own (max_attempts is
+// per part); a retried part goes to the next connection ((part + attempt) %
+// K), and a streamed part that had received some result lines is resumed
+// from the first line it has not received (those lines are neither sent
+// again nor received twice). The first final error of any part cancels the
+// other parts and is the job's status.
 //
 // The first attempt fails fast when there is no connection (UNAVAILABLE at
 // once, so that max_attempts = 1 sees a dead server as it is). Retried
@@ -117,6 +132,14 @@ struct ClientOptions {
   // every call (server --auth_token_file). Without TLS it crosses the network
   // in clear text.
   std::string bearer_token;
+  // Parts a job is striped into (K), each on its own connection. 0: auto,
+  // K = min(8, max(1, floor(matrix_bytes / 32 MiB))), so a job under 64 MiB
+  // is not striped. Either way K is at most the job's lines (rows of a
+  // row-major matrix, columns of a column-major one), and 1 when the
+  // diagonal's length does not fit the side (the server then says so).
+  // From 0 to 256. A Client made from an existing channel sends every part
+  // on that channel (K streams on one connection).
+  int stripes = 0;
   // gRPC load-balancing policy: "round_robin" spreads calls over every
   // address of the target (a DNS name with several replicas, or an
   // "ipv4:HOST:PORT,HOST:PORT" list); empty keeps gRPC's default
@@ -185,13 +208,51 @@ enum class TransferMode { kUnary, kStream };
 const char* TransferModeName(TransferMode mode);
 
 struct JobResult {
-  // Where and how long the job ran, as the server measured it.
+  // Where and how long the job ran, as the server measured it. Striped: the
+  // first part's stats, with h2d, compute and d2h summed over the parts and
+  // queue_wait and total the largest of any part.
   v1::JobStats stats;
-  // Which RPC carried the job.
+  // Which RPC carried the job (the first part's first attempt).
   TransferMode mode = TransferMode::kUnary;
-  // Attempts the job took: 1 when the first succeeded (see RetryPolicy).
+  // Attempts the job took over all its parts: K when each part's first
+  // attempt succeeded (see RetryPolicy).
   int attempts = 1;
+  // Parts the job was striped into (K); 1: not striped.
+  int stripes = 1;
+  // Stats of each part's successful (last) attempt, in line order.
+  std::vector<v1::JobStats> part_stats;
+  // Result bytes received over every attempt of every part. Equal to the
+  // matrix's size: a resumed part never receives a line twice.
+  int64_t received_bytes = 0;
+  // Retries that resumed a stream after part of its result had arrived.
+  int resumed = 0;
 };
+
+// Attempts a failed job made over all its parts (a Multiply error carries
+// them as a status payload); 0 when the status has none (an error found
+// before any call, or another status).
+int AttemptsOf(const absl::Status& status);
+
+// The client policy as pure functions (docs/protocol.md; the conformance
+// suite's policy vectors check them).
+//
+// Rule 1: unary when the request (matrix plus diagonal) is at most
+// min(chunk_bytes, 7/8 of max_unary_message_bytes), else stream.
+TransferMode ChooseTransferMode(int64_t request_bytes, int64_t max_unary_message_bytes,
+                                int64_t chunk_bytes);
+// Rule 2: K for a job of `matrix_bytes` in `lines` lines; `stripes_option`
+// 0 (or negative) means auto.
+int ChooseStripes(int64_t matrix_bytes, int64_t lines, int stripes_option);
+struct LineRange {
+  int64_t first_line = 0;
+  int64_t lines = 0;
+};
+// `lines` split into `stripes` contiguous near-equal ranges, the first
+// (lines % stripes) one line longer.
+std::vector<LineRange> SplitLines(int64_t lines, int stripes);
+// Rule 4: "auto", "cpu", "cuda-kernel", "cublas" or an enum name
+// (BACKEND_AUTO, ...); INVALID_ARGUMENT for anything else.
+absl::StatusOr<v1::Backend> ParseBackendName(absl::string_view name);
 
 class Client {
  public:
@@ -211,21 +272,24 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // Runs `job` and writes C into out[0, out_bytes), which must be exactly the
-  // matrix's size; C has A's shape, dtype and layout. Uses Multiply when the
-  // job is at most the streaming threshold (see ClientOptions), else
-  // MultiplyStream. Retries as RetryPolicy says.
+  // matrix's size; C has A's shape, dtype and layout. Striped into
+  // ClientOptions.stripes parts; each part uses Multiply when it is at most
+  // the streaming threshold (see ClientOptions), else MultiplyStream.
+  // Retries and resumes as RetryPolicy says. `progress` sums the parts.
   // On error the contents of `out` are unspecified.
   absl::StatusOr<JobResult> Multiply(const Job& job, void* out, size_t out_bytes,
                                      const ProgressCallback& progress = nullptr);
 
-  // Runs `job` in one Multiply message, whatever its size.
+  // Runs `job` (each part of it, when striped) in one Multiply message,
+  // whatever its size.
   absl::StatusOr<JobResult> MultiplyUnary(const Job& job, void* out, size_t out_bytes,
                                           const ProgressCallback& progress = nullptr);
 
-  // Runs `job` over MultiplyStream, whatever its size: header, then blocks of
-  // whole lines (rows of a row-major matrix, columns of a column-major one)
-  // of at most chunk_bytes, while result blocks are placed into `out` as
-  // they arrive. A retried job starts over: `progress` counts from 0 again.
+  // Runs `job` (each part of it, when striped) over MultiplyStream, whatever
+  // its size: header, then blocks of whole lines (rows of a row-major
+  // matrix, columns of a column-major one) of at most chunk_bytes, while
+  // result blocks are placed into `out` as they arrive. A resumed part sends
+  // only the lines it has not received back.
   absl::StatusOr<JobResult> MultiplyStream(const Job& job, void* out, size_t out_bytes,
                                            const ProgressCallback& progress = nullptr);
 
@@ -249,31 +313,54 @@ class Client {
   absl::Status PrepareCall(grpc::ClientContext* context, absl::Time deadline) const;
 
  private:
+  // One connection: a channel and the generic stub on it.
+  struct Lane {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<grpc::GenericStub> stub;
+  };
+  // The state one logical job's parts share.
+  struct JobRun;
+  // Lane `i`, made on first use (lane 0 is channel_).
+  Lane* GetLane(int i);
+  // Runs a job striped per the options; `mode`: nullopt picks per part.
+  absl::StatusOr<JobResult> RunJob(const Job& job, void* out, size_t out_bytes,
+                                   const ProgressCallback& progress,
+                                   std::optional<TransferMode> mode);
+  // One part with its retries and resumes; the final status.
+  absl::Status RunPart(JobRun* run, int index, LineRange range);
   // The deadline of a call or job starting now.
   absl::Time Deadline() const;
   // Applies `deadline` and the bearer token to a fresh context, and
   // wait_for_ready for a retried attempt.
   void PrepareContext(grpc::ClientContext* context, absl::Time deadline,
                       bool wait_for_ready = false) const;
-  // Before a retried attempt: waits until the channel is connected, up to
+  // Before a retried attempt: waits until `lane` is connected, up to
   // `deadline` and RetryPolicy::max_reconnect_wait. UNAVAILABLE if it is not.
-  absl::Status AwaitConnection(absl::Time deadline);
+  absl::Status AwaitConnection(Lane* lane, absl::Time deadline);
   // One try of a job: its outcome, and what decides whether to try again.
   struct Attempt;
   // `retried`: not the job's first attempt (see RetryPolicy).
-  Attempt UnaryAttempt(const Job& job, size_t matrix_bytes, void* out, size_t out_bytes,
-                       absl::Time deadline, bool retried, const ProgressCallback& progress);
-  Attempt StreamAttempt(const Job& job, size_t matrix_bytes, void* out, absl::Time deadline,
-                        bool retried, const ProgressCallback& progress);
+  Attempt UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header, const Job& job,
+                       size_t matrix_bytes, void* out, bool retried,
+                       const ProgressCallback& progress);
+  Attempt StreamAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header, const Job& job,
+                        size_t matrix_bytes, void* out, bool retried,
+                        const ProgressCallback& progress);
 
   ClientOptions options_;
   // CheckClientOptions(options_), returned by every call when not OK.
   absl::Status options_status_;
+  // The target, for more lanes; empty for a Client made from a channel.
+  std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Dgmm::Stub> stub_;
   // For Multiply/MultiplyStream, whose payloads are sent from the caller's
-  // memory and received into it without proto copies (see proto/wire.h).
-  grpc::GenericStub generic_stub_;
+  // memory and received into it without proto copies (see proto/wire.h):
+  // one lane per stripe, each its own connection.
+  // A std::mutex rather than absl::Mutex: the thread sanitizer can see it
+  // (Debian's Abseil is not instrumented).
+  std::mutex lanes_mu_;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // guarded by lanes_mu_
 };
 
 // For a short-lived program (a command-line tool, a batch job): call first

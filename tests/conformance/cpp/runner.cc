@@ -1,0 +1,303 @@
+// dgmm_conformance_cpp: the C++ client's runner of the conformance suite
+// (tests/conformance/README.md).
+//   dgmm_conformance_cpp --case FILE --target TARGET
+//     runs the case's job with dgmm::Client (random operands from the seed,
+//     the output filled with NaN first, checked element by element against a
+//     float64 reference computed here) and prints one JSON line.
+//   dgmm_conformance_cpp --vectors FILE
+//     checks the policy vectors against the library's policy functions.
+// Exit status 0 unless the runner itself broke (vectors: 1 if any failed).
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "dgmm/client.h"
+
+namespace dgmm {
+namespace {
+
+using google::protobuf::ListValue;
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+// A JSON string literal.
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+const Value* Field(const Struct& s, const std::string& name) {
+  auto it = s.fields().find(name);
+  if (it == s.fields().end() || it->second.has_null_value()) return nullptr;
+  return &it->second;
+}
+
+int64_t IntField(const Struct& s, const std::string& name, int64_t fallback) {
+  const Value* v = Field(s, name);
+  return v != nullptr && v->has_number_value() ? static_cast<int64_t>(v->number_value())
+                                               : fallback;
+}
+
+std::string StringField(const Struct& s, const std::string& name) {
+  const Value* v = Field(s, name);
+  return v != nullptr && v->has_string_value() ? v->string_value() : "";
+}
+
+struct Outcome {
+  std::string name;
+  absl::Status status;
+  TransferMode mode = TransferMode::kUnary;
+  int stripes = 1;
+  int attempts = 0;
+  int resumed = 0;
+  bool checked = false;
+  double max_abs_err = 0;
+};
+
+void Print(const Outcome& o) {
+  const std::string err =
+      std::isfinite(o.max_abs_err) ? absl::StrFormat("%.17g", o.max_abs_err) : "1e308";
+  std::printf(
+      "{\"name\": %s, \"status\": %s, \"mode\": %s, \"stripes\": %d, \"attempts\": %d, "
+      "\"checked\": %s, \"max_abs_err\": %s, \"message\": %s, \"resumed\": %d}\n",
+      Quote(o.name).c_str(), Quote(absl::StatusCodeToString(o.status.code())).c_str(),
+      Quote(TransferModeName(o.mode)).c_str(), o.stripes, o.attempts,
+      o.checked ? "true" : "false", err.c_str(), Quote(std::string(o.status.message())).c_str(),
+      o.resumed);
+  std::fflush(stdout);
+}
+
+template <typename T>
+void RunTyped(const Struct& c, const std::string& target, Outcome* o) {
+  const int64_t rows = IntField(c, "rows", 0);
+  const int64_t cols = IntField(c, "cols", 0);
+  const std::string layout_name = StringField(c, "layout");
+  const std::string side_name = StringField(c, "side");
+  const v1::Layout layout = layout_name == "col" ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
+  const v1::Side side = side_name == "left" ? v1::SIDE_LEFT : v1::SIDE_RIGHT;
+  if ((layout_name != "row" && layout_name != "col") ||
+      (side_name != "right" && side_name != "left")) {
+    o->status = absl::InvalidArgumentError(
+        absl::StrCat("layout '", layout_name, "' or side '", side_name, "' is not valid"));
+    return;
+  }
+  ClientOptions options;
+  options.load_balancing_policy = "round_robin";
+  static const Struct kEmpty;
+  const Value* opts_value = Field(c, "options");
+  const Struct& opts = opts_value != nullptr ? opts_value->struct_value() : kEmpty;
+  options.stripes = static_cast<int>(IntField(opts, "stripes", 0));
+  options.chunk_bytes = IntField(opts, "chunk_bytes", options.chunk_bytes);
+  options.max_unary_message_bytes =
+      IntField(opts, "max_unary_message_bytes", options.max_unary_message_bytes);
+  options.retry.max_attempts =
+      static_cast<int>(IntField(opts, "max_attempts", options.retry.max_attempts));
+  if (const Value* d = Field(opts, "deadline_s"); d != nullptr && d->has_number_value()) {
+    options.deadline = absl::Seconds(d->number_value());
+  }
+  const size_t elem = sizeof(T);
+  const int64_t lines = layout == v1::LAYOUT_COL_MAJOR ? cols : rows;
+  const bool shape_ok = rows >= 1 && cols >= 1;
+  const int64_t matrix_bytes = shape_ok ? rows * cols * static_cast<int64_t>(elem) : 0;
+  const int64_t diag_len = side == v1::SIDE_LEFT ? rows : cols;
+  // What the policy plans, reported when the job fails.
+  if (shape_ok) {
+    o->stripes = ChooseStripes(matrix_bytes, lines, options.stripes);
+    o->mode = ChooseTransferMode(matrix_bytes + diag_len * static_cast<int64_t>(elem),
+                                 options.max_unary_message_bytes, options.chunk_bytes);
+  }
+  absl::StatusOr<v1::Backend> backend = ParseBackendName(StringField(c, "backend"));
+  if (!backend.ok()) {
+    o->status = backend.status();
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(target, options);
+  if (!client.ok()) {
+    o->status = client.status();
+    return;
+  }
+  // Random operands in [0.5, 2) from the seed; the output poisoned with NaN.
+  std::mt19937_64 rng(static_cast<uint64_t>(IntField(c, "seed", 1)));
+  std::uniform_real_distribution<double> uniform(0.5, 2.0);
+  const size_t n = shape_ok ? static_cast<size_t>(rows * cols) : 1;
+  std::vector<T> a(n), d(static_cast<size_t>(std::max<int64_t>(diag_len, 1)));
+  for (T& x : a) x = static_cast<T>(uniform(rng));
+  for (T& x : d) x = static_cast<T>(uniform(rng));
+  std::vector<T> out(n, std::numeric_limits<T>::quiet_NaN());
+  Job job;
+  job.matrix = {a.data(), rows, cols, elem == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64, layout};
+  job.diagonal = d.data();
+  job.diagonal_bytes = static_cast<size_t>(std::max<int64_t>(diag_len, 0)) * elem;
+  job.side = side;
+  job.backend = *backend;
+  absl::StatusOr<JobResult> r = (*client)->Multiply(job, out.data(), out.size() * elem);
+  if (!r.ok()) {
+    o->status = r.status();
+    o->attempts = AttemptsOf(r.status());
+    return;
+  }
+  o->status = absl::OkStatus();
+  o->mode = r->mode;
+  o->stripes = r->stripes;
+  o->attempts = r->attempts;
+  o->resumed = r->resumed;
+  // Element by element against float64.
+  const double tolerance = elem == 4 ? 1e-6 : 1e-15;
+  bool all_ok = true;
+  double worst = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const size_t k =
+          static_cast<size_t>(layout == v1::LAYOUT_ROW_MAJOR ? i * cols + j : j * rows + i);
+      const double ref = static_cast<double>(a[k]) *
+                         static_cast<double>(d[static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i)]);
+      const double got = static_cast<double>(out[k]);
+      const double abs_err = std::fabs(got - ref);
+      if (!(abs_err <= tolerance * std::fabs(ref))) all_ok = false;  // NaN fails too
+      if (!(abs_err <= worst)) worst = std::isnan(abs_err) ? INFINITY : abs_err;
+    }
+  }
+  o->checked = all_ok;
+  o->max_abs_err = worst;
+}
+
+int RunCase(const std::string& path, const std::string& target) {
+  std::string text;
+  if (!ReadFile(path, &text)) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    return 2;
+  }
+  Struct c;
+  if (!google::protobuf::util::JsonStringToMessage(text, &c).ok()) {
+    std::fprintf(stderr, "%s is not a JSON object\n", path.c_str());
+    return 2;
+  }
+  Outcome o;
+  o.name = StringField(c, "name");
+  const std::string dtype = StringField(c, "dtype");
+  if (dtype == "float32") {
+    RunTyped<float>(c, target, &o);
+  } else if (dtype == "float64") {
+    RunTyped<double>(c, target, &o);
+  } else {
+    o.status = absl::InvalidArgumentError(absl::StrCat("dtype '", dtype, "' is not valid"));
+  }
+  Print(o);
+  return 0;
+}
+
+int RunVectors(const std::string& path) {
+  std::string text;
+  if (!ReadFile(path, &text)) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    return 2;
+  }
+  // A top-level array, read as the "v" field of an object.
+  Struct wrapper;
+  if (!google::protobuf::util::JsonStringToMessage(absl::StrCat("{\"v\": ", text, "}"), &wrapper)
+           .ok()) {
+    std::fprintf(stderr, "%s is not a JSON array\n", path.c_str());
+    return 2;
+  }
+  const ListValue& list = wrapper.fields().at("v").list_value();
+  std::vector<std::string> failed;
+  int index = 0;
+  for (const Value& item : list.values()) {
+    const Struct& v = item.struct_value();
+    const int64_t matrix_bytes = IntField(v, "matrix_bytes", 0);
+    const int64_t diag_bytes = IntField(v, "diag_bytes", 0);
+    const int64_t line_bytes = IntField(v, "line_bytes", 1);
+    const int64_t lines = IntField(v, "lines", 1);
+    const int64_t unary = IntField(v, "unary_limit", int64_t{16} << 20);
+    const int64_t chunk = IntField(v, "chunk_bytes", int64_t{4} << 20);
+    const int option = static_cast<int>(IntField(v, "stripes_option", 0));
+    const TransferMode mode = ChooseTransferMode(matrix_bytes + diag_bytes, unary, chunk);
+    const int k = ChooseStripes(matrix_bytes, lines, option);
+    const std::vector<LineRange> ranges = SplitLines(lines, k);
+    std::vector<std::string> problems;
+    if (StringField(v, "expect_mode") != TransferModeName(mode)) {
+      problems.push_back(absl::StrCat("mode ", TransferModeName(mode)));
+    }
+    if (IntField(v, "expect_stripes", -1) != k) problems.push_back(absl::StrCat("stripes ", k));
+    const Value* want = Field(v, "expect_ranges");
+    bool ranges_ok = want != nullptr &&
+                     want->list_value().values_size() == static_cast<int>(ranges.size());
+    for (size_t i = 0; ranges_ok && i < ranges.size(); ++i) {
+      const ListValue& pair = want->list_value().values(static_cast<int>(i)).list_value();
+      ranges_ok = pair.values_size() == 2 &&
+                  static_cast<int64_t>(pair.values(0).number_value()) == ranges[i].first_line &&
+                  static_cast<int64_t>(pair.values(1).number_value()) == ranges[i].lines;
+    }
+    if (!ranges_ok) problems.push_back("ranges");
+    if (Field(v, "expect_lines_per_block") != nullptr) {
+      const int64_t per_block = std::max<int64_t>(1, chunk / line_bytes);
+      if (IntField(v, "expect_lines_per_block", -1) != per_block) {
+        problems.push_back(absl::StrCat("lines_per_block ", per_block));
+      }
+    }
+    if (!problems.empty()) {
+      failed.push_back(absl::StrCat(index, ": ", absl::StrJoin(problems, ", ")));
+    }
+    ++index;
+  }
+  std::vector<std::string> quoted;
+  for (const std::string& f : failed) quoted.push_back(Quote(f));
+  std::printf("{\"vectors\": %d, \"failed\": [%s]}\n", index, absl::StrJoin(quoted, ", ").c_str());
+  return failed.empty() ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace dgmm
+
+int main(int argc, char** argv) {
+  dgmm::ConfigureGrpcForQuickExit();
+  std::string case_path, target, vectors;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--case") {
+      case_path = argv[i + 1];
+    } else if (flag == "--target") {
+      target = argv[i + 1];
+    } else if (flag == "--vectors") {
+      vectors = argv[i + 1];
+    }
+  }
+  if (!vectors.empty()) return dgmm::RunVectors(vectors);
+  if (case_path.empty() || target.empty()) {
+    std::fprintf(stderr,
+                 "usage: dgmm_conformance_cpp --case FILE --target TARGET | --vectors FILE\n");
+    return 2;
+  }
+  return dgmm::RunCase(case_path, target);
+}
