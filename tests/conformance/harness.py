@@ -144,6 +144,16 @@ class ResetProxy:
                         return
                     if source is server:
                         returned += len(data)
+                        # A fast client may have sent past the limit before
+                        # enough of the result came back: reset now, once
+                        # both thresholds are passed.
+                        if limit is not None and sent >= limit and \
+                                returned >= self.reset_after_result_bytes > 0:
+                            with self.lock:
+                                self.resets_done += 1
+                            self._reset(client, server)
+                            client = server = None
+                            return
                     if source is client and limit is not None:
                         if sent + len(data) >= limit and \
                                 returned >= self.reset_after_result_bytes:
