@@ -64,8 +64,8 @@ absl::StatusOr<std::byte*> Span(const Region& region, const v1::RegionRef& ref, 
   if (ref.offset() < 0 || ref.offset() > region.byte_size() ||
       bytes > region.byte_size() - ref.offset()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "the %s needs bytes [%d, %d) of region '%s', which has %d bytes", what, ref.offset(),
-        ref.offset() + bytes, region.name(), region.byte_size()));
+        "the %s needs %d bytes at offset %d of region '%s', which has %d bytes", what, bytes,
+        ref.offset(), region.name(), region.byte_size()));
   }
   std::byte* p = region.data() + ref.offset();
   if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(align) != 0) {
