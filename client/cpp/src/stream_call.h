@@ -45,8 +45,6 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   // Returns the job's stats, or the call's (or a protocol) error.
   absl::StatusOr<v1::JobStats> Run(grpc::GenericStub* stub, grpc::ClientContext* context);
 
-  // After Run: whether any result block arrived (and was written to `out`).
-  bool ReceivedResultBlock() const { return next_line_to_receive_ > 0; }
   // After Run: how many lines of the result arrived, from the first (each
   // written to `out`); a resumed job starts after them.
   int64_t LinesReceived() const { return next_line_to_receive_; }
