@@ -24,7 +24,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "dgmm/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "src/retry.h"
@@ -646,18 +645,25 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
     grpc::ByteBuffer request =
         wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
-    absl::Mutex mu;
+    // std::mutex: the thread sanitizer sees the hand-off of the response.
+    std::mutex mu;
+    std::condition_variable done_cv;
     bool done = false;
     grpc::Status status;
     run->Register(&context);
     lane->stub->UnaryCall(&context, kMultiplyMethod, grpc::StubOptions(), &request, &response,
                           [&](grpc::Status s) {
-                            absl::MutexLock lock(&mu);
+                            // Notified under the lock: the waiter below owns
+                            // mu and done_cv and leaves once it sees done.
+                            std::lock_guard lock(mu);
                             status = std::move(s);
                             done = true;
+                            done_cv.notify_all();
                           });
-    mu.LockWhen(absl::Condition(&done));
-    mu.Unlock();
+    {
+      std::unique_lock lock(mu);
+      done_cv.wait(lock, [&] { return done; });
+    }
     run->Unregister(&context);
     request.Clear();
     if (status.ok()) {
