@@ -1,11 +1,15 @@
 // Issue 15's fault test: three dgmm-server replicas behind round_robin, one
 // SIGKILLed in the middle of a striped float32 job. The job completes, every
 // element is checked against a float64 reference (the output is poisoned
-// with NaN first), and the servers' logs and job counts show each part's
-// remaining line range completed exactly once, the resumed ranges on
-// surviving servers: no range lost, no line received twice.
+// with NaN first), and the servers' logs and job counts show the range of
+// each part's last attempt completed exactly once, the resumed ranges on
+// surviving servers (no range lost), and the client received no line twice.
+// (The killed replica may have finished a range whose last blocks died with
+// the connection; the client resumed after what it had received, so that
+// work is superseded: the test accepts it only as such.)
 //
-// N: DGMM_STRIPE_FAULT_N (default 20000, the issue's size: 1.6 GB each way).
+// N: DGMM_STRIPE_FAULT_N (default 20000, the issue's size: 1.6 GB each way);
+// K = 8 (the auto choice at that size) for any N.
 #include <signal.h>
 
 #include <algorithm>
@@ -75,6 +79,8 @@ TEST(StripeFaultTest, ReplicaKilledMidJob) {
   const std::string target = absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
   ClientOptions options;
   options.load_balancing_policy = "round_robin";
+  // 8: what auto gives at N = 20000 (1.6 GB), kept for a smaller N too.
+  options.stripes = 8;
   options.deadline = absl::Seconds(240);
   Client client(target, options);
 
@@ -89,6 +95,13 @@ TEST(StripeFaultTest, ReplicaKilledMidJob) {
   std::atomic<int64_t> received{0};
   std::atomic<int> killed{-1};
   std::atomic<int> busy_replicas{0};  // replicas running parts at the kill
+  // One connected probe per replica, made before the job so that the kill
+  // follows the quarter mark closely.
+  std::vector<std::unique_ptr<Client>> probes;
+  for (int i = 0; i < 3; ++i) {
+    probes.push_back(std::make_unique<Client>(addresses[i]));
+    ASSERT_TRUE(probes.back()->GetServerInfo().ok());
+  }
   std::thread killer([&] {
     while (received.load() < total / 4) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -97,8 +110,7 @@ TEST(StripeFaultTest, ReplicaKilledMidJob) {
     int busiest = 0;
     int64_t most = -1;
     for (int i = 0; i < 3; ++i) {
-      Client probe(addresses[i]);
-      absl::StatusOr<v1::GetServerInfoResponse> info = probe.GetServerInfo();
+      absl::StatusOr<v1::GetServerInfoResponse> info = probes[i]->GetServerInfo();
       int64_t running = 0;
       if (info.ok()) {
         for (const v1::DeviceInfo& d : info->devices()) running += d.running_jobs();
@@ -142,25 +154,48 @@ TEST(StripeFaultTest, ReplicaKilledMidJob) {
   // other range of this group completed anywhere.
   const std::string id = r->part_stats[0].group().id();
   std::vector<Completed> done;
-  for (int i = 0; i < 3; ++i) ParseCompleted(servers[i]->Log(), id, i, &done);
+  // A server writes a part's log line as the part ends, which can be just
+  // after the client has its result: wait for K lines (at most 10 s).
+  for (int wait = 0; wait < 200; ++wait) {
+    done.clear();
+    for (int i = 0; i < 3; ++i) ParseCompleted(servers[i]->Log(), id, i, &done);
+    if (done.size() >= static_cast<size_t>(k)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   const std::vector<LineRange> ranges = SplitLines(n, k);
   int resumed = 0;
+  std::vector<bool> accounted(done.size(), false);
   for (int i = 0; i < k; ++i) {
     const v1::JobGroup& g = r->part_stats[i].group();
     const int64_t end = ranges[i].first_line + ranges[i].lines;
     int found = 0;
-    for (const Completed& d : done) {
-      if (d.first == g.first_line() && d.end == end) {
+    for (size_t j = 0; j < done.size(); ++j) {
+      const Completed& d = done[j];
+      if (d.end != end) continue;
+      if (d.first == g.first_line()) {
+        // The range whose result the client took: completed exactly once;
+        // after a resume, on a surviving replica.
         ++found;
+        accounted[j] = true;
         if (g.first_line() != ranges[i].first_line) {
           EXPECT_NE(d.server, dead);
         }
+      } else if (d.server == dead && d.first >= ranges[i].first_line &&
+                 d.first < g.first_line()) {
+        // The killed replica finished a range whose last result blocks never
+        // reached the client (lost with the connection): the client resumed
+        // after the lines it had, so its work is superseded, not duplicated.
+        accounted[j] = true;
       }
     }
     EXPECT_EQ(found, 1) << "part " << i << " [" << g.first_line() << "," << end << ")";
     if (g.first_line() != ranges[i].first_line) ++resumed;
   }
-  EXPECT_EQ(done.size(), static_cast<size_t>(k));
+  for (size_t j = 0; j < done.size(); ++j) {
+    EXPECT_TRUE(accounted[j]) << "range [" << done[j].first << "," << done[j].end
+                              << ") completed on replica " << done[j].server
+                              << " is no part's result";
+  }
   EXPECT_GE(resumed, 1) << "no part was resumed after some of its lines";
   // The surviving servers' job counts match their completed log lines.
   for (int i = 0; i < 3; ++i) {

@@ -24,7 +24,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "dgmm/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "src/retry.h"
@@ -79,23 +78,25 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   return grpc::CreateCustomChannel(target, credentials, args);
 }
 
-// The target of lane `i`. A fresh round_robin channel sends its first calls
-// to the first of its addresses to connect, and every lane's picks then
-// advance in step (one part each per job): with the same address list all
-// parts would go to one replica. So lane i of an "ipv4:"/"ipv6:" list under
-// round_robin gets the list rotated by i, and the lanes start on different
-// replicas. Other targets (a DNS name) are used as they are.
-std::string LaneTarget(const std::string& target, const std::string& lb_policy, int i) {
-  if (lb_policy != "round_robin" || i == 0) return target;
+// The channel of stripe lane `i`: the target and the options' load-balancing
+// policy. A fresh round_robin channel sends its first calls to the first of
+// its replicas to connect (gRPC 1.51), so K fresh round_robin channels tend
+// to put every part on one replica. For an "ipv4:"/"ipv6:" address list
+// under round_robin, lane i therefore uses pick_first over the list rotated
+// by i: it connects to replica i mod n, and when that one is down, to the
+// next. Other targets (a DNS name) keep round_robin on each lane's channel.
+std::pair<std::string, std::string> StripeLaneTarget(const std::string& target,
+                                                     const std::string& lb_policy, int i) {
+  if (lb_policy != "round_robin") return {target, lb_policy};
   const size_t colon = target.find(':');
-  if (colon == std::string::npos) return target;
+  if (colon == std::string::npos) return {target, lb_policy};
   const std::string scheme = target.substr(0, colon);
-  if (scheme != "ipv4" && scheme != "ipv6") return target;
+  if (scheme != "ipv4" && scheme != "ipv6") return {target, lb_policy};
   std::vector<std::string> addresses = absl::StrSplit(target.substr(colon + 1), ',');
-  if (addresses.size() < 2) return target;
+  if (addresses.size() < 2) return {target, lb_policy};
   std::rotate(addresses.begin(), addresses.begin() + static_cast<long>(i % addresses.size()),
               addresses.end());
-  return absl::StrCat(scheme, ":", absl::StrJoin(addresses, ","));
+  return {absl::StrCat(scheme, ":", absl::StrJoin(addresses, ",")), "pick_first"};
 }
 
 v1::JobHeader MakeHeader(const Job& job) {
@@ -367,21 +368,23 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
   lanes_.push_back(std::move(lane));
 }
 
-Client::Lane* Client::GetLane(int i) {
+Client::Lane* Client::GetLane(int i, bool striped) {
   std::lock_guard lock(lanes_mu_);
   // Without a target every part shares the one channel it was given.
-  if (target_.empty()) return lanes_.front().get();
-  while (static_cast<int>(lanes_.size()) <= i) {
+  if (!striped || target_.empty()) return lanes_.front().get();
+  while (static_cast<int>(stripe_lanes_.size()) <= i) {
     // MakeChannel uses a local subchannel pool: each lane's channel makes its
-    // own TCP connection(s), and with round_robin its own picks.
+    // own TCP connection(s).
+    const auto [target, lb_policy] = StripeLaneTarget(target_, options_.load_balancing_policy,
+                                                      static_cast<int>(stripe_lanes_.size()));
+    ClientOptions lane_options = options_;
+    lane_options.load_balancing_policy = lb_policy;
     auto lane = std::make_unique<Lane>();
-    lane->channel = MakeChannel(LaneTarget(target_, options_.load_balancing_policy,
-                                           static_cast<int>(lanes_.size())),
-                                options_);
+    lane->channel = MakeChannel(target, lane_options);
     lane->stub = std::make_unique<grpc::GenericStub>(lane->channel);
-    lanes_.push_back(std::move(lane));
+    stripe_lanes_.push_back(std::move(lane));
   }
-  return lanes_[static_cast<size_t>(i)].get();
+  return stripe_lanes_[static_cast<size_t>(i)].get();
 }
 
 absl::Time Client::Deadline() const { return absl::Now() + options_.deadline; }
@@ -550,7 +553,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
   int64_t done = 0;  // lines of this part received, from its first
   for (int made = 1;; ++made) {
     if (run->Failed()) return absl::CancelledError("another part of the job failed");
-    Lane* lane = GetLane((index + made - 1) % run->stripes);
+    Lane* lane = GetLane((index + made - 1) % run->stripes, /*striped=*/run->stripes > 1);
     if (made > 1) {
       // A retried attempt first waits for a connection; one that finds none
       // has waited its share and is not retried again.
@@ -652,18 +655,25 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
     grpc::ByteBuffer request =
         wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
-    absl::Mutex mu;
+    // std::mutex: the thread sanitizer sees the hand-off of the response.
+    std::mutex mu;
+    std::condition_variable done_cv;
     bool done = false;
     grpc::Status status;
     run->Register(&context);
     lane->stub->UnaryCall(&context, kMultiplyMethod, grpc::StubOptions(), &request, &response,
                           [&](grpc::Status s) {
-                            absl::MutexLock lock(&mu);
+                            // Notified under the lock: the waiter below owns
+                            // mu and done_cv and leaves once it sees done.
+                            std::lock_guard lock(mu);
                             status = std::move(s);
                             done = true;
+                            done_cv.notify_all();
                           });
-    mu.LockWhen(absl::Condition(&done));
-    mu.Unlock();
+    {
+      std::unique_lock lock(mu);
+      done_cv.wait(lock, [&] { return done; });
+    }
     run->Unregister(&context);
     request.Clear();
     if (status.ok()) {

@@ -44,8 +44,10 @@ absl::StatusOr<v1::JobStats> StreamCall::Run(grpc::GenericStub* stub,
   StartWrite(&write_buffer_);
   StartRead(&read_buffer_);
   StartCall();
-  done_mu_.LockWhen(absl::Condition(&done_));
-  done_mu_.Unlock();
+  {
+    std::unique_lock lock(done_mu_);
+    done_cv_.wait(lock, [this] { return done_; });
+  }
   // Drop this object's references to lent slices before the caller waits for them.
   write_buffer_.Clear();
   read_buffer_.Clear();
@@ -131,23 +133,26 @@ absl::StatusOr<void*> StreamCall::PlaceBlock(int64_t first_line, size_t size) {
 
 void StreamCall::ReportProgress() {
   if (!progress_) return;
-  absl::MutexLock lock(&progress_mu_);
+  std::lock_guard lock(progress_mu_);
   progress_(bytes_sent_.load(std::memory_order_relaxed),
             bytes_received_.load(std::memory_order_relaxed),
             static_cast<int64_t>(plan_.line_bytes) * plan_.lines);
 }
 
 void StreamCall::OnDone(const grpc::Status& status) {
-  absl::MutexLock lock(&done_mu_);
+  // Notified under the lock: Run's caller may destroy this object as soon
+  // as it sees done_.
+  std::lock_guard lock(done_mu_);
   status_ = status;
   done_ = true;
+  done_cv_.notify_all();
 }
 
 absl::StatusOr<v1::JobStats> StreamCall::Outcome() {
   if (!protocol_error_.ok()) return protocol_error_;
   grpc::Status status;
   {
-    absl::MutexLock lock(&done_mu_);
+    std::lock_guard lock(done_mu_);
     status = status_;
   }
   if (!status.ok()) return FromGrpcStatus(status);

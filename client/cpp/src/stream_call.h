@@ -10,12 +10,12 @@
 #include <grpcpp/support/client_callback.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "dgmm/client.h"
 #include "proto/wire.h"
 
@@ -45,8 +45,6 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   // Returns the job's stats, or the call's (or a protocol) error.
   absl::StatusOr<v1::JobStats> Run(grpc::GenericStub* stub, grpc::ClientContext* context);
 
-  // After Run: whether any result block arrived (and was written to `out`).
-  bool ReceivedResultBlock() const { return next_line_to_receive_ > 0; }
   // After Run: how many lines of the result arrived, from the first (each
   // written to `out`); a resumed job starts after them.
   int64_t LinesReceived() const { return next_line_to_receive_; }
@@ -88,11 +86,14 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
-  absl::Mutex progress_mu_;
+  // std::mutex rather than absl::Mutex: the thread sanitizer sees it (and
+  // so the hand-off of `out` from gRPC's threads to Run's caller).
+  std::mutex progress_mu_;
 
-  absl::Mutex done_mu_;
-  bool done_ ABSL_GUARDED_BY(done_mu_) = false;
-  grpc::Status status_ ABSL_GUARDED_BY(done_mu_);
+  std::mutex done_mu_;
+  std::condition_variable done_cv_;
+  bool done_ = false;     // guarded by done_mu_
+  grpc::Status status_;   // guarded by done_mu_
 };
 
 }  // namespace dgmm
