@@ -123,7 +123,9 @@ TEST(Limits, FrozenClientIsDroppedByKeepaliveAndItsJobEnds) {
   // A real client process streaming a large job, frozen mid-job.
   const pid_t cli = fork();
   if (cli == 0) {
+    // One stream (--stripes=1): the test is about one frozen connection.
     execl(CliBinary().c_str(), CliBinary().c_str(), "multiply", "--random=10000", "--mode=stream",
+          "--stripes=1",
           "--quiet", ("--server=" + server.address()).c_str(), nullptr);
     _exit(127);
   }
