@@ -46,16 +46,16 @@ import json
 import os
 import platform
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
+from dgmm_server import ServerProcess  # noqa: E402
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 import dgmm  # noqa: E402
 
@@ -101,43 +101,13 @@ def timed_rpc(fn, reps, warmup=1):
     return median_ms(walls), median_ms(totals)
 
 
-class Server:
+class Server(ServerProcess):
+    """dgmm-server with --allow_regions, a separate process, on an ephemeral
+    loopback port (CUDA start-up can take a while: 120 s)."""
+
     def __init__(self, binary, flags):
-        self.dir = tempfile.TemporaryDirectory(prefix="dgmm-region-bench-")
-        port_file = os.path.join(self.dir.name, "port")
-        self.log_path = os.path.join(self.dir.name, "server.log")
-        self.argv = [binary, "--listen=127.0.0.1:0", "--port_file=" + port_file,
-                     "--allow_regions", *flags]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError("dgmm-server exited:\n" + self.log())
-            try:
-                with open(port_file) as f:
-                    text = f.read()
-                if text.endswith("\n"):
-                    self.address = "127.0.0.1:" + text.strip()
-                    return
-            except FileNotFoundError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("dgmm-server did not start:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.dir.cleanup()
+        super().__init__(binary, ["--allow_regions", *flags], backend=None, start_timeout=120,
+                         stop_timeout=30, prefix="dgmm-region-bench-")
 
 
 def check(c, a, d, what, rows=None):

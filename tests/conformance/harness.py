@@ -20,61 +20,24 @@ import os
 import re
 import selectors
 import shlex
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+from dgmm_server import ServerProcess  # noqa: E402
 
 
-class Server:
-    """A dgmm-server on an ephemeral loopback port."""
+class Server(ServerProcess):
+    """A dgmm-server (CPU backend unless the case's flags say) on an ephemeral
+    loopback port."""
 
     def __init__(self, binary, flags):
-        self.dir = tempfile.TemporaryDirectory(prefix="dgmm-conformance-")
-        port_file = os.path.join(self.dir.name, "port")
-        self.log_path = os.path.join(self.dir.name, "server.log")
-        if not any(f.startswith("--backend") for f in flags):
-            flags = ["--backend=cpu", *flags]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [binary, "--listen=127.0.0.1:0", "--port_file=" + port_file, *flags],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError("dgmm-server exited with %s:\n%s"
-                                   % (self.process.returncode, self.log()))
-            try:
-                with open(port_file) as f:
-                    text = f.read()
-                if text.endswith("\n"):
-                    self.port = int(text)
-                    return
-            except FileNotFoundError:
-                pass
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("dgmm-server did not write its port within 30 s:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.dir.cleanup()
+        super().__init__(binary, flags, prefix="dgmm-conformance-")
 
 
 class ResetProxy:

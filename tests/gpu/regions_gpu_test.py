@@ -13,11 +13,7 @@ the server it starts has no GPU in service.
 """
 
 import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 import unittest
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -38,55 +34,19 @@ except Exception as why:  # noqa: BLE001 - no CuPy, no driver or no device: skip
     sys.exit(SKIP)
 
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
+from dgmm_server import ServerProcess  # noqa: E402
 import dgmm  # noqa: E402
 from dgmm import pb  # noqa: E402
 
 
-class Server:
+class Server(ServerProcess):
     """dgmm-server with --allow_regions on the GPU, on an ephemeral port."""
 
     def __init__(self, *flags):
-        binary = os.environ.get("DGMM_SERVER_BIN")
-        if not binary or not os.access(binary, os.X_OK):
-            raise RuntimeError("set DGMM_SERVER_BIN to the built dgmm-server (got %r)" % binary)
-        self.dir = tempfile.TemporaryDirectory(prefix="dgmm-regions-gpu-")
-        port_file = os.path.join(self.dir.name, "port")
-        self.log_path = os.path.join(self.dir.name, "server.log")
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [binary, "--listen=127.0.0.1:0", "--port_file=" + port_file,
-                 "--backend=auto", "--allow_regions", *flags],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120  # CUDA start-up.
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError("dgmm-server exited with %s:\n%s"
-                                   % (self.process.returncode, self.log()))
-            try:
-                with open(port_file) as f:
-                    text = f.read()
-                if text.endswith("\n"):
-                    self.address = "127.0.0.1:" + text.strip()
-                    return
-            except FileNotFoundError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("dgmm-server did not start within 120 s:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.dir.cleanup()
+        super().__init__(flags=("--backend=auto", "--allow_regions", *flags),
+                         start_timeout=120, stop_timeout=30,  # CUDA start-up
+                         prefix="dgmm-regions-gpu-")
 
 
 SERVER = None

@@ -12,7 +12,6 @@ CUDA IPC part needs a GPU server: tests/gpu/regions_gpu_test.py.
 """
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,56 +34,19 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
+from dgmm_server import ServerProcess  # noqa: E402
 import dgmm  # noqa: E402
 from dgmm import pb  # noqa: E402
 
 MIB = 1 << 20
 
 
-class Server:
-    """A CPU dgmm-server on an ephemeral loopback port."""
+class Server(ServerProcess):
+    """dgmm-server (CPU backend, 2 threads) on an ephemeral loopback port."""
 
     def __init__(self, *flags):
-        binary = os.environ.get("DGMM_SERVER_BIN")
-        if not binary or not os.access(binary, os.X_OK):
-            raise RuntimeError("set DGMM_SERVER_BIN to the built dgmm-server (got %r)" % binary)
-        self.dir = tempfile.TemporaryDirectory(prefix="dgmm-py-regions-")
-        port_file = os.path.join(self.dir.name, "port")
-        self.log_path = os.path.join(self.dir.name, "server.log")
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [binary, "--listen=127.0.0.1:0", "--port_file=" + port_file, "--backend=cpu",
-                 "--threads=2", *flags], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError("dgmm-server exited with %s:\n%s"
-                                   % (self.process.returncode, self.log()))
-            try:
-                with open(port_file) as f:
-                    text = f.read()
-                if text.endswith("\n"):
-                    self.address = "127.0.0.1:" + text.strip()
-                    return
-            except FileNotFoundError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("dgmm-server did not write its port within 30 s:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.dir.cleanup()
+        super().__init__(flags=("--threads=2", *flags), prefix="dgmm-py-regions-")
 
 
 SERVER = None
