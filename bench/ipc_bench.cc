@@ -53,6 +53,32 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Median of `reps` timings (events) of dgmm's kernel on `tile`, after 5
+// untimed launches; with `idle`, each launch follows 1 ms of idle GPU.
+double KernelMs(const dgmm::cuda::DeviceTile<float>& tile, int multiprocessors, int reps,
+                bool idle) {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<double> times;
+  for (int i = 0; i < reps + 5; ++i) {
+    if (idle) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK_CUDA(cudaEventRecord(e0, s));
+    CHECK_CUDA(dgmm::cuda::LaunchDgmmKernel(tile, multiprocessors, s));
+    CHECK_CUDA(cudaEventRecord(e1, s));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 5) times.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  return Median(times);
+}
+
 std::string Hex(const cudaIpcMemHandle_t& h) {
   static const char* digits = "0123456789abcdef";
   std::string out;
@@ -85,24 +111,9 @@ int ImportChild(const std::string& spec, int reps) {
   CHECK_CUDA(cudaMemset(d, 0, n * sizeof(float)));
   int sms = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreate(&s));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
   dgmm::cuda::DeviceTile<float> tile{.in = static_cast<float*>(a), .out = static_cast<float*>(c),
                                      .diag = d, .lines = n, .line_len = n, .per_line = false};
-  std::vector<double> ms_all;
-  for (int i = 0; i < reps + 5; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0, s));
-    CHECK_CUDA(dgmm::cuda::LaunchDgmmKernel(tile, sms, s));
-    CHECK_CUDA(cudaEventRecord(e1, s));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 5) ms_all.push_back(ms);
-  }
-  std::printf("%.6f\n", Median(ms_all));
+  std::printf("%.6f\n", KernelMs(tile, sms, reps, /*idle=*/false));
   cudaIpcCloseMemHandle(a);
   cudaIpcCloseMemHandle(c);
   return 0;
@@ -165,35 +176,11 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaIpcGetMemHandle(&ha, da));
     CHECK_CUDA(cudaIpcGetMemHandle(&hc, dc));
     // The kernel alone, on this process's buffers, timed with events.
-    cudaStream_t s;
-    CHECK_CUDA(cudaStreamCreate(&s));
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
     dgmm::cuda::DeviceTile<float> tile{.in = da, .out = dc, .diag = dd, .lines = n,
                                        .line_len = n, .per_line = false};
-    std::vector<double> kernel_ms;
-    for (int i = 0; i < reps + 5; ++i) {
-      CHECK_CUDA(cudaEventRecord(e0, s));
-      CHECK_CUDA(dgmm::cuda::LaunchDgmmKernel(tile, multiprocessors, s));
-      CHECK_CUDA(cudaEventRecord(e1, s));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      if (i >= 5) kernel_ms.push_back(ms);
-    }
+    const double kernel = KernelMs(tile, multiprocessors, reps, /*idle=*/false);
     // As the server launches it: one kernel after the GPU sat idle.
-    std::vector<double> idle_kernel_ms;
-    for (int i = 0; i < 20; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      CHECK_CUDA(cudaEventRecord(e0, s));
-      CHECK_CUDA(dgmm::cuda::LaunchDgmmKernel(tile, multiprocessors, s));
-      CHECK_CUDA(cudaEventRecord(e1, s));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      idle_kernel_ms.push_back(ms);
-    }
+    const double idle_kernel = KernelMs(tile, multiprocessors, 20, /*idle=*/true);
 
     // Register both allocations once.
     // The same kernel in a second process on the imported memory (the
@@ -264,11 +251,11 @@ int main(int argc, char** argv) {
       server_ms.push_back(r->stats.total_ns() * 1e-6);
       compute_ms.push_back(r->stats.compute_ns() * 1e-6);
     }
-    const double k = Median(kernel_ms), j = Median(job_ms);
+    const double k = kernel, j = Median(job_ms);
     const bool met = j <= k + 0.2 && max_rel < 1e-6;
     all_met = all_met && met;
     std::printf("| %lld | %.0f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1e | %s (%.3f vs %.3f) |\n",
-                static_cast<long long>(n), bytes / 1e6, k, Median(idle_kernel_ms), child_ms, j, j - k,
+                static_cast<long long>(n), bytes / 1e6, k, idle_kernel, child_ms, j, j - k,
                 Median(server_ms),
                 Median(compute_ms), max_rel, met ? "MET" : "MISSED", j, k + 0.2);
     std::fflush(stdout);
@@ -277,7 +264,6 @@ int main(int argc, char** argv) {
     cudaFree(da);
     cudaFree(dc);
     cudaFree(dd);
-    cudaStreamDestroy(s);
   }
   return all_met ? 0 : 3;
 }
