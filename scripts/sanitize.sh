@@ -47,7 +47,12 @@ if [[ $mode == tsan ]]; then
   # AdmissionServer.StreamThatCanNeverFit... asserts the server's RSS grows
   # under 16 MiB: 54 MB under TSan at 0c8e093 (TSan's per-thread state and
   # shadow), 0.75 MiB uninstrumented.
-  exclude+='|OriginalQuestionUnary8000|cli_client_integration_test|cli_command_integration_test|scaleout_nginx|cli_reconnect_test|StreamThatCanNeverFit'
+  # conformance_cpp: its runner reads the case files with protobuf's JSON
+  # parser into a google.protobuf.Struct, whose Map the uninstrumented
+  # libprotobuf fills and the TSan-compiled headers read with another layout
+  # (protobuf's PROTOBUF_TSAN): SEGV in map.h before any test runs. Under
+  # ASan and uninstrumented it passes.
+  exclude+='|OriginalQuestionUnary8000|cli_client_integration_test|cli_command_integration_test|scaleout_nginx|cli_reconnect_test|StreamThatCanNeverFit|conformance_cpp'
 fi
 ctest_args=()
 while (($#)); do
