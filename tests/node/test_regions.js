@@ -7,10 +7,8 @@
 // them); exits 77 (skipped) when they are missing.
 
 const assert = require('node:assert/strict');
-const childProcess = require('node:child_process');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
 
 const CLIENT_DIR = path.resolve(__dirname, '..', '..', 'client', 'node');
@@ -24,61 +22,12 @@ try {
 const { test, before, after } = require('node:test');
 const dgmm = require(CLIENT_DIR);
 const regions = require(path.join(CLIENT_DIR, 'regions.js'));
-
-async function startServer(extraFlags = []) {
-  const binary = process.env.DGMM_SERVER_BIN;
-  if (!binary || !fs.existsSync(binary)) throw new Error(`set DGMM_SERVER_BIN to the built dgmm-server (got ${binary})`);
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dgmm-node-regions-'));
-  const portFile = path.join(dir, 'port');
-  const log = fs.openSync(path.join(dir, 'server.log'), 'w');
-  const proc = childProcess.spawn(binary, ['--listen=127.0.0.1:0', `--port_file=${portFile}`, '--backend=cpu',
-    '--threads=2', ...extraFlags], { stdio: ['ignore', log, log] });
-  const deadline = Date.now() + 30000;
-  while (Date.now() < deadline) {
-    if (proc.exitCode !== null) throw new Error(`dgmm-server exited with ${proc.exitCode}`);
-    if (fs.existsSync(portFile)) {
-      const text = fs.readFileSync(portFile, 'utf8');
-      if (text.endsWith('\n')) return { proc, dir, address: `127.0.0.1:${text.trim()}` };
-    }
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  proc.kill('SIGKILL');
-  throw new Error('dgmm-server did not write its port within 30 s');
-}
-
-async function stopServer(server) {
-  if (server.proc.exitCode === null) {
-    const exited = new Promise((r) => server.proc.once('exit', r));
-    server.proc.kill('SIGTERM');
-    await exited;
-  }
-  fs.rmSync(server.dir, { recursive: true, force: true });
-}
+const { startServer, stopServer, reference, assertClose } = require('./support.js');
 
 // Fresh random values in [-4, 4) for every run.
 function randomArray(Ctor, n) {
   const words = new Uint32Array(crypto.randomBytes(4 * n).buffer);
   return Ctor.from(words, (w) => (w / 4294967296) * 8 - 4);
-}
-
-function reference(a, rows, cols, d, side, layout) {
-  const c = new Float64Array(rows * cols);
-  for (let i = 0; i < rows; i++) {
-    for (let j = 0; j < cols; j++) {
-      const k = layout === 'col' ? j * rows + i : i * cols + j;
-      c[k] = a[k] * (side === 'right' ? d[j] : d[i]);
-    }
-  }
-  return c;
-}
-
-function assertClose(actual, expected, rtol) {
-  assert.equal(actual.length, expected.length);
-  for (let k = 0; k < expected.length; k++) {
-    if (!(Math.abs(actual[k] - expected[k]) <= rtol * Math.abs(expected[k]))) {
-      assert.fail(`element ${k}: ${actual[k]} != ${expected[k]} (rtol ${rtol})`);
-    }
-  }
 }
 
 async function assertCode(promise, codeName) {
@@ -92,7 +41,7 @@ async function assertCode(promise, codeName) {
 let server;
 let client;
 before(async () => {
-  server = await startServer(['--allow_regions', '--region_memory_budget=64MiB']);
+  server = await startServer(['--threads=2', '--allow_regions', '--region_memory_budget=64MiB']);
   client = dgmm.createClient(server.address);
 });
 after(async () => {
@@ -190,7 +139,7 @@ test('bad inputs: names, keys, missing objects, duplicates, regions off', async 
   }
   await assertNothingRegistered();
 
-  const off = await startServer();
+  const off = await startServer(['--threads=2']);
   const offClient = dgmm.createClient(off.address);
   const shm2 = regions.createSharedMemoryRegion(4096);
   try {
