@@ -242,19 +242,26 @@ def concurrent_multiply(chans, req):
     return codes
 
 
-def unary_flood(args, budget):
-    """C concurrent valid Multiply calls of S bytes over C connections."""
-    calls, n = (24, 1024) if args.short else (128, 2000)  # 4 MiB / 16 MiB requests
-    server = Server(args.server, args.flags)
-    idle = server.rss()
+def flood(server, req, calls):
+    """`calls` concurrent Multiply calls of `req`, one connection each, watched:
+    (the watcher, the server's peak RSS, the status codes counted)."""
     w = Watcher(server)
-    req = multiply_request(n, n)
     chans = [channel(server.v4()) for _ in range(calls)]
     codes = concurrent_multiply(chans, req)
     w.stop()
     peak = server.peak()
     for c in chans:
         c.close()
+    return w, peak, codes
+
+
+def unary_flood(args, budget):
+    """C concurrent valid Multiply calls of S bytes over C connections."""
+    calls, n = (24, 1024) if args.short else (128, 2000)  # 4 MiB / 16 MiB requests
+    server = Server(args.server, args.flags)
+    idle = server.rss()
+    req = multiply_request(n, n)
+    w, peak, codes = flood(server, req, calls)
     recover = wait_rss_below(server, idle + 64 * MIB)
     server.stop()
     return dict(attack="%d concurrent %d MiB Multiply calls, %d connections" % (calls, len(req) // MIB, calls),
@@ -268,14 +275,8 @@ def oversized_unary(args, budget):
     calls = 8 if args.short else 32
     size_n = 4096  # 64 MiB, over the 16 MiB default
     server = Server(args.server, args.flags)
-    w = Watcher(server)
     req = multiply_request(size_n, size_n)
-    chans = [channel(server.v4()) for _ in range(calls)]
-    codes = concurrent_multiply(chans, req)
-    w.stop()
-    peak = server.peak()
-    for c in chans:
-        c.close()
+    w, peak, codes = flood(server, req, calls)
     server.stop()
     return dict(attack="%d concurrent 64 MiB Multiply calls over the 16 MiB limit" % calls,
                 peak=peak, fds=w.max_fds, second=w.second(), recover=None,
