@@ -100,7 +100,7 @@ const DEFAULT_RETRY_POLICY = Object.freeze({
 });
 const JITTER_FRACTION = 0.2;
 const RETRY_POLICY = Symbol('dgmm.retryPolicy');
-// The client's striping connections: { make(i), list: [client, ...] }.
+// The client's striping connections: { get(i), list: [client, ...], closed }.
 const STRIPES = Symbol('dgmm.stripes');
 // Marks a DgmmError of one attempt that must not be retried.
 const FINAL = Symbol('dgmm.final');
@@ -199,6 +199,8 @@ function createClient(address, credentials = grpc.credentials.createInsecure(), 
     list: [client],
     closed: false,
     get(i) {
+      // After close(), no part may open a connection that nothing closes.
+      if (this.closed) throw new DgmmError(grpc.status.CANCELLED, 'dgmm: the client is closed');
       while (this.list.length <= i) {
         this.list.push(new dgmmProto.Dgmm(address, credentials, { ...options, 'dgmm.stripe': this.list.length }));
       }
@@ -662,4 +664,5 @@ module.exports = {
   createClient, multiply, serverInfo, health, DgmmError, grpc, DEFAULT_RETRY_POLICY, retryDelay,
   DEFAULT_MAX_UNARY_MESSAGE_BYTES, DEFAULT_CHUNK_BYTES, BACKEND_NAMES,
   unaryThreshold, transferMode, linesPerBlock, stripeCount, stripeRanges, backendEnumName,
+  describeJob,  // for regions.js: one set of input checks
 };

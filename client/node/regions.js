@@ -23,7 +23,7 @@
 
 const crypto = require('node:crypto');
 const fs = require('node:fs');
-const { DgmmError, backendEnumName } = require('./dgmm');
+const { DgmmError, describeJob } = require('./dgmm');
 
 const SHM_DIR = '/dev/shm';
 const KEY = /^\/[A-Za-z0-9._-]{1,200}$/;
@@ -71,8 +71,6 @@ async function multiplyRegion(client, { header, matrix, result, diagonal }, opti
   if (diagonal) request.diagonal = diagonal;
   return (await call(client, 'MultiplyRegion', request, options)).stats;
 }
-
-const DTYPES = new Map([[Float32Array, 'DTYPE_FLOAT32'], [Float64Array, 'DTYPE_FLOAT64']]);
 
 // A POSIX shared-memory object this process creates (owner read/write only)
 // and sizes. key: "/" + 1-200 of [A-Za-z0-9._-]; default a fresh
@@ -156,27 +154,11 @@ class SharedMemoryRegion {
   async multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
     if (!this.client) throw new Error('dgmm: register the region first');
     if (client !== this.client) throw new Error('dgmm: the region is registered with another client');
-    const dtype = DTYPES.get(a.constructor);
-    if (!dtype) throw new TypeError('dgmm: the matrix must be a Float32Array or a Float64Array');
-    if (!Number.isInteger(rows) || !Number.isInteger(cols) || rows * cols !== a.length) {
-      throw new RangeError(`dgmm: ${a.length} elements do not make a ${rows} x ${cols} matrix`);
-    }
-    if (side !== 'right' && side !== 'left') throw new RangeError(`dgmm: side must be "right" or "left", got ${side}`);
-    const layout = options.layout || 'row';
-    if (layout !== 'row' && layout !== 'col') throw new RangeError(`dgmm: layout must be "row" or "col", got ${layout}`);
-    const d = diag instanceof a.constructor ? diag : a.constructor.from(diag);
+    const job = describeJob(a, rows, cols, diag, side, options);
     const at = this.registeredOffset;
     this.write(a, at);
     const stats = await multiplyRegion(client, {
-      header: {
-        rows,
-        cols,
-        dtype,
-        layout: layout === 'col' ? 'LAYOUT_COL_MAJOR' : 'LAYOUT_ROW_MAJOR',
-        side: side === 'left' ? 'SIDE_LEFT' : 'SIDE_RIGHT',
-        backend: backendEnumName(options.backend ?? 'auto'), // Policy rule 4: INVALID_ARGUMENT otherwise.
-        diagonal: Buffer.from(d.buffer, d.byteOffset, d.byteLength),
-      },
+      header: job.header,
       matrix: this.ref(0),
       result: this.ref(0),
     }, options);

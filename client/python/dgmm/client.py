@@ -455,6 +455,8 @@ class Client(RegionMethods):
     def _channel_and_stub(self, i):
         """Channel i of the striping channels (0 is the client's own) and its stub."""
         with self._channels_lock:
+            if not self._stripe_channels:  # close() emptied it: open nothing that nothing closes
+                raise DgmmError(grpc.StatusCode.CANCELLED, "dgmm: the client is closed")
             while len(self._stripe_channels) <= i:
                 n = len(self._stripe_channels)
                 channel = self._new_channel(self._channel_options + [("dgmm.stripe", n)])
