@@ -212,23 +212,16 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode,
               seconds > 0 ? 2.0 * static_cast<double>(bytes) / seconds / 1e9 : 0.0);
 }
 
-// The striping and mode chosen for `job`, printed before it runs.
-void PrintPlan(const Job& job, Mode mode, const ClientOptions& options) {
-  const int64_t bytes =
-      static_cast<int64_t>(ElementSize(job.matrix.dtype)) * job.matrix.rows * job.matrix.cols;
-  const int64_t lines =
-      job.matrix.layout == v1::LAYOUT_COL_MAJOR ? job.matrix.cols : job.matrix.rows;
-  const int k = ChooseStripes(bytes, lines, options.stripes);
-  const LineRange first = SplitLines(lines, k).front();
-  const TransferMode part_mode =
-      mode == Mode::kUnary    ? TransferMode::kUnary
-      : mode == Mode::kStream ? TransferMode::kStream
-                              : ChooseTransferMode(first.lines * (bytes / lines) +
-                                                       static_cast<int64_t>(job.diagonal_bytes),
-                                                   options.max_unary_message_bytes,
-                                                   options.chunk_bytes);
-  std::printf("stripes:    %d (%s), mode %s\n", k, options.stripes == 0 ? "auto" : "--stripes",
-              TransferModeName(part_mode));
+// The striping and mode chosen for `job` (Client::Plan, as the job will run
+// it), printed before it runs; nothing for a job the client will refuse.
+void PrintPlan(const Client& client, const Job& job, Mode mode) {
+  absl::StatusOr<Client::JobPlan> plan =
+      client.Plan(job, mode == Mode::kUnary    ? std::optional(TransferMode::kUnary)
+                       : mode == Mode::kStream ? std::optional(TransferMode::kStream)
+                                               : std::nullopt);
+  if (!plan.ok()) return;
+  std::printf("stripes:    %d (%s), mode %s\n", plan->stripes,
+              client.options().stripes == 0 ? "auto" : "--stripes", TransferModeName(plan->mode));
   std::fflush(stdout);
 }
 
@@ -326,7 +319,9 @@ int RunMultiply() {
   if (!client.ok()) return ReportError(client.status(), kExitUsage);
 
   const Job job = MakeJob(*ops, *choices);
-  if (!absl::GetFlag(FLAGS_quiet)) PrintPlan(job, choices->mode, (*client)->options());
+  if (!absl::GetFlag(FLAGS_quiet) && choices->shm != Shm::kOn) {  // --shm=on never stripes
+    PrintPlan(**client, job, choices->mode);
+  }
   NpyArray out(ops->matrix->header());
   const absl::Time start = absl::Now();
   std::optional<absl::StatusOr<JobResult>> shm_result;

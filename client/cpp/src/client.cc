@@ -136,6 +136,9 @@ struct Client::Attempt {
   std::optional<absl::Duration> pushback;
   // Result lines received (and placed) from the attempt's first line.
   int64_t lines_received = 0;
+  // Result payload bytes that arrived in this attempt, counted as they came
+  // (JobResult::received_bytes adds them up: a line received twice shows).
+  int64_t result_bytes = 0;
 };
 
 // What the parts of one logical job share: the job, the first final error
@@ -159,10 +162,9 @@ struct Client::JobRun {
   absl::Status first_error;               // guarded by mu
   std::vector<grpc::ClientContext*> live;  // guarded by mu
   // Per part (each written by its own part's thread, read after the join):
-  // the attempts made, its final stats, the mode of its first attempt.
+  // the attempts made and its final stats.
   std::vector<int> attempts;
   std::vector<v1::JobStats> stats;
-  std::vector<TransferMode> first_mode;
   std::atomic<int64_t> received_bytes{0};
   std::atomic<int> resumed{0};
 
@@ -422,17 +424,42 @@ absl::Status Client::AwaitConnection(Lane* lane, absl::Time deadline) {
 
 absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out_bytes,
                                            const ProgressCallback& progress) {
-  std::optional<TransferMode> mode;
-  if (options_.streaming_threshold_bytes >= 0) {
+  return RunJob(job, out, out_bytes, progress, std::nullopt);
+}
+
+absl::StatusOr<Client::JobPlan> Client::Plan(const Job& job,
+                                             std::optional<TransferMode> mode) const {
+  absl::StatusOr<size_t> bytes = MatrixBytes(job.matrix);
+  if (!bytes.ok()) return bytes.status();
+  JobPlan plan;
+  plan.forced = mode;
+  if (!plan.forced.has_value() && options_.streaming_threshold_bytes >= 0) {
     // An explicit threshold decides for the whole job, as before striping.
-    absl::StatusOr<size_t> bytes = MatrixBytes(job.matrix);
-    if (bytes.ok()) {
-      mode = static_cast<int64_t>(*bytes + job.diagonal_bytes) <= options_.streaming_threshold_bytes
-                 ? TransferMode::kUnary
-                 : TransferMode::kStream;
-    }
+    plan.forced = static_cast<int64_t>(*bytes + job.diagonal_bytes) <=
+                          options_.streaming_threshold_bytes
+                      ? TransferMode::kUnary
+                      : TransferMode::kStream;
   }
-  return RunJob(job, out, out_bytes, progress, mode);
+  const bool col_major = job.matrix.layout == v1::LAYOUT_COL_MAJOR;
+  const int64_t lines = col_major ? job.matrix.cols : job.matrix.rows;
+  // Parts (and resumed parts) slice the diagonal only when it has the length
+  // the side needs; otherwise the job goes whole and the server's validator
+  // names the problem.
+  const size_t elem = ElementSize(job.matrix.dtype);
+  const int64_t diag_elems = job.side == v1::SIDE_LEFT ? job.matrix.rows : job.matrix.cols;
+  const bool diag_fits = job.diagonal != nullptr &&
+                         job.diagonal_bytes == static_cast<size_t>(diag_elems) * elem;
+  plan.stripes = diag_fits ? ChooseStripes(static_cast<int64_t>(*bytes), lines, options_.stripes)
+                           : 1;
+  plan.slice_diagonal = diag_fits && (col_major != (job.side == v1::SIDE_LEFT));
+  const int64_t first_lines = SplitLines(lines, plan.stripes).front().lines;
+  const size_t first_bytes = static_cast<size_t>(first_lines) * (*bytes / static_cast<size_t>(lines));
+  const size_t first_diag =
+      plan.slice_diagonal ? static_cast<size_t>(first_lines) * elem : job.diagonal_bytes;
+  plan.mode = plan.forced.value_or(ChooseTransferMode(
+      static_cast<int64_t>(first_bytes + first_diag), options_.max_unary_message_bytes,
+      options_.chunk_bytes));
+  return plan;
 }
 
 absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_t out_bytes,
@@ -465,45 +492,34 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   run.job = &job;
   run.out = static_cast<char*>(out);
   run.deadline = Deadline();
-  run.mode = mode;
   run.matrix_bytes = *bytes;
+  absl::StatusOr<JobPlan> plan = Plan(job, mode);
+  if (!plan.ok()) return plan.status();
+  run.mode = plan->forced;
   const bool col_major = job.matrix.layout == v1::LAYOUT_COL_MAJOR;
   run.total_lines = col_major ? job.matrix.cols : job.matrix.rows;
   run.line_bytes = *bytes / static_cast<size_t>(run.total_lines);
-  run.slice_diagonal = (!col_major && job.side == v1::SIDE_LEFT) ||
-                       (col_major && job.side != v1::SIDE_LEFT);
-  // Parts (and resumed parts) slice the diagonal only when it has the length
-  // the side needs; otherwise the job goes whole and the server's validator
-  // names the problem.
-  const int64_t diag_elems = job.side == v1::SIDE_LEFT ? job.matrix.rows : job.matrix.cols;
-  const bool diag_fits =
-      job.diagonal != nullptr &&
-      job.diagonal_bytes == static_cast<size_t>(diag_elems) * ElementSize(job.matrix.dtype);
-  run.stripes = diag_fits ? ChooseStripes(static_cast<int64_t>(*bytes), run.total_lines,
-                                          options_.stripes)
-                          : 1;
-  if (!diag_fits) run.slice_diagonal = false;
+  run.stripes = plan->stripes;
+  run.slice_diagonal = plan->slice_diagonal;
   if (run.stripes > 1) run.group_id = RandomGroupId();
   const std::vector<LineRange> ranges = SplitLines(run.total_lines, run.stripes);
   const size_t k = ranges.size();
   run.attempts.assign(k, 0);
   run.stats.assign(k, v1::JobStats());
-  run.first_mode.assign(k, TransferMode::kUnary);
   run.progress = &progress;
   {
     std::lock_guard lock(run.progress_mu);
     run.sent.assign(k, 0);
     run.received.assign(k, 0);
   }
-  std::vector<absl::Status> outcomes(k);
   {
+    // A part's final error fails the run (JobRun::Fail), which is read below.
     std::vector<std::thread> threads;
     for (size_t i = 1; i < k; ++i) {
-      threads.emplace_back([&, i] {
-        outcomes[i] = RunPart(&run, static_cast<int>(i), ranges[i]);
-      });
+      threads.emplace_back(
+          [&, i] { RunPart(&run, static_cast<int>(i), ranges[i]).IgnoreError(); });
     }
-    outcomes[0] = RunPart(&run, 0, ranges[0]);
+    RunPart(&run, 0, ranges[0]).IgnoreError();
     for (std::thread& t : threads) t.join();
   }
   {
@@ -516,12 +532,9 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
       return failed;
     }
   }
-  for (const absl::Status& s : outcomes) {
-    if (!s.ok()) return s;  // not reached: a part's final error fails the run
-  }
   JobResult result;
   result.stripes = static_cast<int>(k);
-  result.mode = run.first_mode[0];
+  result.mode = plan->mode;  // the first part's first attempt
   result.attempts = 0;
   for (int a : run.attempts) result.attempts += a;
   result.part_stats = run.stats;
@@ -589,7 +602,6 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
         run->mode.value_or(ChooseTransferMode(static_cast<int64_t>(part_bytes + part.diagonal_bytes),
                                               options_.max_unary_message_bytes,
                                               options_.chunk_bytes));
-    if (made == 1) run->first_mode[static_cast<size_t>(index)] = mode;
     // Progress of the part: what was received before this attempt counts as
     // sent and received.
     const int64_t kept = done * static_cast<int64_t>(run->line_bytes);
@@ -605,9 +617,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
             : StreamAttempt(lane, run, header, part, part_bytes, part_out, made > 1,
                             part_progress);
     run->attempts[static_cast<size_t>(index)] = made;
-    run->received_bytes += attempt.result.ok()
-                               ? static_cast<int64_t>(part_bytes)
-                               : attempt.lines_received * static_cast<int64_t>(run->line_bytes);
+    run->received_bytes += attempt.result_bytes;
     if (attempt.result.ok()) {
       run->stats[static_cast<size_t>(index)] = std::move(attempt.result->stats);
       return absl::OkStatus();
@@ -680,6 +690,7 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
       outcome = wire::DecodeMultiplyResponse(&response, out, matrix_bytes, &result.stats);
       // A response that does not decode came from a server that works: final.
       attempt.retryable = false;
+      if (outcome.ok()) attempt.result_bytes = static_cast<int64_t>(matrix_bytes);
     } else {
       outcome = FromGrpcStatus(status);
       attempt.pushback = RetryPushback(context);
@@ -716,6 +727,7 @@ Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHead
     run->Unregister(&context);
     // The lines received are kept: a retry resumes after them.
     attempt.lines_received = call.LinesReceived();
+    attempt.result_bytes = call.BytesReceived();
     if (!stats.ok()) attempt.pushback = RetryPushback(context);
   }
   loans.WaitUntilReturned();

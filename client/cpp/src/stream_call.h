@@ -48,6 +48,8 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   // After Run: how many lines of the result arrived, from the first (each
   // written to `out`); a resumed job starts after them.
   int64_t LinesReceived() const { return next_line_to_receive_; }
+  // After Run: result payload bytes that arrived, counted per block.
+  int64_t BytesReceived() const { return bytes_received_.load(std::memory_order_relaxed); }
 
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;

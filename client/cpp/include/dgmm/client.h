@@ -226,8 +226,9 @@ struct JobResult {
   int stripes = 1;
   // Stats of each part's successful (last) attempt, in line order.
   std::vector<v1::JobStats> part_stats;
-  // Result bytes received over every attempt of every part. Equal to the
-  // matrix's size: a resumed part never receives a line twice.
+  // Result bytes that arrived over every attempt of every part, counted as
+  // each unary reply and each result block came. Equal to the matrix's size
+  // when no line was received twice (a resumed part asks only for the rest).
   int64_t received_bytes = 0;
   // Retries that resumed a stream after part of its result had arrived.
   int resumed = 0;
@@ -309,6 +310,21 @@ class Client {
   absl::StatusOr<HealthState> Health(const std::string& service = "");
 
   const ClientOptions& options() const { return options_; }
+
+  // What Multiply (`mode` nullopt), MultiplyUnary or MultiplyStream would do
+  // with `job` under this client's options: K parts, the RPC of the first
+  // part, and whether parts get slices of the diagonal. The one place these
+  // are decided; INVALID_ARGUMENT for a matrix MatrixBytes refuses.
+  struct JobPlan {
+    int stripes = 1;
+    // The first part's RPC; every part's when `forced`.
+    TransferMode mode = TransferMode::kUnary;
+    // Set by MultiplyUnary/MultiplyStream or ClientOptions.streaming_threshold_bytes.
+    std::optional<TransferMode> forced;
+    bool slice_diagonal = false;
+  };
+  absl::StatusOr<JobPlan> Plan(const Job& job,
+                               std::optional<TransferMode> mode = std::nullopt) const;
 
   // Hook for the region calls of dgmm/regions.h: the typed stub of this
   // client's channel, and `context` set up as for every call of this client
