@@ -42,7 +42,7 @@ class Server(ServerProcess):
 
 class ResetProxy:
     """A loopback TCP proxy to `upstream` (host, port). Each of the first
-    `resets` connections is reset (RST to both sides, SO_LINGER 0) once
+    `resets` connections is cut (RST to the server, FIN to the client) once
     `reset_after_bytes` bytes have gone from the client to the server on it
     (and, when reset_after_result_bytes > 0, that many from the server to the
     client too, so that part of the result has arrived: the resume path);
@@ -84,6 +84,23 @@ class ResetProxy:
                 pass
             s.close()
 
+    def _cut(self, client, server):
+        """Ends a connection mid-call: RST to the server; to the client, a FIN
+        after everything already forwarded (an RST would make its kernel drop
+        result bytes it has not read yet, and whether a resume happens would
+        depend on timing), then the socket is drained briefly and closed."""
+        with self.lock:
+            self.resets_done += 1
+        self._reset(server)
+        try:
+            client.shutdown(socket.SHUT_WR)
+            client.settimeout(0.5)
+            while client.recv(1 << 16):
+                pass
+        except OSError:
+            pass
+        client.close()
+
     def _pump(self, client, index):
         try:
             server = socket.create_connection(self.upstream)
@@ -112,18 +129,15 @@ class ResetProxy:
                         # both thresholds are passed.
                         if limit is not None and sent >= limit and \
                                 returned >= self.reset_after_result_bytes > 0:
-                            with self.lock:
-                                self.resets_done += 1
-                            self._reset(client, server)
+                            sink.sendall(data)
+                            self._cut(client, server)
                             client = server = None
                             return
                     if source is client and limit is not None:
                         if sent + len(data) >= limit and \
                                 returned >= self.reset_after_result_bytes:
                             sink.sendall(data[:max(0, limit - sent)])
-                            with self.lock:
-                                self.resets_done += 1
-                            self._reset(client, server)
+                            self._cut(client, server)
                             client = server = None
                             return
                         sent += len(data)
