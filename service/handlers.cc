@@ -918,8 +918,9 @@ grpc::ServerUnaryReactor* DgmmService::RegisterRegion(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* response) {
   absl::StatusOr<int> token = Authenticate(context);
   if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
-  return ServeRegionCall(RegionMethod::kRegister, regions_, context, ClientKey(context, *token),
-                         request, response, &calls_);
+  const absl::Status served = ServeRegionCall(RegionMethod::kRegister, regions_,
+                                              ClientKey(context, *token), request, response);
+  return new RefusedUnary(ToGrpcStatus(served, context), &calls_);
 }
 
 grpc::ServerUnaryReactor* DgmmService::UnregisterRegion(grpc::CallbackServerContext* context,
@@ -927,8 +928,9 @@ grpc::ServerUnaryReactor* DgmmService::UnregisterRegion(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   absl::StatusOr<int> token = Authenticate(context);
   if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
-  return ServeRegionCall(RegionMethod::kUnregister, regions_, context,
-                         ClientKey(context, *token), request, response, &calls_);
+  const absl::Status served = ServeRegionCall(RegionMethod::kUnregister, regions_,
+                                              ClientKey(context, *token), request, response);
+  return new RefusedUnary(ToGrpcStatus(served, context), &calls_);
 }
 
 grpc::ServerUnaryReactor* DgmmService::GetRegionStatus(grpc::CallbackServerContext* context,
@@ -936,8 +938,9 @@ grpc::ServerUnaryReactor* DgmmService::GetRegionStatus(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* response) {
   absl::StatusOr<int> token = Authenticate(context);
   if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
-  return ServeRegionCall(RegionMethod::kStatus, regions_, context, ClientKey(context, *token),
-                         request, response, &calls_);
+  const absl::Status served = ServeRegionCall(RegionMethod::kStatus, regions_,
+                                              ClientKey(context, *token), request, response);
+  return new RefusedUnary(ToGrpcStatus(served, context), &calls_);
 }
 
 grpc::ServerUnaryReactor* DgmmService::MultiplyRegion(grpc::CallbackServerContext* context,
@@ -945,8 +948,8 @@ grpc::ServerUnaryReactor* DgmmService::MultiplyRegion(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* response) {
   absl::StatusOr<int> token = Authenticate(context);
   if (!token.ok()) return new RefusedUnary(ToGrpcStatus(token.status(), context), &calls_);
-  return ServeMultiplyRegion(engine_, regions_, context, ClientKey(context, *token), request,
-                             response, &calls_);
+  return ServeMultiplyRegion(engine_, regions_, context, ClientKey(context, *token),
+                             DeadlineOf(context), request, response, &calls_);
 }
 
 }  // namespace dgmm

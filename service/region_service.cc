@@ -23,30 +23,6 @@ absl::Status RegionsOff() {
       "--allow_regions); stream the job instead");
 }
 
-absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
-  const auto d = context->deadline();
-  if (d >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
-    return absl::InfiniteFuture();
-  }
-  return absl::FromChrono(d);
-}
-
-// Finishes at once; counts itself among the service's calls until done.
-class DoneUnary final : public grpc::ServerUnaryReactor {
- public:
-  DoneUnary(const grpc::Status& status, std::atomic<int64_t>* calls) : calls_(calls) {
-    calls_->fetch_add(1);
-    Finish(status);
-  }
-  void OnDone() override {
-    calls_->fetch_sub(1);
-    delete this;
-  }
-
- private:
-  std::atomic<int64_t>* calls_;
-};
-
 template <typename Request>
 absl::StatusOr<Request> Parse(const grpc::ByteBuffer* buffer, const char* name) {
   Request r;
@@ -80,7 +56,8 @@ class RegionJobCall final : public grpc::ServerUnaryReactor,
                             public std::enable_shared_from_this<RegionJobCall> {
  public:
   RegionJobCall(Engine* engine, RegionRegistry* registry, grpc::CallbackServerContext* context,
-                std::string owner, grpc::ByteBuffer* response, std::atomic<int64_t>* calls)
+                std::string owner, absl::Time deadline, grpc::ByteBuffer* response,
+                std::atomic<int64_t>* calls)
       : engine_(engine),
         registry_(registry),
         context_(context),
@@ -88,7 +65,7 @@ class RegionJobCall final : public grpc::ServerUnaryReactor,
         response_(response),
         calls_(calls),
         arrived_(absl::Now()),
-        deadline_(DeadlineOf(context)) {
+        deadline_(deadline) {
     calls_->fetch_add(1);
   }
 
@@ -287,56 +264,51 @@ class RegionJobCall final : public grpc::ServerUnaryReactor,
 
 }  // namespace
 
-grpc::ServerUnaryReactor* ServeRegionCall(RegionMethod method, RegionRegistry* registry,
-                                          grpc::CallbackServerContext* context,
-                                          const std::string& owner,
-                                          const grpc::ByteBuffer* request,
-                                          grpc::ByteBuffer* response,
-                                          std::atomic<int64_t>* calls) {
-  auto finish = [&](const absl::Status& s) {
-    return new DoneUnary(ToGrpcStatus(s, context), calls);
-  };
-  if (registry == nullptr || !registry->enabled()) return finish(RegionsOff());
+absl::Status ServeRegionCall(RegionMethod method, RegionRegistry* registry,
+                             const std::string& owner, const grpc::ByteBuffer* request,
+                             grpc::ByteBuffer* response) {
+  if (registry == nullptr || !registry->enabled()) return RegionsOff();
   switch (method) {
     case RegionMethod::kRegister: {
       auto req = Parse<v1::RegisterRegionRequest>(request, "RegisterRegionRequest");
-      if (!req.ok()) return finish(req.status());
+      if (!req.ok()) return req.status();
       auto status = registry->Register(owner, *req);
-      if (!status.ok()) return finish(status.status());
+      if (!status.ok()) return status.status();
       v1::RegisterRegionResponse reply;
       *reply.mutable_region() = *status;
       *response = wire::EncodeMessage(reply);
-      return finish(absl::OkStatus());
+      return absl::OkStatus();
     }
     case RegionMethod::kUnregister: {
       auto req = Parse<v1::UnregisterRegionRequest>(request, "UnregisterRegionRequest");
-      if (!req.ok()) return finish(req.status());
+      if (!req.ok()) return req.status();
       auto n = registry->Unregister(owner, req->name());
-      if (!n.ok()) return finish(n.status());
+      if (!n.ok()) return n.status();
       v1::UnregisterRegionResponse reply;
       reply.set_unregistered(*n);
       *response = wire::EncodeMessage(reply);
-      return finish(absl::OkStatus());
+      return absl::OkStatus();
     }
     case RegionMethod::kStatus: {
       auto req = Parse<v1::GetRegionStatusRequest>(request, "GetRegionStatusRequest");
-      if (!req.ok()) return finish(req.status());
+      if (!req.ok()) return req.status();
       auto reply = registry->Status(owner, req->name());
-      if (!reply.ok()) return finish(reply.status());
+      if (!reply.ok()) return reply.status();
       *response = wire::EncodeMessage(*reply);
-      return finish(absl::OkStatus());
+      return absl::OkStatus();
     }
   }
-  return finish(absl::InternalError("unknown region method"));
+  return absl::InternalError("unknown region method");
 }
 
 grpc::ServerUnaryReactor* ServeMultiplyRegion(Engine* engine, RegionRegistry* registry,
                                               grpc::CallbackServerContext* context,
-                                              const std::string& owner,
+                                              const std::string& owner, absl::Time deadline,
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response,
                                               std::atomic<int64_t>* calls) {
-  auto call = std::make_shared<RegionJobCall>(engine, registry, context, owner, response, calls);
+  auto call = std::make_shared<RegionJobCall>(engine, registry, context, owner, deadline,
+                                              response, calls);
   call->Begin(request);
   return call.get();
 }

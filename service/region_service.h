@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "service/engine.h"
 #include "service/regions/region_registry.h"
@@ -18,20 +20,19 @@ namespace dgmm {
 
 enum class RegionMethod { kRegister, kUnregister, kStatus };
 
-// RegisterRegion, UnregisterRegion or GetRegionStatus for client `owner`.
-// `registry` null or disabled: FAILED_PRECONDITION.
-grpc::ServerUnaryReactor* ServeRegionCall(RegionMethod method, RegionRegistry* registry,
-                                          grpc::CallbackServerContext* context,
-                                          const std::string& owner,
-                                          const grpc::ByteBuffer* request,
-                                          grpc::ByteBuffer* response,
-                                          std::atomic<int64_t>* calls);
+// RegisterRegion, UnregisterRegion or GetRegionStatus for client `owner`:
+// the call's status, with `response` filled when OK. `registry` null or
+// disabled: FAILED_PRECONDITION.
+absl::Status ServeRegionCall(RegionMethod method, RegionRegistry* registry,
+                             const std::string& owner, const grpc::ByteBuffer* request,
+                             grpc::ByteBuffer* response);
 
-// MultiplyRegion for client `owner`: validated, admitted and run like any
-// job (JobMode::kHostRegion or kDeviceRegion), on a job worker.
+// MultiplyRegion for client `owner`, due by `deadline`: validated, admitted
+// and run like any job (JobMode::kHostRegion or kDeviceRegion), on a job
+// worker.
 grpc::ServerUnaryReactor* ServeMultiplyRegion(Engine* engine, RegionRegistry* registry,
                                               grpc::CallbackServerContext* context,
-                                              const std::string& owner,
+                                              const std::string& owner, absl::Time deadline,
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response,
                                               std::atomic<int64_t>* calls);
