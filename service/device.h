@@ -80,7 +80,7 @@ class Device {
   // the shape alone. kWhole: what the whole-matrix job holds (input and output
   // matrices plus diagonal). kStreamed: a fixed tile working set that does not
   // grow with the number of lines. The host side of every job (its payload
-  // in host memory) is HostFootprint (service/pipeline/block_pipeline.h),
+  // in host memory) is HostFootprint (service/engine/footprint.h),
   // which the engine reserves from the host budget for every job.
   virtual int64_t Footprint(const Problem& p, JobMode mode,
                             int64_t max_block_bytes) const = 0;

@@ -22,6 +22,7 @@
 #include "service/backends/cpu/cpu_device.h"
 #include "service/server.h"
 #include "service/server_flags.h"
+#include "service/job/stream_job.h"
 #include "service/util/conn_guard.h"
 #include "service/util/log.h"
 #include "util/flag_names.h"

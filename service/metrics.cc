@@ -57,7 +57,7 @@ std::string RenderMetrics(const Engine& engine) {
   Family(&out, "dgmm_group_parts_total", "counter",
          "Parts of striped jobs (JobHeader.group) that ended, by outcome (completed or the "
          "reason).");
-  for (const auto& [outcome, n] : engine.GroupParts()) {
+  for (const auto& [outcome, n] : engine.metrics().GroupParts()) {
     absl::StrAppend(&out, "dgmm_group_parts_total{outcome=\"", outcome, "\"} ", n, "\n");
   }
   Family(&out, "dgmm_job_duration_seconds", "histogram",
@@ -66,7 +66,7 @@ std::string RenderMetrics(const Engine& engine) {
     const std::string m = mode == JobMode::kWhole      ? "unary"
                           : mode == JobMode::kStreamed ? "stream"
                                                        : "region";
-    const LatencyHistogram h = engine.Latency(mode);
+    const LatencyHistogram h = engine.metrics().Latency(mode);
     int64_t cumulative = 0;
     for (std::size_t b = 0; b < std::size(kLatencyBuckets); ++b) {
       cumulative += h.counts[b];

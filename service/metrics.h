@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "service/engine.h"
+#include "service/engine/engine.h"
 
 namespace dgmm {
 

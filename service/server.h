@@ -10,9 +10,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
-#include "service/echo_service.h"
-#include "service/engine.h"
-#include "service/handlers.h"
+#include "service/rpc/echo_service.h"
+#include "service/engine/engine.h"
+#include "service/job/watchdog.h"
+#include "service/rpc/dgmm_service.h"
 #include "service/metrics.h"
 
 namespace dgmm {
@@ -37,7 +38,7 @@ struct ServerOptions {
   std::string tls_client_ca_file;
   // If set, dgmm's RPCs need `authorization: Bearer <token from this file>`.
   std::string auth_token_file;
-  // Also serve the benchmark-only dgmm.bench.v1.Echo (service/echo_service.h).
+  // Also serve the benchmark-only dgmm.bench.v1.Echo (service/rpc/echo_service.h).
   bool enable_bench_echo = false;
   // gRPC's own memory (receive buffers of messages being read, connection
   // state) is held to this many bytes by a grpc::ResourceQuota: past it,
@@ -48,7 +49,7 @@ struct ServerOptions {
   // Most Multiply calls that may wait for room to have their request read
   // (ReceiveGate); beyond it they get RESOURCE_EXHAUSTED with a pushback.
   int max_waiting_unary_calls = 1024;
-  // When quiet MultiplyStreams are ended (handlers.h).
+  // When quiet MultiplyStreams are ended (service/job/watchdog.h).
   StreamTimeouts stream_timeouts;
   // How long Drain waits, after the engine has drained, for calls still in
   // progress (replies on their way out, requests refused with UNAVAILABLE)

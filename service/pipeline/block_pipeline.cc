@@ -8,13 +8,6 @@
 
 namespace dgmm {
 
-int64_t HostFootprint(const Problem& p, JobMode mode, int64_t max_block_bytes) {
-  if (mode == JobMode::kWhole) return 2 * p.matrix_bytes() + p.diag_bytes();
-  // A region job's matrix and result are in memory the client registered.
-  if (mode == JobMode::kHostRegion || mode == JobMode::kDeviceRegion) return p.diag_bytes();
-  return 2 * kStreamWindowBlocks * max_block_bytes + p.diag_bytes();
-}
-
 BlockPipeline::BlockPipeline(const Problem& problem, Options options, HostBufferPool* pool,
                              Post post, std::shared_ptr<BlockStage> stage, PipelineIo* io)
     : problem_(problem),

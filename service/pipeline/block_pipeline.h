@@ -49,22 +49,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "service/device.h"
+#include "service/engine/footprint.h"
 #include "service/host_buffers.h"
 #include "service/problem.h"
-#include "service/validator.h"
+#include "service/job/validator.h"
 
 namespace dgmm {
-
-// Blocks of a streamed job the server holds at once (read, computing, or
-// being written back).
-inline constexpr int kStreamWindowBlocks = 4;
-
-// Host bytes a job holds while admitted, whatever device it runs on: its
-// payload on the host side. kWhole: the request matrix as received and the
-// buffer it is computed in (the reply is sent from it), plus the diagonal.
-// kStreamed: the window, each block held twice (see above), plus the diagonal.
-// Region modes: the diagonal alone (matrix and result are in client memory).
-int64_t HostFootprint(const Problem& p, JobMode mode, int64_t max_block_bytes);
 
 // A block message as it arrived, not yet decoded.
 class BlockMessage {

@@ -4,7 +4,11 @@ namespace dgmm {
 
 absl::Status ComputeStage::Process(std::byte* data, int64_t first_line, int64_t lines,
                                    const CancelFn& cancelled) {
-  absl::Status s = job_->Process(Tile{data, data, first_line, lines}, cancelled);
+  return ProcessTile(Tile{data, data, first_line, lines}, cancelled);
+}
+
+absl::Status ComputeStage::ProcessTile(const Tile& tile, const CancelFn& cancelled) {
+  absl::Status s = job_->Process(tile, cancelled);
   if (s.code() == absl::StatusCode::kCancelled) s = cancelled_status_();
   return s;
 }

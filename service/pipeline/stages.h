@@ -1,5 +1,7 @@
-// The two stages a block goes through today (block_pipeline.h): compute on
-// a job's device, or nothing (the streaming benchmark's echo).
+// The two stages a block goes through (block_pipeline.h): compute on a job's
+// device, or nothing (the streaming benchmark's echo). ComputeStage is where
+// every admitted job runs, whatever brought its bytes: a unary request's one
+// block, a stream's blocks, or a region job's one tile (service/job).
 #ifndef DGMM_SERVICE_PIPELINE_STAGES_H_
 #define DGMM_SERVICE_PIPELINE_STAGES_H_
 
@@ -8,7 +10,7 @@
 
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
-#include "service/engine.h"
+#include "service/engine/engine.h"
 #include "service/pipeline/block_pipeline.h"
 
 namespace dgmm {
@@ -23,7 +25,10 @@ class ComputeStage final : public BlockStage {
       : job_(std::move(job)), cancelled_status_(std::move(cancelled_status)) {}
   absl::Status Process(std::byte* data, int64_t first_line, int64_t lines,
                        const CancelFn& cancelled) override;
-  // Records the bytes in the job's stats and ends the job with `outcome`.
+  // A tile whose input and output differ (a region job's spans).
+  absl::Status ProcessTile(const Tile& tile, const CancelFn& cancelled);
+  // Records the bytes in the job's stats and ends the job with `outcome`:
+  // its outcome, metrics and group log line, once (ActiveJob::End).
   void End(const absl::Status& outcome, int64_t bytes_in, int64_t bytes_out) override;
   ActiveJob& job() { return *job_; }
 

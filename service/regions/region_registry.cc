@@ -61,7 +61,7 @@ v1::RegionStatus Region::Describe() const {
   s.set_offset(offset_);
   s.set_byte_size(byte_size_);
   s.set_device(device_);
-  s.set_pinned(pinned_);
+  s.set_pinned(pinned_.load());
   s.set_jobs_in_use(jobs_in_use_.load());
   s.set_jobs_total(jobs_total_.load());
   s.set_register_ns(absl::ToInt64Nanoseconds(register_time_));
@@ -83,8 +83,28 @@ Region::Use::~Use() {
 // ---------------------------------------------------------- RegionRegistry
 
 RegionRegistry::RegionRegistry(RegionOptions options, RegionMemoryOps ops)
-    : options_(options), ops_(std::move(ops)) {
+    : options_(options), ops_(std::move(ops)), workers_(std::make_unique<ThreadPool>(2)) {
   if (options_.enabled) sweeper_ = std::thread([this] { Loop(); });
+}
+
+void RegionRegistry::Post(std::function<void()> fn) { workers_->Post(std::move(fn)); }
+
+void RegionRegistry::NoteJob(const std::shared_ptr<Region>& r) {
+  if (!ops_.pin_host || r->kind_ != v1::REGION_KIND_SYSTEM_SHM) return;
+  // Use counts this job: the region is reused once it has had one before.
+  if (r->jobs_total_.load() < 2 || r->pin_requested_.exchange(true)) return;
+  workers_->Post([this, r] {
+    const absl::Time t0 = absl::Now();
+    auto unpin = ops_.pin_host(r->data_, r->byte_size_);
+    if (!unpin.ok()) {
+      LogInfo("region '", r->name_, "' of ", r->owner_, " stays unpinned: ", unpin.status().ToString());
+      return;
+    }
+    r->unpin_ = std::move(*unpin);
+    r->pinned_ = true;
+    LogInfo("region '", r->name_, "' of ", r->owner_, " pinned on reuse, ", r->byte_size_,
+            " bytes in ", absl::FormatDuration(absl::Now() - t0));
+  });
 }
 
 RegionRegistry::~RegionRegistry() {
@@ -191,14 +211,6 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapShm(
   r->data_ = static_cast<std::byte*>(m) + delta;
   r->identity_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
   r->object_offset_ = shm.offset();
-  if (ops_.pin_host) {
-    auto unpin = ops_.pin_host(r->data_, r->byte_size_);
-    if (!unpin.ok()) return unpin.status();
-    r->unpin_ = std::move(*unpin);
-    r->pinned_ = true;
-    // Pinning faults every page in: a shrink during it shows here.
-    if (auto intact = r->CheckIntact(); !intact.ok()) return intact;
-  }
   return r;
 }
 

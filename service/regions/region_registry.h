@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
+#include "util/thread_pool.h"
 
 namespace dgmm {
 
@@ -89,6 +90,7 @@ class Region {
     Use(Use&&) = default;
     Region* operator->() const { return region_.get(); }
     Region& operator*() const { return *region_; }
+    const std::shared_ptr<Region>& region() const { return region_; }
 
    private:
     std::shared_ptr<Region> region_;
@@ -108,7 +110,10 @@ class Region {
   std::byte* data_ = nullptr;
   std::pair<uint64_t, uint64_t> identity_{0, 0};
   int64_t object_offset_ = 0;
-  bool pinned_ = false;
+  // Pinned by the registry's worker once the region is reused (NoteJob);
+  // unpin_ is set before pinned_ and used only by the destructor.
+  std::atomic<bool> pin_requested_{false};
+  std::atomic<bool> pinned_{false};
   absl::Duration register_time_;
   // Host memory: the object's descriptor, the mapping and its guard slot.
   int fd_ = -1;
@@ -138,6 +143,14 @@ class RegionRegistry {
   absl::StatusOr<int> Unregister(const std::string& owner, const std::string& name);
   absl::StatusOr<v1::GetRegionStatusResponse> Status(const std::string& owner,
                                                      const std::string& name) const;
+  // A job on `r` was admitted (its Region::Use exists). Host memory is not
+  // pinned at registration: a first job streams through the device's own
+  // pinned staging. From a region's second job on it is pinned on the
+  // registry's worker (once), so that later jobs DMA straight from it.
+  void NoteJob(const std::shared_ptr<Region>& r);
+  // Runs region work that blocks (mapping, pinning) off the caller's thread.
+  void Post(std::function<void()> fn);
+
   // `owner`'s region `name`, or NOT_FOUND.
   absl::StatusOr<std::shared_ptr<Region>> Find(const std::string& owner,
                                                const std::string& name) const;
@@ -174,6 +187,7 @@ class RegionRegistry {
   // owner -> name -> region
   std::map<std::string, std::map<std::string, std::shared_ptr<Region>>> regions_;
   std::thread sweeper_;
+  std::unique_ptr<ThreadPool> workers_;  // last: joined before the table goes
 };
 
 }  // namespace dgmm

@@ -1,5 +1,5 @@
 // Admission: budgets, FIFO queue with bounded backfill, deadlines, cancel.
-#include "service/admission.h"
+#include "service/job/admission.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,6 @@
 // The engine's routing and health, with a fake GPU standing in for CUDA (CI
 // has no GPU; the real devices are exercised by tests/gpu on an H200).
-#include "service/engine.h"
+#include "service/engine/engine.h"
 
 #include <atomic>
 #include <future>

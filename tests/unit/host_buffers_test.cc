@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "service/wire_buffers.h"
+#include "service/rpc/wire_buffers.h"
 
 namespace dgmm {
 namespace {

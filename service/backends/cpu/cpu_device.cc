@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "service/pipeline/block_pipeline.h"
+#include "service/engine/footprint.h"
 
 namespace dgmm {
 namespace {

@@ -31,7 +31,7 @@ class CpuDevice : public Device {
   std::vector<BackendKind> backends() const override { return {BackendKind::kCpu}; }
   bool in_service() const override { return true; }
 
-  // HostFootprint (service/pipeline/block_pipeline.h): a CPU job computes in
+  // HostFootprint (service/engine/footprint.h): a CPU job computes in
   // its host block buffers and needs nothing beyond them.
   int64_t Footprint(const Problem& p, JobMode mode,
                     int64_t max_block_bytes) const override;

@@ -1,10 +1,10 @@
-#include "service/receive_gate.h"
+#include "service/job/receive_gate.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "service/outcome.h"
-#include "service/status_map.h"
+#include "service/rpc/status_map.h"
 
 namespace dgmm {
 

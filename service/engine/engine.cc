@@ -1,12 +1,11 @@
-#include "service/engine.h"
+#include "service/engine/engine.h"
 
 #include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "service/pipeline/block_pipeline.h"
-#include "service/util/log.h"
+#include "service/engine/footprint.h"
 #include "util/flag_names.h"
 
 namespace dgmm {
@@ -22,24 +21,6 @@ v1::Backend ToWire(BackendKind b) {
       return v1::BACKEND_CUBLAS;
   }
   return v1::BACKEND_AUTO;
-}
-
-absl::string_view ModeName(JobMode m) {
-  switch (m) {
-    case JobMode::kWhole:
-      return "unary";
-    case JobMode::kStreamed:
-      return "streamed";
-    case JobMode::kHostRegion:
-      return "host-region";
-    case JobMode::kDeviceRegion:
-      return "cuda-ipc-region";
-  }
-  return "?";
-}
-
-int LatencyIndex(JobMode m) {
-  return m == JobMode::kWhole ? 0 : m == JobMode::kStreamed ? 1 : 2;
 }
 
 }  // namespace
@@ -92,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   e->gpus_ = std::move(gpus);
   e->admission_ = std::make_unique<Admission>(std::move(pools), options.max_queue,
                                               options.max_head_wait, options.client_limits);
+  e->metrics_ = std::make_unique<JobMetrics>(e->admission_.get());
   const int threads = options.job_threads > 0 ? options.job_threads : std::max(8, 2 * streams);
   e->workers_ = std::make_unique<ThreadPool>(threads);
   return e;
@@ -146,75 +128,32 @@ absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mo
   r.need.host_bytes = HostFootprint(p, mode, options_.limits.max_block_bytes);
   if (r.need.host_bytes > admission_->capacity(0) ||
       (r.pool != 0 && r.need.device_bytes > admission_->capacity(r.pool))) {
-    return TooLarge(p, mode, r);
+    const bool host_short = r.need.host_bytes > admission_->capacity(0);
+    return TooLargeError(
+        p, mode,
+        {.host_short = host_short,
+         .device = r.device,
+         .need = host_short ? r.need.host_bytes : r.need.device_bytes,
+         .capacity = admission_->capacity(host_short ? 0 : r.pool),
+         .max_dim = options_.limits.max_dim,
+         .max_block_bytes = options_.limits.max_block_bytes});
   }
   return r;
-}
-
-absl::Status Engine::TooLarge(const Problem& p, JobMode mode, const Route& r) const {
-  const bool host_short = r.need.host_bytes > admission_->capacity(0);
-  const Device& dev = host_short ? *cpu_ : *r.device;
-  const int pool = host_short ? 0 : r.pool;
-  const int64_t need = host_short ? r.need.host_bytes : r.need.device_bytes;
-  const int64_t capacity = admission_->capacity(pool);
-  const int64_t max_block = options_.limits.max_block_bytes;
-
-  auto largest_n = [&](JobMode m) {
-    int64_t hi = options_.limits.max_dim;
-    if (m == JobMode::kStreamed) hi = std::min<int64_t>(hi, max_block / p.elem_size());
-    int64_t lo = 0;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      Problem sq = p;
-      sq.rows = sq.cols = mid;
-      const int64_t fp = host_short ? HostFootprint(sq, m, max_block) : dev.Footprint(sq, m, max_block);
-      if (fp <= capacity) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    return lo;
-  };
-  std::string msg = absl::StrFormat(
-      "job needs %d bytes of %s memory (%s %s %dx%d: %s) but the %s budget's capacity is %d "
-      "bytes (%s); the largest square %s matrix that fits %s is N=%d.",
-      need, host_short ? "host" : "GPU", ModeName(mode), DTypeName(p.dtype), p.rows, p.cols,
-      mode == JobMode::kWhole ? "input and output matrices plus diagonal"
-                              : "streaming window plus diagonal",
-      host_short ? "host" : absl::StrCat("GPU ", dev.index()), capacity,
-      host_short ? "--host_memory_budget" : "--gpu_memory_budget", DTypeName(p.dtype),
-      ModeName(mode), largest_n(mode));
-  if (mode == JobMode::kWhole) {
-    const int64_t streamed = host_short ? HostFootprint(p, JobMode::kStreamed, max_block)
-                                        : dev.Footprint(p, JobMode::kStreamed, max_block);
-    if (streamed <= capacity && p.line_bytes() <= max_block) {
-      absl::StrAppendFormat(&msg,
-                            " Streamed, this job needs only %d bytes and fits: use "
-                            "MultiplyStream (dgmm-cli and the dgmm clients stream large "
-                            "matrices on their own).",
-                            streamed);
-    }
-  }
-  return WithOutcome(absl::ResourceExhaustedError(msg), Outcome::kTooLarge);
 }
 
 absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode mode,
                                                 absl::Time arrived, absl::Time deadline,
                                                 StartCallback done, const std::string& client) {
+  const v1::JobGroup* group_of_job = job.group.has_value() ? &*job.group : nullptr;
   if (draining_) {
-    admission_->RecordOutcome(0, Outcome::kUnavailable);
     const absl::Status draining =
         absl::UnavailableError("server is draining; retry on another replica");
-    if (job.group.has_value()) GroupPartEnded(*job.group, job.problem.lines(), 0, draining);
+    metrics_->Refused(0, draining, group_of_job, job.problem.lines());
     return draining;
   }
   auto route = RouteJob(job, mode);
   if (!route.ok()) {
-    admission_->RecordOutcome(0, OutcomeOf(route.status()));
-    if (job.group.has_value()) {
-      GroupPartEnded(*job.group, job.problem.lines(), 0, route.status());
-    }
+    metrics_->Refused(0, route.status(), group_of_job, job.problem.lines());
     return route.status();
   }
   const Problem problem = job.problem;
@@ -227,8 +166,8 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
           done = std::move(done), held]() mutable {
       absl::StatusOr<Reservation>& res = *held;
       if (!res.ok()) {
-        admission_->RecordOutcome(r.pool, OutcomeOf(res.status()));
-        if (group.has_value()) GroupPartEnded(*group, problem.lines(), 0, res.status());
+        metrics_->Refused(r.pool, res.status(), group.has_value() ? &*group : nullptr,
+                          problem.lines());
         done(res.status());
         return;
       }
@@ -266,82 +205,18 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   auto ticket =
       admission_->Submit(route->need, deadline, std::move(on_admit), client, group_ref);
   if (!ticket.ok()) {
-    admission_->RecordOutcome(route->pool, OutcomeOf(ticket.status()));
-    if (job.group.has_value()) GroupPartEnded(*job.group, problem.lines(), 0, ticket.status());
+    metrics_->Refused(route->pool, ticket.status(), group_of_job, problem.lines());
   }
   return ticket;
 }
 
-void Engine::RecordRejected(const absl::Status& s) { admission_->RecordOutcome(0, OutcomeOf(s)); }
-
-void Engine::GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
-                            const absl::Status& status) {
-  const std::string outcome =
-      status.ok() ? "completed" : std::string(OutcomeName(OutcomeOf(status)));
-  {
-    std::lock_guard lock(latency_mu_);
-    group_parts_[outcome]++;
-  }
-  // One line per part, so that an operator (and the fault test) can follow a
-  // logical job's line ranges over the replicas.
-  LogInfo("job ", job_id, " group ", group.id(), " lines [", group.first_line(), ",",
-          group.first_line() + lines, ") of ", group.total_lines(), " (", group.parts(),
-          " parts): ", outcome,
-          status.ok() ? std::string()
-                      : absl::StrCat(" (", absl::StatusCodeToString(status.code()), ": ",
-                                     status.message(), ")"));
-}
-
-std::map<std::string, int64_t> Engine::GroupParts() const {
-  std::lock_guard lock(latency_mu_);
-  return group_parts_;
-}
-
 void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {
-  admission_->RecordOutcome(job->pool_, OutcomeOf(status));
-  if (job->stats_.has_group()) {
-    GroupPartEnded(job->stats_.group(), job->lines_, job->stats_.job_id(), status);
-  }
-  if (status.ok()) {
-    const double seconds = static_cast<double>(job->stats_.total_ns()) * 1e-9;
-    std::lock_guard lock(latency_mu_);
-    LatencyHistogram& h = latency_[LatencyIndex(job->mode_)];
-    std::size_t b = 0;
-    while (b < std::size(kLatencyBuckets) && seconds > kLatencyBuckets[b]) ++b;
-    h.counts[b]++;
-    h.sum_seconds += seconds;
-    h.count++;
-  }
+  metrics_->Ended(job->pool_, job->mode_, job->stats_, job->lines_, status);
   // A device error may have taken the device out of service.
   if (status.code() == absl::StatusCode::kInternal ||
       status.code() == absl::StatusCode::kUnavailable) {
     NotifyServing();
   }
-}
-
-LatencyHistogram Engine::Latency(JobMode mode) const {
-  std::lock_guard lock(latency_mu_);
-  return latency_[LatencyIndex(mode)];
-}
-
-RegionMemoryOps Engine::RegionOps() {
-  RegionMemoryOps ops;
-  if (gpus_.empty()) return ops;
-  Device* first = gpus_.front().get();
-  ops.pin_host = [first](void* p, int64_t bytes) { return first->PinHostMemory(p, bytes); };
-  ops.open_ipc = [this](int device,
-                        absl::string_view handle) -> absl::StatusOr<RegionMemoryOps::IpcMemory> {
-    for (const auto& g : gpus_) {
-      if (g->index() != device) continue;
-      auto m = g->OpenIpcMemory(handle);
-      if (!m.ok()) return m.status();
-      return RegionMemoryOps::IpcMemory{.base = m->base, .bytes = m->bytes,
-                                         .close = std::move(m->close)};
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this server has no GPU ", device, " in use (GetServerInfo lists its GPUs)"));
-  };
-  return ops;
 }
 
 bool Engine::serving() const {

@@ -1,6 +1,6 @@
 // The one place internal absl::Status values become gRPC statuses.
-#ifndef DGMM_SERVICE_STATUS_MAP_H_
-#define DGMM_SERVICE_STATUS_MAP_H_
+#ifndef DGMM_SERVICE_RPC_STATUS_MAP_H_
+#define DGMM_SERVICE_RPC_STATUS_MAP_H_
 
 #include <cstdint>
 
@@ -17,4 +17,4 @@ grpc::Status ToGrpcStatus(const absl::Status& s, grpc::ServerContextBase* contex
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_STATUS_MAP_H_
+#endif  // DGMM_SERVICE_RPC_STATUS_MAP_H_

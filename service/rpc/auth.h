@@ -1,7 +1,7 @@
 // Bearer-token authentication for dgmm's own RPCs. The health service and
 // reflection stay open so that orchestrator probes and generic tools work.
-#ifndef DGMM_SERVICE_AUTH_H_
-#define DGMM_SERVICE_AUTH_H_
+#ifndef DGMM_SERVICE_RPC_AUTH_H_
+#define DGMM_SERVICE_RPC_AUTH_H_
 
 #include <map>
 #include <string>
@@ -43,4 +43,4 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_AUTH_H_
+#endif  // DGMM_SERVICE_RPC_AUTH_H_

@@ -1,9 +1,10 @@
 // The engine: owns the devices (the CPU and one executor per GPU), the
-// admission budgets and the job workers. Handlers ask it to start a job from
-// a validated header and get back, asynchronously, an ActiveJob to feed tiles
-// to; they never see devices or budgets directly.
-#ifndef DGMM_SERVICE_ENGINE_H_
-#define DGMM_SERVICE_ENGINE_H_
+// admission budgets and the job workers. It routes a validated job to a
+// device, reserves its footprint (service/engine/footprint.h) and hands back,
+// asynchronously, an ActiveJob to feed tiles to; callers (service/job) never
+// see devices or budgets directly. gRPC-free (tests/layering).
+#ifndef DGMM_SERVICE_ENGINE_ENGINE_H_
+#define DGMM_SERVICE_ENGINE_ENGINE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -17,10 +18,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
-#include "service/admission.h"
 #include "service/device.h"
-#include "service/regions/region_registry.h"
-#include "service/validator.h"
+#include "service/engine/job_metrics.h"
+#include "service/job/admission.h"
+#include "service/job/validator.h"
 #include "service/server_flags.h"
 #include "util/flag_types.h"
 #include "util/thread_pool.h"
@@ -43,16 +44,6 @@ struct EngineOptions {
   // Fair share (docs/admission.md): most jobs one client may have admitted
   // and waiting at once; 0: no limit.
   ClientLimits client_limits{.max_running = 8, .max_queued = 16, .max_share_percent = 50};
-};
-
-// Job latency histogram buckets, in seconds (Prometheus convention).
-inline constexpr double kLatencyBuckets[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5,
-                                             1, 5, 10, 60, 300};
-
-struct LatencyHistogram {
-  std::vector<int64_t> counts = std::vector<int64_t>(std::size(kLatencyBuckets) + 1);
-  double sum_seconds = 0;
-  int64_t count = 0;
 };
 
 class Engine;
@@ -123,22 +114,12 @@ class Engine {
   // Runs fn on a job worker thread (for work that blocks: compute, copies).
   void Post(std::function<void()> fn) { workers_->Post(std::move(fn)); }
 
-  // Counts a job refused before it was routed (validation, limits), under
-  // the outcome `s` is tagged with (service/outcome.h) or its code implies.
-  void RecordRejected(const absl::Status& s);
+  // The counters of jobs' ends and refusals (one place: job_metrics.h).
+  JobMetrics& metrics() { return *metrics_; }
+  const JobMetrics& metrics() const { return *metrics_; }
 
   // Server info: devices, budgets, counters, limits.
   v1::GetServerInfoResponse Info() const;
-  // What the region registry needs from the devices (pinning host memory,
-  // opening CUDA IPC handles); empty functions where there is no GPU.
-  RegionMemoryOps RegionOps();
-
-  // Latency histogram of completed jobs, per mode ("unary", "stream",
-  // "region": both region modes).
-  LatencyHistogram Latency(JobMode mode) const;
-  // Parts of job groups (JobHeader.group) that ended, by outcome
-  // ("completed" or an Outcome name); no per-group label (unbounded).
-  std::map<std::string, int64_t> GroupParts() const;
 
   // True once Drain has begun.
   bool draining() const { return draining_; }
@@ -157,6 +138,8 @@ class Engine {
   HostBufferPool& host_block_buffers() { return cpu_->block_buffers(); }
   const Device& cpu() const { return *cpu_; }
   int gpu_count() const { return static_cast<int>(gpus_.size()); }
+  // GPU `i` of gpu_count() (for what the region registry needs of them).
+  Device& gpu(int i) { return *gpus_[i]; }
 
  private:
   friend class ActiveJob;
@@ -168,12 +151,7 @@ class Engine {
   };
   Engine() = default;
   absl::StatusOr<Route> RouteJob(const JobRequest& job, JobMode mode) const;
-  absl::Status TooLarge(const Problem& p, JobMode mode, const Route& r) const;
   void JobEnded(ActiveJob* job, const absl::Status& status);
-  // Counts and logs the end of one part of a job group (job_id 0: it ended
-  // before admission).
-  void GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
-                      const absl::Status& status);
   void NotifyServing();
 
   EngineOptions options_;
@@ -182,15 +160,13 @@ class Engine {
   bool gpu_default_ = false;  // AUTO jobs go to a GPU
   std::optional<BackendKind> pinned_gpu_backend_;
   std::unique_ptr<Admission> admission_;
+  std::unique_ptr<JobMetrics> metrics_;
   std::unique_ptr<ThreadPool> workers_;
   std::atomic<uint64_t> next_job_id_{1};
   std::atomic<bool> draining_{false};
   std::function<void(bool)> serving_listener_;
-  mutable std::mutex latency_mu_;
-  LatencyHistogram latency_[3];
-  std::map<std::string, int64_t> group_parts_;  // guarded by latency_mu_
 };
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_ENGINE_H_
+#endif  // DGMM_SERVICE_ENGINE_ENGINE_H_

@@ -1,7 +1,8 @@
-// The one request validator, shared by Multiply and MultiplyStream: turns a
+// The one request validator, shared by Multiply, MultiplyStream and
+// MultiplyRegion (service/job/intake.h runs it): turns a
 // wire JobHeader into a Problem, or says exactly what is wrong with it.
-#ifndef DGMM_SERVICE_VALIDATOR_H_
-#define DGMM_SERVICE_VALIDATOR_H_
+#ifndef DGMM_SERVICE_JOB_VALIDATOR_H_
+#define DGMM_SERVICE_JOB_VALIDATOR_H_
 
 #include <cstdint>
 #include <optional>
@@ -43,9 +44,14 @@ struct JobRequest {
 // names the field). INVALID_ARGUMENT for malformed headers, RESOURCE_EXHAUSTED for a shape
 // over the limits. For streamed jobs it also checks that one line fits in a
 // block.
+// Where a job's diagonal is: in the header, or (MultiplyRegion) in a region,
+// read once the header is valid; then the header's own diagonal must be
+// empty and JobRequest::diagonal is left empty for the caller to fill.
+enum class DiagonalIn { kHeader, kRegion };
 absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
                                           const RequestLimits& limits,
-                                          bool streamed);
+                                          bool streamed,
+                                          DiagonalIn diagonal_in = DiagonalIn::kHeader);
 
 // Checks that a whole-matrix payload has exactly matrix_bytes() bytes.
 absl::Status ValidateMatrixPayload(const Problem& p, std::size_t payload_bytes);
@@ -77,4 +83,4 @@ class StreamAssembler {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_VALIDATOR_H_
+#endif  // DGMM_SERVICE_JOB_VALIDATOR_H_

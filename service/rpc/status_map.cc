@@ -1,4 +1,4 @@
-#include "service/status_map.h"
+#include "service/rpc/status_map.h"
 
 #include <string>
 

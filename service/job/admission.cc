@@ -1,4 +1,4 @@
-#include "service/admission.h"
+#include "service/job/admission.h"
 
 #include <algorithm>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "service/auth.h"
+#include "service/rpc/auth.h"
 
 #include <fstream>
 #include <sstream>

@@ -25,8 +25,8 @@
 // per-client limits and the head-wait rule, so that a started group is not
 // left half-run behind other groups. A group counts as started from its
 // first admitted part until none of its parts runs or waits. Thread-safe.
-#ifndef DGMM_SERVICE_ADMISSION_H_
-#define DGMM_SERVICE_ADMISSION_H_
+#ifndef DGMM_SERVICE_JOB_ADMISSION_H_
+#define DGMM_SERVICE_JOB_ADMISSION_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -228,4 +228,4 @@ class Admission {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_ADMISSION_H_
+#endif  // DGMM_SERVICE_JOB_ADMISSION_H_

@@ -1,4 +1,4 @@
-#include "service/wire_buffers.h"
+#include "service/rpc/wire_buffers.h"
 
 #include <utility>
 

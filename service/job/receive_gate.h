@@ -13,8 +13,8 @@
 //
 // Waiting calls are served clients in turn: the waiter whose client holds
 // the fewest bytes goes first, arrival order breaking ties. Thread-safe.
-#ifndef DGMM_SERVICE_RECEIVE_GATE_H_
-#define DGMM_SERVICE_RECEIVE_GATE_H_
+#ifndef DGMM_SERVICE_JOB_RECEIVE_GATE_H_
+#define DGMM_SERVICE_JOB_RECEIVE_GATE_H_
 
 #include <cstdint>
 #include <functional>
@@ -79,4 +79,4 @@ class ReceiveGate {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_RECEIVE_GATE_H_
+#endif  // DGMM_SERVICE_JOB_RECEIVE_GATE_H_

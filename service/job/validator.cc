@@ -1,4 +1,4 @@
-#include "service/validator.h"
+#include "service/job/validator.h"
 
 #include <limits>
 #include <string>
@@ -105,7 +105,7 @@ absl::Status ValidateGroup(const v1::JobGroup& g, int64_t lines) {
 
 absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
                                           const RequestLimits& limits,
-                                          bool streamed) {
+                                          bool streamed, DiagonalIn diagonal_in) {
   JobRequest job;
   Problem& p = job.problem;
   if (header.rows() <= 0 || header.cols() <= 0) {
@@ -145,7 +145,12 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
   }
   const int64_t want = p.diag_len();
   const int64_t have_bytes = static_cast<int64_t>(header.diagonal().size());
-  if (have_bytes != p.diag_bytes()) {
+  if (diagonal_in == DiagonalIn::kRegion) {
+    if (have_bytes != 0) {
+      return Invalid(
+          "the diagonal is either inline (header.diagonal) or in a region (diagonal), not both");
+    }
+  } else if (have_bytes != p.diag_bytes()) {
     return Invalid(absl::StrFormat(
         "diagonal has %d bytes but side %s of a %dx%d %s matrix needs %d elements "
         "(%s) = %d bytes",

@@ -2,14 +2,15 @@
 // service with MultiplyStream's exact shape that returns each block
 // unchanged. It measures the transport floor a streamed job is judged
 // against (bench/stream_bench.sh). Served only with --enable_bench_echo.
-#ifndef DGMM_SERVICE_ECHO_SERVICE_H_
-#define DGMM_SERVICE_ECHO_SERVICE_H_
+#ifndef DGMM_SERVICE_RPC_ECHO_SERVICE_H_
+#define DGMM_SERVICE_RPC_ECHO_SERVICE_H_
 
 #include <optional>
 
 #include "dgmm/bench/v1/echo.grpc.pb.h"
-#include "service/auth.h"
-#include "service/engine.h"
+#include "service/rpc/auth.h"
+#include "service/rpc/call_context.h"
+#include "service/engine/engine.h"
 
 namespace dgmm {
 
@@ -20,22 +21,22 @@ class EchoService final
   // MultiplyStream's, and blocks hop through the engine's workers the way
   // computed blocks do. `engine` must outlive the service.
   // With `auth`, Echo needs the same bearer token as dgmm's RPCs.
-  EchoService(Engine* engine, std::optional<TokenAuth> auth)
-      : engine_(engine), auth_(std::move(auth)) {}
+  EchoService(Engine* engine, std::optional<TokenAuth> auth) : engine_(engine) {
+    policy_.auth = std::move(auth);
+  }
 
   // Header, accepted, then each block back as it came, then stats. The same
   // protocol checks as MultiplyStream (INVALID_ARGUMENT); no admission, no
-  // compute (an echo stage in the same BlockPipeline). At most
+  // compute (an EchoStage in the same BlockPipeline, rpc/stream_reactor.cc). At most
   // kStreamWindowBlocks blocks are held at once.
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Echo(
       grpc::CallbackServerContext* context) override;
 
  private:
   Engine* const engine_;
-  const std::optional<TokenAuth> auth_;
-  std::atomic<int64_t> calls_{0};
+  CallPolicy policy_;
 };
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_ECHO_SERVICE_H_
+#endif  // DGMM_SERVICE_RPC_ECHO_SERVICE_H_

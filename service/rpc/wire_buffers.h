@@ -1,8 +1,8 @@
 // Block buffers on the wire: hands a HostBuffer to gRPC as a slice that owns
 // it. Kept out of host_buffers.h so that the buffers, and the GPU backend
 // that lends them, compile without gRPC.
-#ifndef DGMM_SERVICE_WIRE_BUFFERS_H_
-#define DGMM_SERVICE_WIRE_BUFFERS_H_
+#ifndef DGMM_SERVICE_RPC_WIRE_BUFFERS_H_
+#define DGMM_SERVICE_RPC_WIRE_BUFFERS_H_
 
 #include <grpcpp/support/slice.h>
 
@@ -18,4 +18,4 @@ grpc::Slice ToSlice(HostBuffer buffer, size_t bytes);
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_WIRE_BUFFERS_H_
+#endif  // DGMM_SERVICE_RPC_WIRE_BUFFERS_H_

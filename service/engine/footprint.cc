@@ -1,0 +1,85 @@
+#include "service/engine/footprint.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "service/outcome.h"
+
+namespace dgmm {
+
+int64_t HostFootprint(const Problem& p, JobMode mode, int64_t max_block_bytes) {
+  if (mode == JobMode::kWhole) return 2 * p.matrix_bytes() + p.diag_bytes();
+  // A region job's matrix and result are in memory the client registered.
+  if (mode == JobMode::kHostRegion || mode == JobMode::kDeviceRegion) return p.diag_bytes();
+  return 2 * kStreamWindowBlocks * max_block_bytes + p.diag_bytes();
+}
+
+const char* ModeName(JobMode mode) {
+  switch (mode) {
+    case JobMode::kWhole:
+      return "unary";
+    case JobMode::kStreamed:
+      return "streamed";
+    case JobMode::kHostRegion:
+      return "host-region";
+    case JobMode::kDeviceRegion:
+      return "cuda-ipc-region";
+  }
+  return "?";
+}
+
+namespace {
+
+int64_t NeedOf(const Problem& p, JobMode mode, const TooLargeFacts& f) {
+  return f.host_short ? HostFootprint(p, mode, f.max_block_bytes)
+                      : f.device->Footprint(p, mode, f.max_block_bytes);
+}
+
+// The largest square matrix of p's dtype that fits the short budget in `mode`.
+int64_t LargestSquare(const Problem& p, JobMode mode, const TooLargeFacts& f) {
+  int64_t hi = f.max_dim;
+  if (mode == JobMode::kStreamed) {
+    hi = std::min<int64_t>(hi, f.max_block_bytes / static_cast<int64_t>(p.elem_size()));
+  }
+  int64_t lo = 0;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    Problem square = p;
+    square.rows = square.cols = mid;
+    if (NeedOf(square, mode, f) <= f.capacity) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+}  // namespace
+
+absl::Status TooLargeError(const Problem& p, JobMode mode, const TooLargeFacts& f) {
+  std::string msg = absl::StrFormat(
+      "job needs %d bytes of %s memory (%s %s %dx%d: %s) but the %s budget's capacity is %d "
+      "bytes (%s); the largest square %s matrix that fits %s is N=%d.",
+      f.need, f.host_short ? "host" : "GPU", ModeName(mode), DTypeName(p.dtype), p.rows, p.cols,
+      mode == JobMode::kWhole ? "input and output matrices plus diagonal"
+                              : "streaming window plus diagonal",
+      f.host_short ? "host" : absl::StrCat("GPU ", f.device->index()), f.capacity,
+      f.host_short ? "--host_memory_budget" : "--gpu_memory_budget", DTypeName(p.dtype),
+      ModeName(mode), LargestSquare(p, mode, f));
+  if (mode == JobMode::kWhole) {
+    const int64_t streamed = NeedOf(p, JobMode::kStreamed, f);
+    if (streamed <= f.capacity && p.line_bytes() <= f.max_block_bytes) {
+      absl::StrAppendFormat(&msg,
+                            " Streamed, this job needs only %d bytes and fits: use "
+                            "MultiplyStream (dgmm-cli and the dgmm clients stream large "
+                            "matrices on their own).",
+                            streamed);
+    }
+  }
+  return WithOutcome(absl::ResourceExhaustedError(msg), Outcome::kTooLarge);
+}
+
+}  // namespace dgmm

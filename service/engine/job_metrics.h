@@ -1,0 +1,70 @@
+// The counters and logs of jobs' ends: every refusal and every end of an
+// admitted job goes through here once, so that the outcome counters of
+// GetServerInfo and /metrics, the latency histograms and the log line of a
+// job group's part never disagree about one job.
+#ifndef DGMM_SERVICE_ENGINE_JOB_METRICS_H_
+#define DGMM_SERVICE_ENGINE_JOB_METRICS_H_
+
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "dgmm/v1/dgmm.pb.h"
+#include "service/device.h"
+#include "service/job/admission.h"
+
+namespace dgmm {
+
+// Job latency histogram buckets, in seconds (Prometheus convention).
+inline constexpr double kLatencyBuckets[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5,
+                                             1, 5, 10, 60, 300};
+
+struct LatencyHistogram {
+  std::vector<int64_t> counts = std::vector<int64_t>(std::size(kLatencyBuckets) + 1);
+  double sum_seconds = 0;
+  int64_t count = 0;
+};
+
+class JobMetrics {
+ public:
+  // The outcome counters live with the budgets (Admission::RecordOutcome,
+  // per pool); `admission` must outlive this.
+  explicit JobMetrics(Admission* admission) : admission_(admission) {}
+
+  // A job refused before it ran (a bad request, too large, the queue full,
+  // draining, its wait cancelled or timed out), counted against `pool` (0:
+  // the host, or not routed yet) under the outcome `s` carries. `group`:
+  // the job's JobHeader.group when it is a part of a striped job (null: none
+  // or not known yet), with its `lines`.
+  void Refused(int pool, const absl::Status& s, const v1::JobGroup* group = nullptr,
+               int64_t lines = 0);
+  // An admitted job ended with `s`: its outcome, its group part and, when
+  // OK, its latency (stats.total_ns) in `mode`'s histogram.
+  void Ended(int pool, JobMode mode, const v1::JobStats& stats, int64_t lines,
+             const absl::Status& s);
+
+  // Latency histogram of completed jobs, per mode ("unary", "stream",
+  // "region": both region modes).
+  LatencyHistogram Latency(JobMode mode) const;
+  // Parts of job groups that ended, by outcome ("completed" or an Outcome
+  // name); no per-group label (unbounded).
+  std::map<std::string, int64_t> GroupParts() const;
+
+ private:
+  void GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
+                      const absl::Status& s);
+
+  Admission* const admission_;
+  mutable std::mutex mu_;
+  LatencyHistogram latency_[3] ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> group_parts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_ENGINE_JOB_METRICS_H_

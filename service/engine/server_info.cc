@@ -1,0 +1,42 @@
+#include "service/engine/server_info.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dgmm {
+
+v1::GetServerInfoResponse DescribeServer(const Engine& engine, const RegionRegistry* regions) {
+  v1::GetServerInfoResponse info = engine.Info();
+  if (regions != nullptr && regions->enabled()) {
+    v1::Limits* l = info.mutable_limits();
+    l->set_regions_enabled(true);
+    l->set_region_budget_bytes(regions->options().budget_bytes);
+    l->set_max_regions_per_client(regions->options().max_per_client);
+    l->set_region_idle_timeout_s(absl::ToInt64Seconds(regions->options().idle_timeout));
+  }
+  return info;
+}
+
+RegionMemoryOps GpuRegionOps(Engine& engine) {
+  RegionMemoryOps ops;
+  if (engine.gpu_count() == 0) return ops;
+  Device* first = &engine.gpu(0);
+  ops.pin_host = [first](void* p, int64_t bytes) { return first->PinHostMemory(p, bytes); };
+  ops.open_ipc = [&engine](int device, absl::string_view handle)
+      -> absl::StatusOr<RegionMemoryOps::IpcMemory> {
+    for (int i = 0; i < engine.gpu_count(); ++i) {
+      Device& g = engine.gpu(i);
+      if (g.index() != device) continue;
+      auto m = g.OpenIpcMemory(handle);
+      if (!m.ok()) return m.status();
+      return RegionMemoryOps::IpcMemory{
+          .base = m->base, .bytes = m->bytes, .close = std::move(m->close)};
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this server has no GPU ", device, " in use (GetServerInfo lists its GPUs)"));
+  };
+  return ops;
+}
+
+}  // namespace dgmm

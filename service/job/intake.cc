@@ -1,0 +1,176 @@
+#include "service/job/intake.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "service/outcome.h"
+
+namespace dgmm {
+namespace {
+
+// Bytes [offset, offset + bytes) of `region`, if they lie within it and are
+// aligned for elements of `align` bytes.
+absl::StatusOr<std::byte*> Span(const Region& region, const v1::RegionRef& ref, int64_t bytes,
+                                int64_t align, const char* what) {
+  if (ref.offset() < 0 || ref.offset() > region.byte_size() ||
+      bytes > region.byte_size() - ref.offset()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the %s needs %d bytes at offset %d of region '%s', which has %d bytes", what, bytes,
+        ref.offset(), region.name(), region.byte_size()));
+  }
+  std::byte* p = region.data() + ref.offset();
+  if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(align) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the %s in region '%s' at offset %d is not aligned to its %d-byte elements", what,
+        region.name(), ref.offset(), align));
+  }
+  return p;
+}
+
+}  // namespace
+
+// The order of the checks, for every RPC (intake.h).
+const Intake::Step Intake::kSteps[] = {&Intake::Served, &Intake::Header, &Intake::Sources,
+                                       &Intake::Fits, &Intake::Payload};
+
+absl::Status Intake::Check(const JobDraft& draft, IntakenJob* out) const {
+  bool header_valid = false;
+  for (Step step : kSteps) {
+    absl::Status s = (this->*step)(draft, out);
+    if (!s.ok()) {
+      const JobRequest& job = out->job;
+      metrics_->Refused(0, s, header_valid && job.group.has_value() ? &*job.group : nullptr,
+                        header_valid ? job.problem.lines() : 0);
+      return s;
+    }
+    if (step == &Intake::Header) header_valid = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Intake::Served(const JobDraft& d, IntakenJob*) const {
+  const RequestLimits& limits = engine_->options().limits;
+  if (d.kind == JobKind::kUnary && d.message_bytes > limits.max_unary_message_bytes) {
+    return WithOutcome(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "Multiply request of ", d.message_bytes,
+            " bytes exceeds this server's max unary message of ",
+            limits.max_unary_message_bytes,
+            " bytes (--max_unary_message_bytes); send it with MultiplyStream")),
+        Outcome::kMessageTooLarge);
+  }
+  if (d.kind == JobKind::kRegion && (regions_ == nullptr || !regions_->enabled())) {
+    return absl::FailedPreconditionError(
+        "shared-memory and CUDA IPC regions are off on this server (start it with "
+        "--allow_regions); stream the job instead");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Intake::Header(const JobDraft& d, IntakenJob* out) const {
+  if (!d.decoded.ok()) return d.decoded;
+  const DiagonalIn diagonal_in = d.kind == JobKind::kRegion && d.region->has_diagonal()
+                                     ? DiagonalIn::kRegion
+                                     : DiagonalIn::kHeader;
+  auto job = ValidateHeader(*d.header, engine_->options().limits,
+                            /*streamed=*/d.kind == JobKind::kStream, diagonal_in);
+  if (!job.ok()) return job.status();
+  out->job = *job;
+  out->mode = d.kind == JobKind::kStream ? JobMode::kStreamed : JobMode::kWhole;
+  return absl::OkStatus();
+}
+
+absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
+  if (d.kind != JobKind::kRegion) return absl::OkStatus();
+  const v1::MultiplyRegionRequest& r = *d.region;
+  if (!r.has_matrix() || !r.has_result()) {
+    return absl::InvalidArgumentError("MultiplyRegionRequest needs a matrix and a result ref");
+  }
+  auto matrix = regions_->Find(d.owner, r.matrix().name());
+  if (!matrix.ok()) return matrix.status();
+  auto result = regions_->Find(d.owner, r.result().name());
+  if (!result.ok()) return result.status();
+  const Region& m = **matrix;
+  if ((*result)->kind() != m.kind() || (*result)->device() != m.device()) {
+    return absl::InvalidArgumentError(
+        "the matrix, result and diagonal regions of one job must be of one kind (and, for "
+        "CUDA IPC, on one GPU)");
+  }
+  std::shared_ptr<Region> diagonal_region;
+  if (r.has_diagonal()) {
+    auto diagonal = regions_->Find(d.owner, r.diagonal().name());
+    if (!diagonal.ok()) return diagonal.status();
+    diagonal_region = *diagonal;
+    if ((*diagonal)->kind() != v1::REGION_KIND_SYSTEM_SHM) {
+      return absl::InvalidArgumentError(
+          "a diagonal in a CUDA IPC region is not supported: send it inline (header.diagonal)");
+    }
+    if (m.kind() != v1::REGION_KIND_SYSTEM_SHM) {
+      return absl::InvalidArgumentError(
+          "the matrix, result and diagonal regions of one job must be of one kind (and, for "
+          "CUDA IPC, on one GPU)");
+    }
+  }
+  out->matrix = *matrix;
+  out->result = *result;
+  out->diagonal_region = std::move(diagonal_region);
+  if (m.kind() == v1::REGION_KIND_CUDA_IPC) {
+    out->mode = JobMode::kDeviceRegion;
+    out->job.gpu = m.device();
+  } else {
+    out->mode = JobMode::kHostRegion;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Intake::Fits(const JobDraft&, IntakenJob* out) const {
+  return engine_->CheckFits(out->job, out->mode);
+}
+
+absl::Status Intake::Payload(const JobDraft& d, IntakenJob* out) const {
+  switch (d.kind) {
+    case JobKind::kUnary:
+      return ValidateMatrixPayload(out->job.problem, static_cast<size_t>(d.matrix_bytes));
+    case JobKind::kStream:
+      return absl::OkStatus();  // block by block, as they come
+    case JobKind::kRegion:
+      return RegionPayload(*d.region, out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Intake::RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJob* out) const {
+  const Problem& p = out->job.problem;
+  const int64_t elem = static_cast<int64_t>(p.elem_size());
+  if (out->diagonal_region != nullptr) {
+    // Copied into the job, so that the client may change it once the reply
+    // is out, and checked intact after the copy (a shrink shows here).
+    Region::Use use(std::move(out->diagonal_region));
+    auto span = Span(*use, r.diagonal(), p.diag_bytes(), elem, "diagonal");
+    if (!span.ok()) return span.status();
+    out->diagonal.assign(reinterpret_cast<const char*>(*span), static_cast<size_t>(p.diag_bytes()));
+    if (absl::Status intact = use->CheckIntact(); !intact.ok()) return intact;
+    out->job.diagonal = out->diagonal;
+  }
+  const int64_t bytes = p.matrix_bytes();
+  auto in = Span(*out->matrix, r.matrix(), bytes, elem, "matrix");
+  if (!in.ok()) return in.status();
+  auto result = Span(*out->result, r.result(), bytes, elem, "result");
+  if (!result.ok()) return result.status();
+  if (out->result->SameObject(*out->matrix)) {
+    const int64_t a = out->matrix->object_offset() + r.matrix().offset();
+    const int64_t b = out->result->object_offset() + r.result().offset();
+    if (a != b && a < b + bytes && b < a + bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the result [%d, %d) partly overlaps the matrix [%d, %d) in the same memory; in place "
+          "means the same region and offset",
+          b, b + bytes, a, a + bytes));
+    }
+  }
+  out->in = *in;
+  out->out = *result;
+  return absl::OkStatus();
+}
+
+}  // namespace dgmm

@@ -1,0 +1,98 @@
+// The checks a job passes before it is admitted, in one order for every RPC
+// that carries a job. kSteps in intake.cc is the one place that order is
+// written; dgmm.proto states it for each RPC.
+//
+//   1. served   the RPC takes this request at all: a Multiply message within
+//               --max_unary_message_bytes; regions on (--allow_regions) for
+//               MultiplyRegion
+//   2. header   the request decodes, and its JobHeader is valid (validator.h)
+//   3. sources  MultiplyRegion: its matrix and result refs are set, name the
+//               caller's regions (NOT_FOUND otherwise) and are of one kind;
+//               a diagonal region is shared memory
+//   4. fits     the job could ever fit the budgets (too_large)
+//   5. payload  Multiply: the matrix has exactly the header's bytes;
+//               MultiplyRegion: each span lies within its region, aligned,
+//               and the result is the matrix or apart from it; the diagonal
+//               is read from its region
+// MultiplyStream's blocks are checked as they come (StreamAssembler).
+//
+// A refusal is counted once, here (JobMetrics::Refused), with its job
+// group when the header was valid. gRPC-free (tests/layering).
+#ifndef DGMM_SERVICE_JOB_INTAKE_H_
+#define DGMM_SERVICE_JOB_INTAKE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "dgmm/v1/dgmm.pb.h"
+#include "service/engine/engine.h"
+#include "service/job/validator.h"
+#include "service/regions/region_registry.h"
+
+namespace dgmm {
+
+enum class JobKind { kUnary, kStream, kRegion };
+
+// A job request as the RPC layer decoded it.
+struct JobDraft {
+  JobKind kind = JobKind::kUnary;
+  // Whether the request decoded (the RPC layer's wire format); when not OK
+  // the header step returns it.
+  absl::Status decoded;
+  // The header, when decoded. kRegion: the request's.
+  const v1::JobHeader* header = nullptr;
+  // kUnary: the request message's size and its matrix payload's.
+  int64_t message_bytes = 0;
+  int64_t matrix_bytes = 0;
+  // kRegion: the request and the caller's key in the registry.
+  const v1::MultiplyRegionRequest* region = nullptr;
+  std::string owner;
+};
+
+// What passed: the job to Start, its mode and, for a region job, its spans.
+// Not movable: job.diagonal may point into `diagonal`.
+struct IntakenJob {
+  IntakenJob() = default;
+  IntakenJob(const IntakenJob&) = delete;
+  IntakenJob& operator=(const IntakenJob&) = delete;
+
+  JobRequest job;
+  JobMode mode = JobMode::kWhole;
+  // kRegion: the regions (held while the job runs) and the spans in them.
+  std::shared_ptr<Region> matrix, result, diagonal_region;
+  const std::byte* in = nullptr;
+  std::byte* out = nullptr;
+  // A diagonal read out of a region.
+  std::string diagonal;
+};
+
+class Intake {
+ public:
+  // `engine` (and `regions`, null when regions are off) must outlive it.
+  Intake(const Engine* engine, JobMetrics* metrics, const RegionRegistry* regions)
+      : engine_(engine), metrics_(metrics), regions_(regions) {}
+
+  // Runs the steps in order; the first failure is counted and returned.
+  absl::Status Check(const JobDraft& draft, IntakenJob* out) const;
+
+ private:
+  absl::Status Served(const JobDraft& d, IntakenJob* out) const;
+  absl::Status Header(const JobDraft& d, IntakenJob* out) const;
+  absl::Status Sources(const JobDraft& d, IntakenJob* out) const;
+  absl::Status Fits(const JobDraft& d, IntakenJob* out) const;
+  absl::Status Payload(const JobDraft& d, IntakenJob* out) const;
+  absl::Status RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJob* out) const;
+
+  using Step = absl::Status (Intake::*)(const JobDraft&, IntakenJob*) const;
+  static const Step kSteps[];
+
+  const Engine* const engine_;
+  JobMetrics* const metrics_;
+  const RegionRegistry* const regions_;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_JOB_INTAKE_H_

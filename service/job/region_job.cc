@@ -1,0 +1,80 @@
+#include "service/job/region_job.h"
+
+#include <optional>
+#include <utility>
+
+namespace dgmm {
+
+void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Status& decoded,
+                      const std::string& owner) {
+  JobDraft draft;
+  draft.kind = JobKind::kRegion;
+  draft.decoded = decoded;
+  draft.header = &request.header();
+  draft.region = &request;
+  draft.owner = owner;
+  if (absl::Status s = intake_->Check(draft, &job_); !s.ok()) {
+    job_.matrix.reset();
+    job_.result.reset();
+    Finish(s);
+    return;
+  }
+  // The job's diagonal is copied by Start; the request may go after it.
+  absl::Status started = session_->Start(
+      job_.job, job_.mode,
+      [self = shared_from_this()](absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
+        self->Run(std::move(admitted));
+      });
+  if (!started.ok()) {
+    job_.matrix.reset();
+    job_.result.reset();
+    Finish(started);
+  }
+}
+
+void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
+  // The regions are let go before the reply, so that a client that
+  // unregisters right after it sees its memory released.
+  std::shared_ptr<Region> matrix = std::move(job_.matrix);
+  std::shared_ptr<Region> result = std::move(job_.result);
+  if (!admitted.ok()) {
+    matrix.reset();
+    result.reset();
+    Finish(admitted.status());
+    return;
+  }
+  std::shared_ptr<ComputeStage> stage = std::move(*admitted);
+  absl::Status s;
+  {
+    Region::Use matrix_use(std::move(matrix));
+    std::optional<Region::Use> result_use;  // one use when in place
+    if (result.get() != &*matrix_use) result_use.emplace(std::move(result));
+    result.reset();
+    if (registry_ != nullptr) registry_->NoteJob(matrix_use.region());
+    const Tile tile{.in = job_.in, .out = job_.out, .first_line = 0,
+                    .lines = job_.job.problem.lines()};
+    s = session_->cancelled()
+            ? session_->cancelled_status()
+            : stage->ProcessTile(tile, [session = session_] { return session->cancelled(); });
+    if (s.ok()) s = matrix_use->CheckIntact();
+    if (s.ok() && result_use.has_value()) s = (*result_use)->CheckIntact();
+  }
+  const int64_t bytes = job_.job.problem.matrix_bytes();
+  stage->End(s, s.ok() ? bytes : 0, s.ok() ? bytes : 0);
+  const v1::JobStats stats = stage->job().stats();
+  stage.reset();  // the reservation goes back before the reply
+  Finish(s, stats);
+}
+
+void RegionJob::Finish(const absl::Status& s, const v1::JobStats& stats) {
+  std::lock_guard lock(mu_);
+  if (io_ == nullptr) return;
+  std::exchange(io_, nullptr)->Finish(s, stats);
+}
+
+void RegionJob::Detach() {
+  std::lock_guard lock(mu_);
+  io_ = nullptr;
+}
+
+}  // namespace dgmm

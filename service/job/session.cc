@@ -1,0 +1,57 @@
+#include "service/job/session.h"
+
+#include <utility>
+
+namespace dgmm {
+namespace {
+
+constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(250);
+
+}  // namespace
+
+absl::Status CancelledStatus(absl::Time deadline) {
+  if (absl::Now() + kDeadlineMargin >= deadline) {
+    return absl::DeadlineExceededError("the client's deadline expired while the job waited or ran");
+  }
+  return absl::CancelledError("the client cancelled the call");
+}
+
+absl::Status JobSession::Start(const JobRequest& job, JobMode mode, Admitted admitted) {
+  std::unique_lock lock(mu_);
+  auto ticket = engine_->Start(
+      job, mode, call_.arrived, call_.deadline,
+      [self = shared_from_this(),
+       admitted = std::move(admitted)](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
+        if (!job.ok()) {
+          admitted(job.status());
+          return;
+        }
+        admitted(std::make_shared<ComputeStage>(
+            std::move(*job), [self] { return self->cancelled_status(); }));
+      },
+      call_.client);
+  if (!ticket.ok()) return ticket.status();
+  ticket_ = *ticket;
+  lock.unlock();
+  // A cancel that came before the ticket existed found nothing to cancel:
+  // both sides publish before they look, so one of them sees the other.
+  if (cancelled_) engine_->Cancel(*ticket, cancelled_status());
+  return absl::OkStatus();
+}
+
+void JobSession::Cancel() {
+  cancelled_ = true;
+  std::optional<Admission::Ticket> ticket;
+  {
+    std::lock_guard lock(mu_);
+    ticket = ticket_;
+  }
+  if (ticket.has_value()) engine_->Cancel(*ticket, cancelled_status());
+}
+
+void JobSession::Refuse(const absl::Status& s, const JobRequest* job) {
+  const v1::JobGroup* group = job != nullptr && job->group.has_value() ? &*job->group : nullptr;
+  engine_->metrics().Refused(0, s, group, job != nullptr ? job->problem.lines() : 0);
+}
+
+}  // namespace dgmm

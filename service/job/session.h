@@ -1,0 +1,86 @@
+// One job's life from admission to its end, whatever RPC brought it: the
+// race between a client's cancel and the admission ticket, the cancelled or
+// deadline status, and the compute stage an admitted job runs in. gRPC-free
+// (tests/layering): the RPC layer (service/rpc) tells it who called and when
+// the call was cancelled.
+//
+//   intake (intake.h) --ok--> Start ---admitted---> ComputeStage ---> End
+//        |                     |  \                 (stages.h: the job's
+//        refused (counted)     |   queued: Cancel   outcome, metrics and
+//                              refused (counted      group log, once)
+//                              by the engine)
+#ifndef DGMM_SERVICE_JOB_SESSION_H_
+#define DGMM_SERVICE_JOB_SESSION_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "service/engine/engine.h"
+#include "service/job/admission.h"
+#include "service/job/validator.h"
+#include "service/pipeline/stages.h"
+
+namespace dgmm {
+
+// What the RPC layer knows of a call.
+struct CallInfo {
+  // Who asked, for the fair share of the queue: a token or a peer address.
+  std::string client;
+  absl::Time arrived;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// How a job whose call was cancelled ends: DEADLINE_EXCEEDED when its
+// deadline is what ended it, else CANCELLED. The client's own deadline timer
+// fires a little before the server's copy of the deadline (the remaining
+// time on arrival, transit included), and its cancellation can reach the
+// server first: a cancel within 250 ms of the deadline counts as the
+// deadline.
+absl::Status CancelledStatus(absl::Time deadline);
+
+class JobSession : public std::enable_shared_from_this<JobSession> {
+ public:
+  // Runs once, on a job worker: the admitted job's compute stage (destroying
+  // it returns the reservation), or why it was not admitted.
+  using Admitted = std::function<void(absl::StatusOr<std::shared_ptr<ComputeStage>>)>;
+
+  // `engine` must outlive the session.
+  JobSession(Engine* engine, CallInfo call) : engine_(engine), call_(std::move(call)) {}
+
+  // Queues a job that passed intake. An error at once is a refusal the
+  // engine has counted (too large, queue full, client limit, draining);
+  // then `admitted` never runs.
+  absl::Status Start(const JobRequest& job, JobMode mode, Admitted admitted);
+
+  // The call was cancelled (or its deadline passed): a queued job ends with
+  // cancelled_status() at once; an admitted one sees cancelled() between
+  // tiles. Any thread, any time, before or after Start.
+  void Cancel();
+  bool cancelled() const { return cancelled_.load(); }
+  absl::Status cancelled_status() const { return CancelledStatus(call_.deadline); }
+
+  // Counts a refusal decided before Start (intake, a protocol error).
+  void Refuse(const absl::Status& s, const JobRequest* job = nullptr);
+
+  const CallInfo& call() const { return call_; }
+  Engine& engine() { return *engine_; }
+
+ private:
+  Engine* const engine_;
+  const CallInfo call_;
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::optional<Admission::Ticket> ticket_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_JOB_SESSION_H_

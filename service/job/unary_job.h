@@ -1,0 +1,108 @@
+// A Multiply job apart from gRPC: the whole matrix in one request message,
+// read only once the ReceiveGate has room for it, checked by the intake,
+// admitted through a JobSession, copied once into a block buffer of the
+// job's device, computed in place and sent back from that buffer.
+//
+//   Begin --gate has room--> StartRead --OnRequest--> intake --> session.Start
+//     |  \-waits at the gate--/                                     |
+//     draining: UNAVAILABLE                         admitted (worker): copy, Process,
+//                                                   End, Reply -- or Fail at any step
+//
+// The RPC layer (service/rpc/multiply_reactor.cc) implements UnaryIo and
+// forwards its reactions; io is used until Detach. gRPC-free.
+#ifndef DGMM_SERVICE_JOB_UNARY_JOB_H_
+#define DGMM_SERVICE_JOB_UNARY_JOB_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "dgmm/v1/dgmm.pb.h"
+#include "service/host_buffers.h"
+#include "service/job/intake.h"
+#include "service/job/receive_gate.h"
+#include "service/job/session.h"
+#include "service/job/watchdog.h"
+
+namespace dgmm {
+
+// The Multiply request as it was read, in the RPC layer's wire format.
+class UnaryRequest {
+ public:
+  virtual ~UnaryRequest() = default;
+  virtual int64_t size() const = 0;
+  // Decodes the header without touching the matrix: `*header` stays valid
+  // while this lives; `*matrix_bytes` is the payload's size.
+  virtual absl::Status Peek(const v1::JobHeader** header, int64_t* matrix_bytes) = 0;
+  // Copies the matrix payload (`bytes` bytes) to `dst`.
+  virtual absl::Status CopyMatrix(std::byte* dst, int64_t bytes) = 0;
+};
+
+// What the job asks of its call. Finish-like calls (Reply, Fail) come once.
+class UnaryIo {
+ public:
+  virtual ~UnaryIo() = default;
+  virtual void StartRead() = 0;
+  // OK: `bytes` of result in `result` and the job's stats.
+  virtual void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) = 0;
+  virtual void Fail(const absl::Status& status) = 0;
+  // Cancels the call at the transport (a reply the client never takes).
+  virtual void CancelCall() = 0;
+};
+
+class UnaryJob final : public StreamWatchdog::Watched,
+                       public std::enable_shared_from_this<UnaryJob> {
+ public:
+  UnaryJob(std::shared_ptr<JobSession> session, const Intake* intake, ReceiveGate* gate,
+           StreamTimeouts timeouts, UnaryIo* io)
+      : session_(std::move(session)), intake_(intake), gate_(gate), timeouts_(timeouts),
+        io_(io), live_io_(io) {}
+
+  // Waits at the gate (or refuses at once), then asks io for the request.
+  void Begin();
+  // The request arrived (null: the call ended without one, cancelled or
+  // not).
+  void OnRequest(std::unique_ptr<UnaryRequest> request, bool call_cancelled);
+  // The call was cancelled or its deadline passed.
+  void OnCancel();
+  // gRPC is done with the call: io is not used again; what the job holds
+  // at the gate goes back.
+  void Detach();
+  void CheckIdle(absl::Time now) override;
+
+ private:
+  void OnGate(const absl::Status& s);
+  void Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted);
+  void Finish(const absl::Status& s);
+  void ReleaseGate();
+  void Refuse(const absl::Status& s);
+
+  const std::shared_ptr<JobSession> session_;
+  const Intake* const intake_;
+  ReceiveGate* const gate_;
+  const StreamTimeouts timeouts_;
+
+  std::mutex mu_;
+  UnaryIo* io_ ABSL_GUARDED_BY(mu_);  // null once finished
+  std::optional<ReceiveGate::Ticket> gate_ticket_ ABSL_GUARDED_BY(mu_);  // waiting
+  int64_t gate_hold_ ABSL_GUARDED_BY(mu_) = 0;  // bytes held at the gate
+  std::optional<absl::Time> reading_since_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Time> replied_at_ ABSL_GUARDED_BY(mu_);
+  // Owned by the job's worker from admission on.
+  std::unique_ptr<UnaryRequest> request_;
+  int64_t matrix_bytes_ = 0;
+  int64_t lines_ = 0;
+  std::optional<HostBuffer> result_;
+  std::shared_ptr<ComputeStage> stage_ ABSL_GUARDED_BY(mu_);  // its reservation, until Detach
+  // Cancelling at the transport stays possible after Finish, until Detach.
+  std::mutex live_mu_;
+  UnaryIo* live_io_ ABSL_GUARDED_BY(live_mu_);
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_JOB_UNARY_JOB_H_

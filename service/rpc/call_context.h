@@ -1,0 +1,52 @@
+// What every dgmm RPC does first, written once (as Arrow Flight's server
+// middleware does it): check the bearer token, name the client for the fair
+// share, read the deadline, and count the call while gRPC holds it (Drain
+// waits for the count to reach zero). Each reactor holds one CallContext for
+// its whole life.
+#ifndef DGMM_SERVICE_RPC_CALL_CONTEXT_H_
+#define DGMM_SERVICE_RPC_CALL_CONTEXT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+#include "service/job/session.h"
+#include "service/rpc/auth.h"
+
+namespace dgmm {
+
+// What a service's calls share: its token check and its count of calls.
+struct CallPolicy {
+  std::optional<TokenAuth> auth;
+  std::atomic<int64_t> calls{0};
+};
+
+class CallContext {
+ public:
+  CallContext(grpc::CallbackServerContext* context, CallPolicy* policy);
+  ~CallContext() { policy_->calls.fetch_sub(1); }
+  CallContext(const CallContext&) = delete;
+  CallContext& operator=(const CallContext&) = delete;
+
+  // OK, or UNAUTHENTICATED when the call lacks a configured token.
+  const absl::Status& auth() const { return auth_; }
+  // The client key (a token index and the peer's address), when and by
+  // when: for the job's session.
+  const CallInfo& info() const { return info_; }
+  grpc::CallbackServerContext* grpc() const { return context_; }
+  // `s` as a gRPC status, its retry pushback put in the trailers.
+  grpc::Status Status(const absl::Status& s) const;
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  CallPolicy* const policy_;
+  absl::Status auth_;
+  CallInfo info_;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_RPC_CALL_CONTEXT_H_

@@ -1,0 +1,84 @@
+#include "service/rpc/dgmm_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "proto/wire.h"
+#include "service/engine/server_info.h"
+
+namespace dgmm {
+
+DgmmService::DgmmService(Engine* engine, std::optional<TokenAuth> auth, StreamTimeouts timeouts,
+                         int64_t unary_receive_bytes, int unary_max_waiting,
+                         RegionRegistry* regions)
+    : intake_(engine, &engine->metrics(), regions),
+      gate_(unary_receive_bytes, unary_max_waiting),
+      services_{.engine = engine,
+                .intake = &intake_,
+                .gate = &gate_,
+                .watchdog = &watchdog_,
+                .timeouts = timeouts,
+                .regions = regions} {
+  policy_.auth = std::move(auth);
+}
+
+StreamReactorBase* DgmmService::NewMultiply(grpc::CallbackServerContext* context) {
+  return NewMultiplyReactor(context, &policy_, services_);
+}
+
+StreamReactorBase* DgmmService::MultiplyStream(grpc::CallbackServerContext* context) {
+  return NewMultiplyStreamReactor(context, &policy_, services_);
+}
+
+grpc::ServerUnaryReactor* DgmmService::MultiplyRegion(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return NewMultiplyRegionReactor(context, &policy_, services_, request, response);
+}
+
+grpc::ServerUnaryReactor* DgmmService::RegisterRegion(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return NewRegionCallReactor(context, &policy_, services_.regions, RegionMethod::kRegister,
+                              request, response);
+}
+
+grpc::ServerUnaryReactor* DgmmService::UnregisterRegion(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return NewRegionCallReactor(context, &policy_, services_.regions, RegionMethod::kUnregister,
+                              request, response);
+}
+
+grpc::ServerUnaryReactor* DgmmService::GetRegionStatus(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return NewRegionCallReactor(context, &policy_, services_.regions, RegionMethod::kStatus,
+                              request, response);
+}
+
+// Served at the ByteBuffer level so that a request that does not parse gets
+// INVALID_ARGUMENT like the other RPCs (gRPC's generated parsing would answer
+// UNIMPLEMENTED with an empty message).
+grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  absl::Status status;
+  v1::GetServerInfoRequest parsed;
+  if (policy_.auth.has_value()) status = policy_.auth->Check(context->client_metadata());
+  if (status.ok() && !wire::ParseMessage(*request, &parsed)) {
+    status = absl::InvalidArgumentError(
+        "GetServerInfo request does not parse as a dgmm.v1.GetServerInfoRequest");
+  }
+  if (status.ok()) {
+    *response = wire::EncodeMessage(DescribeServer(*services_.engine, services_.regions));
+  }
+  return new UnaryReply(context, &policy_, status);
+}
+
+StreamReactorBase* DgmmGenericService::CreateReactor(grpc::GenericCallbackServerContext* context) {
+  if (context->method() == kMultiplyMethod) return service_->NewMultiply(context);
+  return new RefusedStream(
+      context, &unknown_,
+      absl::UnimplementedError(absl::StrCat("unknown method ", context->method())));
+}
+
+}  // namespace dgmm

@@ -1,0 +1,94 @@
+// dgmm.v1.Dgmm's method table: each method makes its call's reactor
+// (reactors.h) from the services the jobs share. Every RPC is served at the
+// ByteBuffer level: MultiplyStream so that its payloads skip protobuf's
+// copies (proto/wire.h), the unary ones so that a request that does not
+// parse gets INVALID_ARGUMENT. Multiply is left to DgmmGenericService, which
+// takes it as a stream of one message: a unary method's message is read whole
+// by gRPC before its handler runs, a stream's only when the handler asks (see
+// ReceiveGate).
+#ifndef DGMM_SERVICE_RPC_DGMM_SERVICE_H_
+#define DGMM_SERVICE_RPC_DGMM_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+
+#include "dgmm/v1/dgmm.grpc.pb.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "service/engine/engine.h"
+#include "service/job/intake.h"
+#include "service/job/receive_gate.h"
+#include "service/job/watchdog.h"
+#include "service/regions/region_registry.h"
+#include "service/rpc/auth.h"
+#include "service/rpc/call_context.h"
+#include "service/rpc/reactors.h"
+
+namespace dgmm {
+
+inline constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
+
+class DgmmService final
+    : public v1::Dgmm::WithGenericMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
+          v1::Dgmm::WithRawCallbackMethod_GetServerInfo<
+              v1::Dgmm::WithRawCallbackMethod_RegisterRegion<
+                  v1::Dgmm::WithRawCallbackMethod_UnregisterRegion<
+                      v1::Dgmm::WithRawCallbackMethod_GetRegionStatus<
+                          v1::Dgmm::WithRawCallbackMethod_MultiplyRegion<
+                              v1::Dgmm::Service>>>>>>> {
+ public:
+  // `engine` and `regions` (may be null: regions off) must outlive the
+  // service. With `auth`, every RPC of this service needs the bearer token
+  // (UNAUTHENTICATED otherwise). Multiply requests not yet admitted hold at
+  // most `unary_receive_bytes` (at least one request of
+  // --max_unary_message_bytes is let in), and at most `unary_max_waiting`
+  // calls wait for that room.
+  DgmmService(Engine* engine, std::optional<TokenAuth> auth, StreamTimeouts timeouts,
+              int64_t unary_receive_bytes, int unary_max_waiting,
+              RegionRegistry* regions = nullptr);
+
+  // A Multiply call (from DgmmGenericService).
+  StreamReactorBase* NewMultiply(grpc::CallbackServerContext* context);
+  StreamReactorBase* MultiplyStream(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetRegionStatus(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* MultiplyRegion(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+
+  // Calls of this service that gRPC is not yet done with.
+  int64_t calls_in_progress() const { return policy_.calls.load(); }
+
+ private:
+  CallPolicy policy_;
+  Intake intake_;
+  ReceiveGate gate_;
+  StreamWatchdog watchdog_;
+  JobServices services_;
+};
+
+// Takes the calls of methods no service registered: Multiply (for
+// DgmmService) and unknown methods (UNIMPLEMENTED).
+class DgmmGenericService final : public grpc::CallbackGenericService {
+ public:
+  explicit DgmmGenericService(DgmmService* service) : service_(service) {}
+  StreamReactorBase* CreateReactor(grpc::GenericCallbackServerContext* context) override;
+
+ private:
+  DgmmService* service_;
+  CallPolicy unknown_;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_RPC_DGMM_SERVICE_H_

@@ -1,0 +1,88 @@
+// Multiply: unary on the wire, but served as a stream of one message
+// (dgmm_service.h): the reactor starts before the message is read, so the
+// UnaryJob reads it only once the ReceiveGate has room, and a draining
+// server refuses it unread.
+#include <memory>
+
+#include "proto/wire.h"
+#include "service/job/unary_job.h"
+#include "service/rpc/reactors.h"
+#include "service/rpc/wire_buffers.h"
+
+namespace dgmm {
+namespace {
+
+// The request as gRPC read it; the header is decoded without touching the
+// matrix, which is copied once out of gRPC's slices.
+class GrpcUnaryRequest final : public UnaryRequest {
+ public:
+  explicit GrpcUnaryRequest(grpc::ByteBuffer* message) { message_.Swap(message); }
+  int64_t size() const override { return static_cast<int64_t>(message_.Length()); }
+  absl::Status Peek(const v1::JobHeader** header, int64_t* matrix_bytes) override {
+    absl::StatusOr<wire::MultiplyRequestView> view = wire::PeekMultiplyRequest(message_);
+    if (!view.ok()) return view.status();
+    view_ = std::move(*view);
+    *header = &view_.header;
+    *matrix_bytes = static_cast<int64_t>(view_.matrix_bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyMatrix(std::byte* dst, int64_t bytes) override {
+    return wire::CopyMultiplyMatrix(message_, dst, static_cast<size_t>(bytes));
+  }
+
+ private:
+  grpc::ByteBuffer message_;
+  wire::MultiplyRequestView view_;
+};
+
+class MultiplyReactor final : public StreamReactorBase, public UnaryIo {
+ public:
+  MultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                  const JobServices& services)
+      : call_(context, policy),
+        job_(std::make_shared<UnaryJob>(
+            std::make_shared<JobSession>(services.engine, call_.info()), services.intake,
+            services.gate, services.timeouts, this)) {
+    if (!call_.auth().ok()) {
+      Finish(call_.Status(call_.auth()));
+      return;
+    }
+    services.watchdog->Watch(job_);
+    job_->Begin();
+  }
+
+  void OnReadDone(bool ok) override {
+    job_->OnRequest(ok ? std::make_unique<GrpcUnaryRequest>(&request_) : nullptr,
+                    call_.grpc()->IsCancelled());
+  }
+  void OnCancel() override { job_->OnCancel(); }
+  void OnDone() override {
+    job_->Detach();
+    delete this;
+  }
+
+  // UnaryIo, called under the job's lock.
+  void StartRead() override { StreamReactorBase::StartRead(&request_); }
+  void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) override {
+    // The result goes out from the buffer it was computed in.
+    response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), stats);
+    StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+  void Fail(const absl::Status& status) override { Finish(call_.Status(status)); }
+  void CancelCall() override { call_.grpc()->TryCancel(); }
+
+ private:
+  CallContext call_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  const std::shared_ptr<UnaryJob> job_;
+};
+
+}  // namespace
+
+StreamReactorBase* NewMultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                                      const JobServices& services) {
+  return new MultiplyReactor(context, policy, services);
+}
+
+}  // namespace dgmm

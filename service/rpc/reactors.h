@@ -1,0 +1,86 @@
+// One small reactor per RPC shape (gRPC's callback API, as in route_guide's
+// callback server). Each holds its call's state and a CallContext; OnDone
+// detaches the job (gRPC-free, service/job) and deletes the reactor, the one
+// lifetime scheme for every RPC: the job is shared with the workers that run
+// it and uses the reactor only until OnDone. No reactor blocks a callback
+// thread: compute runs on job workers, region mapping on the registry's.
+//
+//   Multiply            multiply_reactor.cc  UnaryJob
+//   MultiplyStream      stream_reactor.cc    StreamJob with ComputeStreamStages
+//   bench Echo          stream_reactor.cc    StreamJob with EchoStreamStages
+//   MultiplyRegion      region_reactors.cc   RegionJob
+//   Register/Unregister/GetRegionStatus      region_reactors.cc  RegionRegistry
+//   GetServerInfo, refusals                  dgmm_service.cc     UnaryReply
+#ifndef DGMM_SERVICE_RPC_REACTORS_H_
+#define DGMM_SERVICE_RPC_REACTORS_H_
+
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "service/engine/engine.h"
+#include "service/job/intake.h"
+#include "service/job/receive_gate.h"
+#include "service/job/watchdog.h"
+#include "service/regions/region_registry.h"
+#include "service/rpc/call_context.h"
+
+namespace dgmm {
+
+using StreamReactorBase = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// What the job reactors need of the server; owned by DgmmService.
+struct JobServices {
+  Engine* engine = nullptr;
+  const Intake* intake = nullptr;
+  ReceiveGate* gate = nullptr;
+  StreamWatchdog* watchdog = nullptr;  // null: calls are not timed out (Echo)
+  StreamTimeouts timeouts;
+  RegionRegistry* regions = nullptr;  // null: regions off
+};
+
+// A unary call that ends at once with `status` (a reply already in the
+// response buffer when OK).
+class UnaryReply final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryReply(grpc::CallbackServerContext* context, CallPolicy* policy, const absl::Status& s)
+      : call_(context, policy) {
+    Finish(call_.Status(s));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  CallContext call_;
+};
+
+// A stream that ends at once with `status` (authentication, unknown method).
+class RefusedStream final : public StreamReactorBase {
+ public:
+  RefusedStream(grpc::CallbackServerContext* context, CallPolicy* policy, const absl::Status& s)
+      : call_(context, policy) {
+    Finish(call_.Status(s));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  CallContext call_;
+};
+
+StreamReactorBase* NewMultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                                      const JobServices& services);
+StreamReactorBase* NewMultiplyStreamReactor(grpc::CallbackServerContext* context,
+                                            CallPolicy* policy, const JobServices& services);
+StreamReactorBase* NewEchoReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                                  Engine* engine);
+grpc::ServerUnaryReactor* NewMultiplyRegionReactor(grpc::CallbackServerContext* context,
+                                                   CallPolicy* policy, const JobServices& services,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response);
+enum class RegionMethod { kRegister, kUnregister, kStatus };
+grpc::ServerUnaryReactor* NewRegionCallReactor(grpc::CallbackServerContext* context,
+                                               CallPolicy* policy, RegionRegistry* regions,
+                                               RegionMethod method,
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response);
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_RPC_REACTORS_H_

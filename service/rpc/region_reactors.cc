@@ -1,0 +1,152 @@
+// The region RPCs: MultiplyRegion over a RegionJob, and Register,
+// Unregister and GetRegionStatus over the RegionRegistry, run on the
+// registry's worker (mapping an object is a system call per page table, not
+// work for a callback thread).
+#include <memory>
+
+#include "proto/wire.h"
+#include "service/job/region_job.h"
+#include "service/rpc/reactors.h"
+
+namespace dgmm {
+namespace {
+
+absl::Status RegionsOff() {
+  return absl::FailedPreconditionError(
+      "shared-memory and CUDA IPC regions are off on this server (start it with "
+      "--allow_regions); stream the job instead");
+}
+
+template <typename Request>
+absl::StatusOr<Request> Parse(const grpc::ByteBuffer& buffer, const char* name) {
+  Request r;
+  if (!wire::ParseMessage(buffer, &r)) {
+    return absl::InvalidArgumentError(absl::StrCat("request does not parse as a dgmm.v1.", name));
+  }
+  return r;
+}
+
+class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public RegionIo {
+ public:
+  MultiplyRegionReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                        const JobServices& services, const grpc::ByteBuffer* request,
+                        grpc::ByteBuffer* response)
+      : call_(context, policy), response_(response) {
+    if (!call_.auth().ok()) {
+      grpc::ServerUnaryReactor::Finish(call_.Status(call_.auth()));
+      return;
+    }
+    job_ = std::make_shared<RegionJob>(std::make_shared<JobSession>(services.engine, call_.info()),
+                                       services.intake, services.regions, this);
+    const bool parsed = wire::ParseMessage(*request, &request_);
+    job_->Begin(request_,
+                parsed ? absl::OkStatus()
+                       : absl::InvalidArgumentError(
+                             "request does not parse as a dgmm.v1.MultiplyRegionRequest"),
+                call_.info().client);
+  }
+
+  void OnCancel() override {
+    if (job_ != nullptr) job_->OnCancel();
+  }
+  void OnDone() override {
+    if (job_ != nullptr) job_->Detach();
+    delete this;
+  }
+
+  // RegionIo, once.
+  void Finish(const absl::Status& status, const v1::JobStats& stats) override {
+    if (status.ok()) {
+      v1::MultiplyRegionResponse reply;
+      *reply.mutable_stats() = stats;
+      *response_ = wire::EncodeMessage(reply);
+    }
+    grpc::ServerUnaryReactor::Finish(call_.Status(status));
+  }
+
+ private:
+  CallContext call_;
+  grpc::ByteBuffer* const response_;
+  v1::MultiplyRegionRequest request_;
+  std::shared_ptr<RegionJob> job_;  // null when refused at once
+};
+
+// RegisterRegion, UnregisterRegion or GetRegionStatus for client `owner`:
+// the call's status, with `response` filled when OK.
+absl::Status Serve(RegionMethod method, RegionRegistry* registry, const std::string& owner,
+                   const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
+  switch (method) {
+    case RegionMethod::kRegister: {
+      auto req = Parse<v1::RegisterRegionRequest>(request, "RegisterRegionRequest");
+      if (!req.ok()) return req.status();
+      auto status = registry->Register(owner, *req);
+      if (!status.ok()) return status.status();
+      v1::RegisterRegionResponse reply;
+      *reply.mutable_region() = *status;
+      *response = wire::EncodeMessage(reply);
+      return absl::OkStatus();
+    }
+    case RegionMethod::kUnregister: {
+      auto req = Parse<v1::UnregisterRegionRequest>(request, "UnregisterRegionRequest");
+      if (!req.ok()) return req.status();
+      auto n = registry->Unregister(owner, req->name());
+      if (!n.ok()) return n.status();
+      v1::UnregisterRegionResponse reply;
+      reply.set_unregistered(*n);
+      *response = wire::EncodeMessage(reply);
+      return absl::OkStatus();
+    }
+    case RegionMethod::kStatus: {
+      auto req = Parse<v1::GetRegionStatusRequest>(request, "GetRegionStatusRequest");
+      if (!req.ok()) return req.status();
+      auto reply = registry->Status(owner, req->name());
+      if (!reply.ok()) return reply.status();
+      *response = wire::EncodeMessage(*reply);
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unknown region method");
+}
+
+class RegionCallReactor final : public grpc::ServerUnaryReactor {
+ public:
+  RegionCallReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                    RegionRegistry* registry, RegionMethod method,
+                    const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
+      : call_(context, policy) {
+    if (!call_.auth().ok()) {
+      Finish(call_.Status(call_.auth()));
+    } else if (registry == nullptr || !registry->enabled()) {
+      Finish(call_.Status(RegionsOff()));
+    } else {
+      // gRPC keeps the request and response alive until Finish; the reactor
+      // lives until OnDone, which comes after it.
+      registry->Post([this, registry, method, request, response] {
+        Finish(call_.Status(Serve(method, registry, call_.info().client, *request, response)));
+      });
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  CallContext call_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* NewMultiplyRegionReactor(grpc::CallbackServerContext* context,
+                                                   CallPolicy* policy, const JobServices& services,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  return new MultiplyRegionReactor(context, policy, services, request, response);
+}
+
+grpc::ServerUnaryReactor* NewRegionCallReactor(grpc::CallbackServerContext* context,
+                                               CallPolicy* policy, RegionRegistry* regions,
+                                               RegionMethod method,
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response) {
+  return new RegionCallReactor(context, policy, regions, method, request, response);
+}
+
+}  // namespace dgmm
