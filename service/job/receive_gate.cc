@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "service/outcome.h"
-#include "service/rpc/status_map.h"
+#include "service/util/retry_pushback.h"
 
 namespace dgmm {
 

@@ -3,9 +3,12 @@
 # would not catch (every header is found through the same include path):
 #   - util/ (dgmm_util) includes nothing from service/, client/, proto/ or gRPC;
 #   - client/ includes nothing from service/;
-#   - the block buffers, admission, the block pipeline and its stages, and
-#     the GPU backend compile without gRPC:
-#     their translation units, preprocessed, reach no grpc header.
+#   - service/job/ and service/engine/ include nothing from service/rpc/;
+#   - the block buffers, the job layer (intake, session, the job flows,
+#     admission), the engine, the block pipeline and its stages, the regions
+#     and the GPU backend compile without gRPC: their translation units,
+#     preprocessed, reach no grpc header. Only service/rpc/, server.cc,
+#     metrics.cc and main.cc speak gRPC.
 # Usage: check_layering.sh CXX SOURCE_DIR [-Iextra ...]
 set -uo pipefail
 cxx=$1
@@ -26,9 +29,14 @@ while IFS= read -r hit; do
   fail "client/ must not include service/: $hit"
 done < <(grep -rnE '#include [<"]service/' "$src"/client --include='*.h' --include='*.cc')
 
+while IFS= read -r hit; do
+  fail "service/job/ and service/engine/ must not include service/rpc/: $hit"
+done < <(grep -rnE '#include [<"]service/rpc/' "$src"/service/job "$src"/service/engine)
+
 # Transitive includes of the gRPC-free parts.
-units=("$src"/util/*.cc "$src"/service/host_buffers.cc "$src"/service/admission.cc
-       "$src"/service/pipeline/*.cc "$src"/service/regions/*.cc)
+units=("$src"/util/*.cc "$src"/service/host_buffers.cc "$src"/service/job/*.cc
+       "$src"/service/engine/*.cc "$src"/service/pipeline/*.cc "$src"/service/regions/*.cc
+       "$src"/service/backends/cpu/*.cc)
 if [[ " $* " == *" -DDGMM_HAVE_CUDA=1 "* ]]; then
   units+=("$src"/service/backends/cuda/*.cc)
 fi
