@@ -1,0 +1,332 @@
+#include "service/backends/cuda/cuda_job_context.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "service/backends/cuda/cuda_status.h"
+
+namespace dgmm::cuda {
+namespace {
+
+bool IsPinned(const void* p, int64_t bytes) {
+  auto pinned_at = [](const void* q) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, q) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attr.type == cudaMemoryTypeHost;
+  };
+  const auto* b = static_cast<const std::byte*>(p);
+  return bytes > 0 && pinned_at(b) && pinned_at(b + bytes - 1);
+}
+
+absl::Duration EventGap(cudaEvent_t from, cudaEvent_t to) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, from, to) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ZeroDuration();
+  }
+  return absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
+}
+
+}  // namespace
+
+CudaJobContext::~CudaJobContext() {
+  if (!device_->Enter().ok()) return;
+  // Process drains every piece before returning, so nothing of this job is
+  // in flight: the frees need no ordering beyond the setup stream.
+  for (std::byte* p : {d_diag_, d_in_, d_out_}) {
+    if (p != nullptr) cudaFreeAsync(p, device_->setup_stream_);
+  }
+  for (Lane& lane : lanes_) {
+    for (cudaEvent_t e :
+         {lane.start, lane.uploaded, lane.computed, lane.done}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
+  cudaGetLastError();
+}
+
+absl::Status CudaJobContext::Init(const std::byte* diag) {
+  cudaStream_t s = device_->setup_stream_;
+  auto alloc = [&](std::byte** out, int64_t bytes) {
+    return device_->Check(
+        cudaMallocFromPoolAsync(
+            reinterpret_cast<void**>(out),
+            static_cast<size_t>(std::max<int64_t>(bytes, 1)), device_->pool_,
+            s),
+        absl::StrFormat("cudaMallocFromPoolAsync(%d bytes)", bytes));
+  };
+  if (auto st = alloc(&d_diag_, p_.diag_bytes()); !st.ok()) return st;
+  // A job on the client's device memory (kDeviceRegion) needs no slots.
+  if (region_bytes() > 0) {
+    if (auto st = alloc(&d_in_, region_bytes()); !st.ok()) return st;
+    if (auto st = alloc(&d_out_, region_bytes()); !st.ok()) return st;
+  }
+  if (auto st = device_->Check(
+          cudaMemcpyAsync(d_diag_, diag, static_cast<size_t>(p_.diag_bytes()),
+                          cudaMemcpyHostToDevice, s),
+          "diagonal upload");
+      !st.ok()) {
+    return st;
+  }
+  if (auto st =
+          device_->Check(cudaStreamSynchronize(s), "diagonal upload sync");
+      !st.ok()) {
+    return st;
+  }
+  // kDeviceRegion launches once: one lane's events.
+  lanes_.resize(mode_ == JobMode::kDeviceRegion ? 1 : device_->pieces_in_flight());
+  for (Lane& lane : lanes_) {
+    for (cudaEvent_t* e :
+         {&lane.start, &lane.uploaded, &lane.computed, &lane.done}) {
+      if (auto st = device_->Check(cudaEventCreate(e), "cudaEventCreate");
+          !st.ok()) {
+        return st;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::byte* CudaJobContext::DeviceAddress(std::byte* region, int lane,
+                                         const Piece& piece) const {
+  if (mode_ == JobMode::kWhole) {
+    return region + piece.first_line * p_.line_bytes() +
+           piece.pos * static_cast<int64_t>(p_.elem_size());
+  }
+  return region + lane * slot_bytes_;
+}
+
+template <typename T>
+DeviceTile<T> CudaJobContext::MakeDeviceTile(std::byte* in, std::byte* out,
+                                             const Piece& piece) const {
+  const bool per_line = p_.scale_per_line();
+  const T* diag = reinterpret_cast<const T*>(d_diag_) +
+                  (per_line ? piece.first_line : piece.pos);
+  return DeviceTile<T>{.in = reinterpret_cast<const T*>(in),
+                       .out = reinterpret_cast<T*>(out),
+                       .diag = diag,
+                       .lines = piece.lines,
+                       .line_len = piece.line_len,
+                       .per_line = per_line};
+}
+
+absl::Status CudaJobContext::Launch(const Lane& lane, const Piece& piece,
+                                    int lane_index) {
+  return LaunchOn(DeviceAddress(d_in_, lane_index, piece),
+                  DeviceAddress(d_out_, lane_index, piece), piece, lane.stream);
+}
+
+absl::Status CudaJobContext::LaunchOn(std::byte* in, std::byte* out,
+                                      const Piece& piece, int stream_index) {
+  cudaStream_t stream = device_->streams_[stream_index];
+  const int sms = device_->multiprocessors_;
+  if (backend_ == BackendKind::kCublas) {
+    cublasHandle_t h = device_->cublas_[stream_index];
+    return device_->Check(
+        p_.dtype == DType::kFloat32
+            ? LaunchCublasDgmm(h, MakeDeviceTile<float>(in, out, piece))
+            : LaunchCublasDgmm(h, MakeDeviceTile<double>(in, out, piece)),
+        "cublas<t>dgmm");
+  }
+  return device_->Check(
+      p_.dtype == DType::kFloat32
+          ? LaunchDgmmKernel(MakeDeviceTile<float>(in, out, piece), sms, stream)
+          : LaunchDgmmKernel(MakeDeviceTile<double>(in, out, piece), sms,
+                             stream),
+      "dgmm kernel launch");
+}
+
+absl::Status CudaJobContext::Start(Lane& lane, int lane_index,
+                                   const Piece& piece, const Tile& tile,
+                                   bool pinned_in, bool pinned_out,
+                                   StageTimes* times) {
+  const std::byte* src = tile.in + piece.byte_offset;
+  if (!pinned_in) {
+    const absl::Time t0 = absl::Now();
+    std::memcpy(lane.staging, src, static_cast<size_t>(piece.bytes));
+    if (times != nullptr) times->h2d += absl::Now() - t0;
+    src = lane.staging;
+  }
+  std::byte* dst = pinned_out ? tile.out + piece.byte_offset : lane.staging;
+  cudaStream_t s = device_->streams_[lane.stream];
+  const size_t n = static_cast<size_t>(piece.bytes);
+  lane.piece = piece;
+  lane.busy = true;
+  if (auto st =
+          device_->Check(cudaEventRecord(lane.start, s), "cudaEventRecord");
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = device_->Check(
+          cudaMemcpyAsync(DeviceAddress(d_in_, lane_index, piece), src, n,
+                          cudaMemcpyHostToDevice, s),
+          "host-to-device copy");
+      !st.ok()) {
+    return st;
+  }
+  if (auto st =
+          device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord");
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = Launch(lane, piece, lane_index); !st.ok()) return st;
+  if (auto st =
+          device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord");
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = device_->Check(
+          cudaMemcpyAsync(dst, DeviceAddress(d_out_, lane_index, piece), n,
+                          cudaMemcpyDeviceToHost, s),
+          "device-to-host copy");
+      !st.ok()) {
+    return st;
+  }
+  return device_->Check(cudaEventRecord(lane.done, s), "cudaEventRecord");
+}
+
+absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile,
+                                    bool pinned_out, StageTimes* times) {
+  lane.busy = false;
+  if (auto st =
+          device_->Check(cudaEventSynchronize(lane.done), "pipeline wait");
+      !st.ok()) {
+    return st;
+  }
+  if (times != nullptr) {
+    times->h2d += EventGap(lane.start, lane.uploaded);
+    times->compute += EventGap(lane.uploaded, lane.computed);
+    times->d2h += EventGap(lane.computed, lane.done);
+  }
+  if (!pinned_out) {
+    const absl::Time t0 = absl::Now();
+    std::memcpy(tile.out + lane.piece.byte_offset, lane.staging,
+                static_cast<size_t>(lane.piece.bytes));
+    if (times != nullptr) times->d2h += absl::Now() - t0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaJobContext::ProcessResident(const Tile& tile,
+                                             StageTimes* times) {
+  Lane& lane = lanes_[0];
+  lane.stream = static_cast<int>(device_->next_stream_.fetch_add(1) %
+                                 static_cast<uint32_t>(device_->streams()));
+  cudaStream_t s = device_->streams_[lane.stream];
+  // One launch over the whole tile: lines of any length, no piece limit.
+  Piece piece;
+  piece.byte_offset = 0;
+  piece.bytes = tile.lines * p_.line_bytes();
+  piece.first_line = tile.first_line;
+  piece.lines = tile.lines;
+  piece.line_len = p_.line_len();
+  piece.pos = 0;
+  if (auto st = device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord");
+      !st.ok()) {
+    return st;
+  }
+  absl::Status status = LaunchOn(const_cast<std::byte*>(tile.in), tile.out, piece,
+                                 lane.stream);
+  if (status.ok()) {
+    status = device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord");
+  }
+  if (status.ok()) {
+    status = device_->Check(cudaEventSynchronize(lane.computed), "kernel wait");
+  }
+  if (!status.ok()) {
+    cudaStreamSynchronize(s);
+    cudaGetLastError();
+    return status;
+  }
+  if (times != nullptr) times->compute += EventGap(lane.uploaded, lane.computed);
+  return absl::OkStatus();
+}
+
+absl::Status CudaJobContext::Process(const Tile& tile,
+                                     const CancelFn& cancelled,
+                                     StageTimes* times) {
+  if (tile.lines == 0) return absl::OkStatus();
+  if (tile.first_line < 0 || tile.lines < 0 ||
+      tile.first_line + tile.lines > p_.lines()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tile lines [%d, %d) lie outside the matrix's %d lines",
+        tile.first_line, tile.first_line + tile.lines, p_.lines()));
+  }
+  if (!device_->in_service()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "GPU %d (%s) is out of service after an unrecoverable CUDA error",
+        device_->index(), device_->name()));
+  }
+  if (auto st = device_->Enter(); !st.ok()) return st;
+  if (mode_ == JobMode::kDeviceRegion) return ProcessResident(tile, times);
+
+  const int64_t bytes = tile.lines * p_.line_bytes();
+  const bool pinned_in = IsPinned(tile.in, bytes);
+  const bool pinned_out = IsPinned(tile.out, bytes);
+  // A piece must fit one staging buffer and one device slot.
+  const int64_t piece_limit = std::min(slot_bytes_, device_->tile_bytes_);
+  const int64_t line_bytes = p_.line_bytes();
+  const int64_t pieces =
+      line_bytes > piece_limit
+          ? tile.lines * ((line_bytes + piece_limit - 1) / piece_limit)
+          : (tile.lines + piece_limit / line_bytes - 1) /
+                (piece_limit / line_bytes);
+  const int want = static_cast<int>(std::min<int64_t>(
+      device_->pieces_in_flight(), std::max<int64_t>(pieces, 1)));
+
+  std::vector<std::byte*> staging;
+  StagingRing* ring = nullptr;
+  if (!pinned_in || !pinned_out) {
+    absl::StatusOr<StagingRing*> r = device_->Ring();
+    if (!r.ok()) return r.status();
+    ring = *r;
+    staging = ring->Acquire(want);
+  }
+  const int depth = staging.empty() ? want : static_cast<int>(staging.size());
+  const uint32_t first_stream = device_->next_stream_.fetch_add(1);
+  for (int i = 0; i < depth; ++i) {
+    lanes_[i].staging = staging.empty() ? nullptr : staging[i];
+    lanes_[i].stream =
+        static_cast<int>((first_stream + i) % device_->streams());
+    lanes_[i].busy = false;
+  }
+
+  absl::Status status;
+  TileSplitter splitter(p_, tile.first_line, tile.lines, piece_limit);
+  Piece piece;
+  for (int64_t i = 0; status.ok() && splitter.Next(&piece); ++i) {
+    const int l = static_cast<int>(i % depth);
+    if (lanes_[l].busy) {
+      status = Finish(lanes_[l], tile, pinned_out, times);
+      if (!status.ok()) break;
+    }
+    if (cancelled && cancelled()) {
+      status = absl::CancelledError("job cancelled between tiles");
+      break;
+    }
+    // Piece offsets are relative to the tile; the splitter's lines are
+    // absolute, which is what the diagonal and the kWhole layout need.
+    status = Start(lanes_[l], l, piece, tile, pinned_in, pinned_out, times);
+  }
+  for (int l = 0; l < depth; ++l) {
+    if (!lanes_[l].busy) continue;
+    absl::Status st = Finish(lanes_[l], tile, pinned_out, times);
+    if (status.ok()) status = st;
+  }
+  if (!status.ok()) {
+    // A piece that failed half-way may have copies in flight that no event
+    // covers; nothing may touch the staging buffers once they are returned.
+    for (int l = 0; l < depth; ++l) {
+      cudaStreamSynchronize(device_->streams_[lanes_[l].stream]);
+    }
+    cudaGetLastError();
+  }
+  if (!staging.empty()) ring->Release(staging);
+  return status;
+}
+
+}  // namespace dgmm::cuda
