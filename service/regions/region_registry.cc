@@ -89,21 +89,27 @@ RegionRegistry::RegionRegistry(RegionOptions options, RegionMemoryOps ops)
 
 void RegionRegistry::Post(std::function<void()> fn) { workers_->Post(std::move(fn)); }
 
+bool RegionRegistry::Pin(Region& r) {
+  auto unpin = ops_.pin_host(r.data_, r.byte_size_);
+  if (!unpin.ok()) {
+    LogInfo("region '", r.name_, "' of ", r.owner_, " stays unpinned: ", unpin.status().ToString());
+    return false;
+  }
+  r.unpin_ = std::move(*unpin);
+  r.pinned_ = true;
+  return true;
+}
+
 void RegionRegistry::NoteJob(const std::shared_ptr<Region>& r) {
   if (!ops_.pin_host || r->kind_ != v1::REGION_KIND_SYSTEM_SHM) return;
   // Use counts this job: the region is reused once it has had one before.
   if (r->jobs_total_.load() < 2 || r->pin_requested_.exchange(true)) return;
   workers_->Post([this, r] {
     const absl::Time t0 = absl::Now();
-    auto unpin = ops_.pin_host(r->data_, r->byte_size_);
-    if (!unpin.ok()) {
-      LogInfo("region '", r->name_, "' of ", r->owner_, " stays unpinned: ", unpin.status().ToString());
-      return;
+    if (Pin(*r)) {
+      LogInfo("region '", r->name_, "' of ", r->owner_, " pinned on reuse, ", r->byte_size_,
+              " bytes in ", absl::FormatDuration(absl::Now() - t0));
     }
-    r->unpin_ = std::move(*unpin);
-    r->pinned_ = true;
-    LogInfo("region '", r->name_, "' of ", r->owner_, " pinned on reuse, ", r->byte_size_,
-            " bytes in ", absl::FormatDuration(absl::Now() - t0));
   });
 }
 
@@ -211,6 +217,12 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapShm(
   r->data_ = static_cast<std::byte*>(m) + delta;
   r->identity_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
   r->object_offset_ = shm.offset();
+  if (options_.pin_on_register && ops_.pin_host) {
+    r->pin_requested_ = true;
+    if (!Pin(*r)) return absl::ResourceExhaustedError("cannot pin the region for the GPUs");
+    // Pinning faults every page in: a shrink during it shows here.
+    if (auto intact = r->CheckIntact(); !intact.ok()) return intact;
+  }
   return r;
 }
 

@@ -38,6 +38,8 @@ struct RegionOptions {
   // --region_idle_timeout_s: a region no job used for this long is dropped;
   // zero: never.
   absl::Duration idle_timeout = absl::Seconds(600);
+  // Pin host memory while registering (else on reuse: NoteJob).
+  bool pin_on_register = false;
   // How often abandoned regions are looked for.
   absl::Duration sweep_interval = absl::Seconds(1);
 };
@@ -176,6 +178,8 @@ class RegionRegistry {
                                                   const std::string& name,
                                                   const v1::CudaIpcRegion& ipc);
   void Loop();
+  // Pins host region `r` for the GPUs; false when it stays unpinned.
+  bool Pin(Region& r);
 
   const RegionOptions options_;
   const RegionMemoryOps ops_;
