@@ -54,8 +54,8 @@ def trial(client, n, rng, name, gpu):
     shm = dgmm.SharedMemoryRegion(2 * nbytes)
     a = shm.ndarray((n, n), np.float32)
     c = shm.ndarray((n, n), np.float32, offset=nbytes)
-    a[:] = rng.uniform(-4, 4, (n, n)).astype(np.float32)
-    d = rng.uniform(-4, 4, n).astype(np.float32)
+    a[:] = rng.random((n, n), dtype=np.float32) * 8 - 4
+    d = rng.random(n, dtype=np.float32) * 8 - 4
     row = {}
     try:
         row["register"] = timed(lambda: shm.register(client, name))
@@ -91,6 +91,8 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",")]
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     results = {}
+    print("region_first_job: sizes %s, %d trials, server %s" % (sizes, args.trials, args.server),
+          flush=True)
     for rule in ("register", "reuse"):
         server = ServerProcess(args.server, ["--allow_regions", "--region_pin=" + rule],
                                backend=args.backend)
@@ -107,7 +109,9 @@ def main():
           "| pinned job ms | pinned at register | pinned on reuse |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
-        for rule in ("register", "reuse"):
+        print("region_first_job: sizes %s, %d trials, server %s" % (sizes, args.trials, args.server),
+          flush=True)
+    for rule in ("register", "reuse"):
             rows = results[(rule, n)]
             med = {k: statistics.median(r[k] for r in rows)
                    for k in ("register", "first", "second", "pinned")}

@@ -50,7 +50,10 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
     std::optional<Region::Use> result_use;  // one use when in place
     if (result.get() != &*matrix_use) result_use.emplace(std::move(result));
     result.reset();
-    if (registry_ != nullptr) registry_->NoteJob(matrix_use.region());
+    if (registry_ != nullptr) {
+      registry_->NoteJob(matrix_use.region());
+      if (result_use.has_value()) registry_->NoteJob(result_use->region());
+    }
     const Tile tile{.in = job_.in, .out = job_.out, .first_line = 0,
                     .lines = job_.job.problem.lines()};
     s = session_->cancelled()
