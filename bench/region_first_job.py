@@ -105,6 +105,7 @@ def main():
                     results[(rule, n)] = rows
         finally:
             server.stop()
+    sys.stdout.flush()
     print("| N | rule | register ms | first job ms | register+first | second job ms "
           "| pinned job ms | pinned at register | pinned on reuse |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -61,8 +61,8 @@ struct ServerOptions {
   // of the host's free memory at start.
   Budget region_memory_budget = Budget::Percent(25);
   int max_regions_per_client = 64;
-  // Pin host regions at registration instead of on reuse (--region_pin).
-  bool pin_regions_on_register = false;
+  // Pin host regions at registration, else on reuse (--region_pin).
+  bool pin_regions_on_register = true;
   // A region no job used for this long is dropped; zero: never.
   absl::Duration region_idle_timeout = absl::Seconds(600);
 };

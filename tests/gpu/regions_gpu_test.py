@@ -45,7 +45,7 @@ class Server(ServerProcess):
     """dgmm-server with --allow_regions on the GPU, on an ephemeral port."""
 
     def __init__(self, *flags):
-        super().__init__(flags=("--backend=auto", "--allow_regions", *flags),
+        super().__init__(flags=("--backend=auto", "--allow_regions", "--region_pin=reuse", *flags),
                          start_timeout=120, stop_timeout=30,  # CUDA start-up
                          prefix="dgmm-regions-gpu-")
 
