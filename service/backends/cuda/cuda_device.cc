@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +90,8 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(
 absl::Status CudaDevice::Init(int ordinal, const CudaOptions& options) {
   ordinal_ = ordinal;
   tile_bytes_ = options.tile_bytes;
+  copy_pool_ = std::make_unique<ThreadPool>(
+      std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8));
   if (auto st = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"); !st.ok()) {
     return st;
   }
@@ -184,6 +187,13 @@ CudaDevice::~CudaDevice() {
   if (setup_stream_ != nullptr) cudaStreamDestroy(setup_stream_);
   if (pool_ != nullptr) cudaMemPoolDestroy(pool_);
   cudaGetLastError();
+}
+
+void CudaDevice::StagingCopy(std::byte* dst, const std::byte* src, int64_t bytes) {
+  constexpr int64_t kGrain = int64_t{1} << 20;
+  copy_pool_->ParallelFor(bytes, kGrain, [&](int64_t begin, int64_t end) {
+    std::memcpy(dst + begin, src + begin, static_cast<size_t>(end - begin));
+  });
 }
 
 absl::StatusOr<StagingRing*> CudaDevice::Ring() {

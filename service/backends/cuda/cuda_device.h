@@ -30,6 +30,7 @@
 #include "service/backends/cuda/cuda_devices.h"
 #include "service/device.h"
 #include "service/host_buffers.h"
+#include "util/thread_pool.h"
 
 namespace dgmm::cuda {
 
@@ -131,6 +132,10 @@ class CudaDevice final : public Device {
                     int64_t max_block_bytes) const;
   // The staging ring, allocated by the first caller.
   absl::StatusOr<StagingRing*> Ring();
+  // Copies between host memory that is not pinned (a region's first job)
+  // and a staging buffer, on several threads: one thread's memcpy (and the
+  // page faults of memory not touched yet) is slower than PCIe.
+  void StagingCopy(std::byte* dst, const std::byte* src, int64_t bytes);
 
   // Records `err` (and takes the device out of service if it is sticky);
   // returns CudaStatus(err, what).
@@ -154,6 +159,7 @@ class CudaDevice final : public Device {
   absl::Mutex ring_mu_;
   std::unique_ptr<StagingRing> ring_ ABSL_GUARDED_BY(ring_mu_);
   std::shared_ptr<HostBufferPool> blocks_;
+  std::unique_ptr<ThreadPool> copy_pool_;
   std::vector<BackendKind> backends_ = {BackendKind::kCudaKernel,
                                         BackendKind::kCublas};
   std::atomic<bool> in_service_{true};

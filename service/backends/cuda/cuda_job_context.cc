@@ -147,7 +147,7 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index,
   const std::byte* src = tile.in + piece.byte_offset;
   if (!pinned_in) {
     const absl::Time t0 = absl::Now();
-    std::memcpy(lane.staging, src, static_cast<size_t>(piece.bytes));
+    device_->StagingCopy(lane.staging, src, piece.bytes);
     if (times != nullptr) times->h2d += absl::Now() - t0;
     src = lane.staging;
   }
@@ -204,8 +204,7 @@ absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile,
   }
   if (!pinned_out) {
     const absl::Time t0 = absl::Now();
-    std::memcpy(tile.out + lane.piece.byte_offset, lane.staging,
-                static_cast<size_t>(lane.piece.bytes));
+    device_->StagingCopy(tile.out + lane.piece.byte_offset, lane.staging, lane.piece.bytes);
     if (times != nullptr) times->d2h += absl::Now() - t0;
   }
   return absl::OkStatus();
