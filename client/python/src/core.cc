@@ -489,6 +489,20 @@ PYBIND11_MODULE(_core, m) {
   g_error_type = PyErr_NewException("dgmm._core.Error", nullptr, nullptr);
   m.attr("Error") = py::handle(g_error_type);
 
+  // The policy's pure functions (docs/protocol.md section 9), the C++ client's own.
+  m.def("choose_transfer_mode", [](int64_t request_bytes, int64_t max_unary, int64_t chunk) {
+    return std::string(
+        dgmm::TransferModeName(dgmm::ChooseTransferMode(request_bytes, max_unary, chunk)));
+  });
+  m.def("choose_stripes", &dgmm::ChooseStripes);
+  m.def("split_lines", [](int64_t lines, int stripes) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (const dgmm::LineRange& r : dgmm::SplitLines(lines, stripes)) {
+      ranges.emplace_back(r.first_line, r.lines);
+    }
+    return ranges;
+  });
+
   py::class_<dgmm::Client, std::shared_ptr<dgmm::Client>>(m, "Client")
       .def(py::init(&MakeClient), py::arg("target"), py::arg("options"))
       .def("server_info",
