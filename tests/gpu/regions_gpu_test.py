@@ -33,9 +33,8 @@ except Exception as why:  # noqa: BLE001 - no CuPy, no driver or no device: skip
     print("dgmm-gpu-skip: no CUDA device or no CuPy for %s (%s)" % (sys.executable, why))
     sys.exit(SKIP)
 
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
-from dgmm_server import ServerProcess  # noqa: E402
+from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402
 import dgmm  # noqa: E402
 from dgmm import pb  # noqa: E402
 
@@ -68,15 +67,6 @@ def setUpModule():
 def tearDownModule():
     if SERVER:
         SERVER.stop()
-
-
-def reference(a, d, side):
-    a64, d64 = np.asarray(a, dtype=np.float64), np.asarray(d, dtype=np.float64)
-    return a64 * d64 if side == "right" else d64[:, None] * a64
-
-
-def tolerance(dtype):
-    return 1e-6 if np.dtype(dtype) == np.float32 else 1e-15
 
 
 class GpuRegionTest(unittest.TestCase):

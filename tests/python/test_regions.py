@@ -33,9 +33,8 @@ if __name__ == "__main__":
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
-from dgmm_server import ServerProcess  # noqa: E402
+from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402
 import dgmm  # noqa: E402
 from dgmm import pb  # noqa: E402
 
@@ -61,16 +60,6 @@ def setUpModule():
 def tearDownModule():
     if SERVER:
         SERVER.stop()
-
-
-def reference(a, d, side):
-    """C computed independently, in float64 with NumPy."""
-    a64, d64 = a.astype(np.float64), d.astype(np.float64)
-    return a64 * d64 if side == "right" else d64[:, None] * a64
-
-
-def tolerance(dtype):
-    return 1e-6 if dtype == np.float32 else 1e-15
 
 
 def wait_until(predicate, seconds):
@@ -186,14 +175,14 @@ class RegionJobTest(RegionTestCase):
         d[:] = self.random(cols, np.float64)
         c[:] = np.nan
         stats = self.client.multiply_region(a, d, out=c)
-        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-15, atol=0)
+        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=tolerance(np.float64), atol=0)
         # bytes_in counts the matrix (as for inline diagonals), not the diagonal's bytes.
         self.assertEqual((stats.bytes_in, stats.bytes_out), (a.nbytes, a.nbytes))
         # The diagonal is read from the region at job time: change it there.
         d[:] = self.random(cols, np.float64)
         c[:] = np.nan
         self.client.multiply_region(a, d, out=c)
-        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-15, atol=0)
+        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=tolerance(np.float64), atol=0)
 
     def test_refs_at_offsets_into_a_range_registered_at_an_offset(self):
         rows, cols = 33, 17
@@ -223,7 +212,7 @@ class RegionJobTest(RegionTestCase):
         before = a.copy()
         d = self.random(1500, np.float64)
         self.client.multiply_region(a, d, out=a)
-        np.testing.assert_allclose(a, reference(before, d, "right"), rtol=1e-15, atol=0)
+        np.testing.assert_allclose(a, reference(before, d, "right"), rtol=tolerance(np.float64), atol=0)
 
     def test_unregister_and_reregister_under_the_same_name(self):
         shm = self.shm(4096, "again")
@@ -458,7 +447,7 @@ class ShmLifecycleTest(RegionTestCase):
             self.assertCode(grpc.StatusCode.NOT_FOUND, client.region_status, "busy")
             thread.join(60)
             self.assertNotIn("error", result)  # ...and the job ends normally.
-            np.testing.assert_allclose(a, reference(before, d, "right"), rtol=1e-15, atol=0)
+            np.testing.assert_allclose(a, reference(before, d, "right"), rtol=tolerance(np.float64), atol=0)
             self.assertTrue(wait_until(lambda: client.region_status().registered_bytes == 0, 5))
         finally:
             client.close()
