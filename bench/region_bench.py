@@ -56,7 +56,8 @@ import numpy as np
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
+# The installed package (pip install ./client/python), else the build's staged one.
+sys.path.append(os.environ.get("DGMM_PY_STAGE") or os.path.join(REPO, "build", "python"))
 import dgmm  # noqa: E402
 
 PATHS = [  # (key, label, unit of work it includes)

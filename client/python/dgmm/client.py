@@ -315,11 +315,13 @@ def _to_device(c, like, kind, out):
             return out
         return result.to(like.device) if like.device.type != "cpu" else result
     import cupy
-    with cupy.cuda.Device(like.device.id if hasattr(like, "device") else None):
+    device = getattr(getattr(like, "device", None), "id", None)
+    with cupy.cuda.Device(device):
+        result = cupy.asarray(c, order="K")
         if out is not None:
-            out.set(c) if hasattr(out, "set") else cupy.copyto(out, cupy.asarray(c))
+            cupy.copyto(out, result)
             return out
-        return cupy.asarray(c, order="K")
+        return result
 
 
 class _Job:
@@ -661,13 +663,10 @@ class Client:
         kind = _device_kind(a)
         like, device_out = a, None
         if kind is not None:
-            a = _to_host(a, kind)
-            if kind == "torch" and like.device.type == "cpu":
-                pass  # Already the tensor's own memory: read in place.
-            if _device_kind(d) is not None:
-                d = _to_host(d, _device_kind(d))
-        elif _device_kind(d) is not None:
-            d = _to_host(d, _device_kind(d))
+            a = _to_host(a, kind)  # A CPU tensor's .numpy() is its own memory, read in place.
+        d_kind = _device_kind(d)
+        if d_kind is not None:
+            d = _to_host(d, d_kind)
         job = _Job(a, d, side, backend)
         if kind is not None and out is not None:
             device_out = out
