@@ -7,7 +7,7 @@
 // - Buffers: A, d and the output are read and written in place through the
 //   buffer protocol (PyObject_GetBuffer, any contiguous order); they are held
 //   until the job's thread has finished with them.
-// - Threads: each job runs on its own thread without the GIL. Job.run()
+// - Threads: each job runs on a pool thread without the GIL. Job.run()
 //   (the synchronous path) waits for it in slices of kPollInterval, taking
 //   the GIL between slices for PyErr_CheckSignals, so that Ctrl-C cancels
 //   the job; Job.add_done_callback() serves asyncio.
@@ -31,6 +31,8 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -230,14 +232,67 @@ py::bytes Serialize(const google::protobuf::Message& message) {
   return py::bytes(message.SerializeAsString());
 }
 
-// One job: its buffers, its thread, its outcome.
+// Threads that run jobs, kept between jobs: starting a thread for each job
+// cost about a sixth of a 1x1 job's time. One thread per job in flight
+// (never a queue of jobs behind another); a thread idle for a minute ends.
+class WorkerPool {
+ public:
+  void Run(std::function<void()> task) {
+    std::lock_guard lock(mu_);
+    tasks_.push_back(std::move(task));
+    if (tasks_.size() > idle_) {
+      std::thread([this] { Loop(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      ++idle_;
+      const bool got =
+          cv_.wait_for(lock, std::chrono::seconds(60), [this] { return !tasks_.empty(); });
+      --idle_;
+      if (!got) return;
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      task = nullptr;
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  size_t idle_ = 0;                          // guarded by mu_
+};
+
+// Never destroyed: its detached threads may still wait on it at exit.
+WorkerPool& Pool() {
+  static WorkerPool* pool = new WorkerPool;
+  return *pool;
+}
+
+// What a job's worker shares with its Job (and outlives it if need be).
+struct JobState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;                        // guarded by mu
+  absl::StatusOr<dgmm::JobResult> result;   // guarded by mu until done
+  std::vector<py::object> done_callbacks;   // guarded by mu
+};
+
+// One job: its buffers, its worker, its outcome.
 class Job {
  public:
   Job(std::shared_ptr<dgmm::Client> client, py::object a, py::object d, py::object out,
       int64_t rows, int64_t cols, int dtype, bool col_major, int side, int backend, int mode,
       py::object progress)
       : client_(std::move(client)),
-        a_obj_(a), d_obj_(d), out_obj_(out),
         a_(a, false, "A"), d_(d, false, "the diagonal"), out_(out, true, "out"),
         progress_(std::move(progress)) {
     job_.matrix = {a_.data(), rows, cols, static_cast<dgmm::v1::DType>(dtype),
@@ -259,61 +314,62 @@ class Job {
       std::lock_guard lock(g_jobs_mu);
       g_jobs.push_back(token_.get());
     }
-    thread_ = std::thread([this] { Body(); });
+    Pool().Run([this, state = state_] { Body(state); });
   }
 
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
+  // Cancels a job still running and waits for it: its buffers go with it.
   ~Job() {
-    if (thread_.joinable()) {
+    if (!Done()) {
       token_->Cancel();
       py::gil_scoped_release release;
-      thread_.join();
+      WaitDone();
     }
   }
 
   void Cancel() { token_->Cancel(); }
   bool Done() {
-    std::lock_guard lock(mu_);
-    return done_;
+    std::lock_guard lock(state_->mu);
+    return state_->done;
   }
   // Waits up to `seconds` (forever when negative) without the GIL; true once done.
   bool Wait(double seconds) {
     py::gil_scoped_release release;
-    std::unique_lock lock(mu_);
     if (seconds < 0) {
-      cv_.wait(lock, [this] { return done_; });
-    } else {
-      cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; });
+      WaitDone();
+      return true;
     }
-    return done_;
+    std::unique_lock lock(state_->mu);
+    return state_->cv.wait_for(lock, std::chrono::duration<double>(seconds),
+                               [this] { return state_->done; });
   }
   // `callback()` once the job is done (from the job's thread, or at once).
   void AddDoneCallback(py::object callback) {
     {
-      std::lock_guard lock(mu_);
-      if (!done_) {
-        done_callbacks_.push_back(std::move(callback));
+      std::lock_guard lock(state_->mu);
+      if (!state_->done) {
+        state_->done_callbacks.push_back(std::move(callback));
         return;
       }
     }
     callback();
   }
-  // The synchronous call: waits, checking for signals (KeyboardInterrupt
-  // cancels the job and is raised once the job has stopped).
+  // The synchronous call: waits, checking for signals between slices of
+  // kPollInterval (a KeyboardInterrupt cancels the job and is raised once
+  // the job has stopped).
   py::object Run() {
     for (;;) {
       {
         py::gil_scoped_release release;
-        std::unique_lock lock(mu_);
-        if (cv_.wait_for(lock, kPollInterval, [this] { return done_; })) break;
+        std::unique_lock lock(state_->mu);
+        if (state_->cv.wait_for(lock, kPollInterval, [this] { return state_->done; })) break;
       }
       if (PyErr_CheckSignals() != 0) {
         py::error_already_set interrupted;
         token_->Cancel();
         Wait(-1);
-        Join();
         throw interrupted;
       }
     }
@@ -323,29 +379,31 @@ class Job {
   // [part stats bytes]); raises _core.Error, or what `progress` raised.
   py::object Result() {
     Wait(-1);
-    Join();
     if (progress_error_.has_value()) {
       progress_error_->restore();
       progress_error_.reset();
       throw py::error_already_set();
     }
-    const char* plan_mode = dgmm::TransferModeName(plan_.mode);
-    if (!result_.ok()) {
-      Raise(result_.status(), dgmm::AttemptsOf(result_.status()), token_->pushback_ms(),
-            plan_.stripes, plan_mode);
+    const absl::StatusOr<dgmm::JobResult>& result = state_->result;  // done: no more writes
+    if (!result.ok()) {
+      Raise(result.status(), dgmm::AttemptsOf(result.status()), token_->pushback_ms(),
+            plan_.stripes, dgmm::TransferModeName(plan_.mode));
     }
     py::list stats;
-    for (const dgmm::v1::JobStats& s : result_->part_stats) stats.append(Serialize(s));
-    return py::make_tuple(std::string(dgmm::TransferModeName(result_->mode)), result_->stripes,
-                          result_->attempts, result_->resumed, result_->received_bytes, stats);
+    for (const dgmm::v1::JobStats& s : result->part_stats) stats.append(Serialize(s));
+    return py::make_tuple(std::string(dgmm::TransferModeName(result->mode)), result->stripes,
+                          result->attempts, result->resumed, result->received_bytes, stats);
   }
-  py::tuple Plan() const {
-    return py::make_tuple(plan_.stripes, std::string(dgmm::TransferModeName(plan_.mode)));
-  }
-  py::object out() const { return out_obj_; }
 
  private:
-  void Body() {
+  void WaitDone() {
+    std::unique_lock lock(state_->mu);
+    state_->cv.wait(lock, [this] { return state_->done; });
+  }
+
+  // On a pool thread. `this` is used only until `done` is set (the Job
+  // waits for that before it goes); `state` after.
+  void Body(const std::shared_ptr<JobState>& state) {
     t_job = token_.get();
     dgmm::ProgressCallback progress;
     if (!progress_.is_none()) {
@@ -366,19 +424,19 @@ class Job {
     }
     std::vector<py::object> callbacks;
     {
-      std::lock_guard lock(mu_);
-      result_ = std::move(result);
-      done_ = true;
-      callbacks.swap(done_callbacks_);
+      std::lock_guard lock(state->mu);
+      state->result = std::move(result);
+      state->done = true;
+      callbacks.swap(state->done_callbacks);
+      state->cv.notify_all();
     }
-    cv_.notify_all();
-    if (!callbacks.empty()) {
+    if (!callbacks.empty() && Py_IsInitialized()) {
       py::gil_scoped_acquire gil;
       for (py::object& cb : callbacks) {
         try {
           cb();
         } catch (py::error_already_set& e) {
-          e.discard_as_unraisable("dgmm: a done callback");
+          e.discard_as_unraisable("dgmm: a job's done callback");
         }
         cb = py::object();
       }
@@ -387,7 +445,7 @@ class Job {
 
   void Progress(int64_t received_bytes) {
     const int64_t lines = line_bytes_ > 0 ? received_bytes / line_bytes_ : 0;
-    if (lines <= reported_lines_) return;  // calls never overlap (dgmm::ProgressCallback)
+    if (lines <= reported_lines_) return;  // a job's progress calls never overlap
     reported_lines_ = lines;
     py::gil_scoped_acquire gil;
     if (progress_error_.has_value()) return;
@@ -399,15 +457,7 @@ class Job {
     }
   }
 
-  void Join() {
-    if (thread_.joinable()) {
-      py::gil_scoped_release release;
-      thread_.join();
-    }
-  }
-
   std::shared_ptr<dgmm::Client> client_;
-  py::object a_obj_, d_obj_, out_obj_;
   HeldBuffer a_, d_, out_;
   py::object progress_;
   dgmm::Job job_;
@@ -415,15 +465,10 @@ class Job {
   dgmm::Client::JobPlan plan_;
   int64_t total_lines_ = 0;
   int64_t line_bytes_ = 0;
-  int64_t reported_lines_ = 0;  // the job's progress calls never overlap
+  int64_t reported_lines_ = 0;  // a job's progress calls never overlap
   std::optional<py::error_already_set> progress_error_;
   std::unique_ptr<JobToken> token_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;                       // guarded by mu_
-  absl::StatusOr<dgmm::JobResult> result_;  // guarded by mu_ until done_
-  std::vector<py::object> done_callbacks_;  // guarded by mu_
-  std::thread thread_;
+  std::shared_ptr<JobState> state_ = std::make_shared<JobState>();
 };
 
 absl::Duration Seconds(const py::object& value, absl::Duration none) {
@@ -540,6 +585,5 @@ PYBIND11_MODULE(_core, m) {
       .def("wait", &Job::Wait, py::arg("timeout") = -1.0)
       .def("done", &Job::Done)
       .def("cancel", &Job::Cancel)
-      .def("plan", &Job::Plan)
       .def("add_done_callback", &Job::AddDoneCallback);
 }
