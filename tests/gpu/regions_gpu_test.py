@@ -6,7 +6,7 @@ float64 reference on fresh random data, outputs poisoned (NaN) before each
 job; registered and reserved bytes are back to 0 after each test.
 
 Run on the GPU machine (ctest -L gpu: `python_regions_gpu`), or by hand:
-  DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=client/python \\
+  DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=build/python \\
     python3 tests/gpu/regions_gpu_test.py -v
 Exits 77 (skipped) without grpcio/numpy, without CuPy or a GPU here, or when
 the server it starts has no GPU in service.

@@ -122,8 +122,10 @@ class BufferTest(unittest.TestCase):
             stop.set()
             t.join()
         np.testing.assert_allclose(c, reference(a, d, "right"), rtol=tolerance(a.dtype), atol=0)
+        # Holding the GIL through the job would leave the thread a tick or two.
         during = [x for x in ticks if start <= x <= end]
-        self.assertGreater(len(during), 0.3 * (end - start) / 0.001,
+        self.assertGreater(end - start, 0.1, "the job was too short to tell")
+        self.assertGreater(len(during), 10,
                            "the thread barely ran during a %.0f ms job" % ((end - start) * 1e3))
 
     def test_progress_error_cancels_the_job_and_is_raised(self):
@@ -179,15 +181,21 @@ class AsyncioTest(unittest.TestCase):
 
     def test_task_cancel_cancels_the_job_and_its_parts_and_not_another(self):
         rng = np.random.default_rng(23)
-        a, d = job(rng, (4000, 2000))
+        a, d = job(rng, (8000, 2000))
         b, e = job(rng, (1500, 1000))
         out = np.full(a.shape, np.nan)
 
         async def main():
+            loop = asyncio.get_running_loop()
+            started = asyncio.Event()
+
+            def progress(done, total):  # On the client's threads.
+                loop.call_soon_threadsafe(started.set)
             async with dgmm.aio.Client(SERVER.address, **SLOW) as client:
-                victim = asyncio.ensure_future(client.multiply(a, d, stripes=4, out=out))
+                victim = asyncio.ensure_future(client.multiply(a, d, stripes=4, out=out,
+                                                               progress=progress))
                 other = asyncio.ensure_future(client.multiply(b, e, stripes=2))
-                await asyncio.sleep(0.3)
+                await started.wait()  # Result lines are arriving: every part is under way.
                 self.assertFalse(victim.done(), "the job ended before it could be cancelled")
                 cancelled_at = time.monotonic()
                 victim.cancel()
@@ -211,11 +219,16 @@ class AsyncioTest(unittest.TestCase):
 CTRL_C_CHILD = textwrap.dedent("""
     import sys, time, numpy as np, dgmm
     client = dgmm.Client(sys.argv[1], chunk_bytes=64 << 10)
-    a = np.random.default_rng(1).uniform(-1, 1, (6000, 3000))
+    a = np.random.default_rng(1).uniform(-1, 1, (8000, 3000))
     d = np.ones(3000)
-    print("start", flush=True)
+    started = []
+
+    def progress(done, total):  # The first result lines: the job is under way.
+        if not started:
+            started.append(done)
+            print("start", flush=True)
     try:
-        client.multiply(a, d, stripes=2)
+        client.multiply(a, d, stripes=2, progress=progress)
         print("finished")
     except KeyboardInterrupt:
         print("interrupted %.6f" % time.monotonic(), flush=True)
@@ -230,7 +243,6 @@ class CtrlCTest(unittest.TestCase):
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             self.assertEqual(child.stdout.readline().strip(), "start")
-            time.sleep(0.6)  # The array is made; the job is running.
             sent = time.monotonic()
             child.send_signal(signal.SIGINT)
             out, err = child.communicate(timeout=60)

@@ -5,7 +5,7 @@ before each job; in place; the diagonal in a region; bad inputs with their
 status codes; and registered and reserved bytes back to 0 after every path.
 
 Run by ctest (test `python_regions`), or by hand:
-  DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=client/python \\
+  DGMM_SERVER_BIN=build/service/dgmm-server build/python-venv/bin/python \\
     /usr/bin/python3 tests/python/test_regions.py -v
 Exits 77 (ctest's skip code) when this interpreter lacks grpcio/numpy. The
 CUDA IPC part needs a GPU server: tests/gpu/regions_gpu_test.py.
@@ -389,7 +389,7 @@ class ShmLifecycleTest(RegionTestCase):
             "shm = dgmm.SharedMemoryRegion(1 << 20).register(client, 'child')\n"
             "print(client.region_status().registered_bytes, flush=True)\n"
             "os._exit(0)\n"), SERVER.address], capture_output=True, text=True,
-            env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python")), timeout=60)
+            timeout=60)
         self.assertEqual(child.returncode, 0, child.stderr)
         self.assertEqual(child.stdout.split(), [str(MIB)])
         # os._exit skips the unlink at exit: the object stays in /dev/shm, and
