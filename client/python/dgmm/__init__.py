@@ -10,10 +10,20 @@ stubs (dgmm.v1) were generated when the package was built. asyncio:
 dgmm.aio.Client.
 """
 
-from .v1 import dgmm_pb2 as pb
-from .v1 import dgmm_pb2_grpc as pb_grpc
-from .client import Client, DgmmError, InvalidArgumentError, MultiplyInfo, RetryPolicy
-from .regions import CudaIpcRegion, SharedMemoryRegion
+import os as _os
+
+if not _os.path.isdir(_os.path.join(__path__[0], "v1")):  # noqa: F821
+    # The source tree (PYTHONPATH=client/python), not an installed package:
+    # the extension and stubs are in a build tree's staged copy,
+    # $DGMM_PY_STAGE (or $DGMM_PY_PROTO_DIR), else <repo>/build/python.
+    _stage = (_os.environ.get("DGMM_PY_STAGE") or _os.environ.get("DGMM_PY_PROTO_DIR") or
+              _os.path.join(__path__[0], "..", "..", "..", "build", "python"))  # noqa: F821
+    __path__.append(_os.path.join(_os.path.abspath(_stage), "dgmm"))  # noqa: F821
+
+from .v1 import dgmm_pb2 as pb  # noqa: E402
+from .v1 import dgmm_pb2_grpc as pb_grpc  # noqa: E402
+from .client import Client, DgmmError, InvalidArgumentError, MultiplyInfo, RetryPolicy  # noqa: E402,E501
+from .regions import CudaIpcRegion, SharedMemoryRegion  # noqa: E402
 
 __all__ = ["Client", "CudaIpcRegion", "DgmmError", "InvalidArgumentError", "MultiplyInfo",
            "RetryPolicy", "SharedMemoryRegion", "pb", "pb_grpc"]
