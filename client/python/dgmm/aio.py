@@ -45,6 +45,7 @@ class Client:
                 pass  # The loop is closed: nobody waits any more.
         handle = pending.handle
         handle.add_done_callback(on_done)
+        handle.start()  # On a pool thread of the C++ side.
         try:
             await asyncio.shield(done)
         except asyncio.CancelledError:

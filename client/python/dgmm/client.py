@@ -347,7 +347,9 @@ class _Job:
         else:
             a = np.ascontiguousarray(a)
             self.col_major = False
-        self.a = a.astype(self.wire_dtype, copy=False)  # Only copies non-little-endian input.
+        if a.dtype != self.wire_dtype:
+            a = a.astype(self.wire_dtype)  # Only non-little-endian input is copied.
+        self.a = a
         self.order = "F" if self.col_major else "C"
         self.rows, self.cols = a.shape
         self.num_lines = self.cols if self.col_major else self.rows
@@ -357,7 +359,9 @@ class _Job:
             raise ValueError("dgmm: the diagonal must be a 1-D array, got shape %s" % (d.shape,))
         if d.dtype.kind not in "biuf":
             raise ValueError("dgmm: the diagonal must be real numbers, got %s" % d.dtype)
-        self.diagonal = np.ascontiguousarray(d, dtype=self.wire_dtype)
+        if d.dtype != self.wire_dtype or not d.flags.c_contiguous:
+            d = np.ascontiguousarray(d, dtype=self.wire_dtype)
+        self.diagonal = d
         self.side = _enum_value(side, _SIDES, "side")
 
     def new_output(self):
@@ -407,7 +411,8 @@ class _Pending:
         self.return_info = return_info
 
     def finish(self, wait):
-        """The multiply() result; wait: run() (Ctrl-C cancels) or result()."""
+        """The multiply() result; wait: run() the job here (Ctrl-C cancels
+        it), else result() of a job start()ed before."""
         try:
             mode, stripes, attempts, resumed, _received, stats = (
                 self.handle.run() if wait else self.handle.result())
@@ -659,19 +664,22 @@ class Client:
 
     def _start(self, a, d, side, backend, timeout, stream, stripes, out, return_stats,
                return_info, progress):
-        """Checks the arrays and starts the job on its own thread: a _Pending."""
-        kind = _device_kind(a)
-        like, device_out = a, None
-        if kind is not None:
-            a = _to_host(a, kind)  # A CPU tensor's .numpy() is its own memory, read in place.
-        d_kind = _device_kind(d)
-        if d_kind is not None:
-            d = _to_host(d, d_kind)
+        """Checks the arrays and makes the job (not started yet): a _Pending."""
+        like, device_out, kind = a, None, None
+        if type(a) is not np.ndarray or type(d) is not np.ndarray:  # NumPy's is the fast path
+            kind = _device_kind(a)
+            if kind is not None:
+                a = _to_host(a, kind)  # A CPU tensor's .numpy() is its own memory, read in place.
+            d_kind = _device_kind(d)
+            if d_kind is not None:
+                d = _to_host(d, d_kind)
         job = _Job(a, d, side, backend)
         if kind is not None and out is not None:
             device_out = out
             out = _host_target(out, kind)
-        core = self._core_for(timeout, stripes)
+        core = self._core if timeout is None and stripes is None else None
+        if core is None:
+            core = self._core_for(timeout, stripes)
         c = job.new_output() if out is None else job.check_output(out)
         mode = -1 if stream is None else (1 if stream else 0)
         try:

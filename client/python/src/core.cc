@@ -7,10 +7,15 @@
 // - Buffers: A, d and the output are read and written in place through the
 //   buffer protocol (PyObject_GetBuffer, any contiguous order); they are held
 //   until the job's thread has finished with them.
-// - Threads: each job runs on a pool thread without the GIL. Job.run()
-//   (the synchronous path) waits for it in slices of kPollInterval, taking
-//   the GIL between slices for PyErr_CheckSignals, so that Ctrl-C cancels
-//   the job; Job.add_done_callback() serves asyncio.
+// - Threads: Job.run() (the synchronous path) runs the job on the calling
+//   thread without the GIL, as the C++ client would, so a call costs what a
+//   C++ call costs. On the main thread, a SIGINT handler chained in front of
+//   Python's for the length of the job cancels the job (from a watchdog
+//   thread: a signal handler may not take locks), and the KeyboardInterrupt
+//   is raised once the job has stopped: Ctrl-C ends a job within
+//   milliseconds. Other signals are handled when the call returns. Job.start()
+//   runs the job on a pool thread instead and calls add_done_callback's
+//   callables when it ends (dgmm.aio).
 // - Cancellation: dgmm::Client has no cancel hook, so a process-wide gRPC
 //   client interceptor (CancelInterceptor) finds each call's ClientContext
 //   and files it under its job: by the thread that made it (the job's own
@@ -22,6 +27,9 @@
 //   The interceptor also keeps the last grpc-retry-pushback-ms trailer of a
 //   job's calls, for DgmmError.retry_after_ms.
 #include <Python.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/client_interceptor.h>
 #include <grpcpp/support/interceptor.h>
@@ -29,6 +37,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -51,7 +61,6 @@ namespace py = pybind11;
 namespace dgmm_py {
 namespace {
 
-constexpr auto kPollInterval = std::chrono::milliseconds(20);
 constexpr char kMultiply[] = "/dgmm.v1.Dgmm/Multiply";
 constexpr char kMultiplyStream[] = "/dgmm.v1.Dgmm/MultiplyStream";
 
@@ -232,6 +241,78 @@ py::bytes Serialize(const google::protobuf::Message& message) {
   return py::bytes(message.SerializeAsString());
 }
 
+// Ctrl-C during a synchronous job on the main thread (see the top of the file).
+namespace sigint {
+
+std::mutex mu;
+JobToken* job = nullptr;  // guarded by mu: the main thread's job
+int pipe_fds[2] = {-1, -1};
+struct sigaction python_handler;  // Python's, restored after each job
+
+void Handler(int sig, siginfo_t* info, void* context) {
+  // Python's handler first: it records the signal (PyErr_CheckSignals raises it).
+  if (python_handler.sa_flags & SA_SIGINFO) {
+    python_handler.sa_sigaction(sig, info, context);
+  } else if (python_handler.sa_handler != SIG_DFL && python_handler.sa_handler != SIG_IGN) {
+    python_handler.sa_handler(sig);
+  }
+  const int saved = errno;
+  const char byte = 1;
+  [[maybe_unused]] ssize_t n = write(pipe_fds[1], &byte, 1);
+  errno = saved;
+}
+
+void Watchdog() {
+  for (;;) {
+    char byte;
+    const ssize_t n = read(pipe_fds[0], &byte, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    std::lock_guard lock(mu);
+    if (job != nullptr) job->Cancel();
+  }
+}
+
+// Installs the chained handler for `token`'s job when Python handles SIGINT
+// with a function (its default); false when it does not (SIG_IGN, SIG_DFL).
+bool Begin(JobToken* token) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (pipe(pipe_fds) == 0) {
+      fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK);
+      fcntl(pipe_fds[0], F_SETFD, FD_CLOEXEC);
+      fcntl(pipe_fds[1], F_SETFD, FD_CLOEXEC);
+      std::thread(Watchdog).detach();
+    }
+  });
+  if (pipe_fds[0] < 0) return false;
+  struct sigaction current;
+  if (sigaction(SIGINT, nullptr, &current) != 0) return false;
+  const bool is_function = (current.sa_flags & SA_SIGINFO) ||
+                           (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+  if (!is_function) return false;
+  {
+    std::lock_guard lock(mu);
+    job = token;
+  }
+  python_handler = current;
+  struct sigaction ours = {};
+  ours.sa_sigaction = Handler;
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&ours.sa_mask);
+  return sigaction(SIGINT, &ours, nullptr) == 0;
+}
+
+void End() {
+  sigaction(SIGINT, &python_handler, nullptr);
+  std::lock_guard lock(mu);
+  job = nullptr;
+}
+
+unsigned long main_thread = 0;  // PyThread_get_thread_ident() of the main thread
+
+}  // namespace sigint
+
 // Threads that run jobs, kept between jobs: starting a thread for each job
 // cost about a sixth of a 1x1 job's time. One thread per job in flight
 // (never a queue of jobs behind another); a thread idle for a minute ends.
@@ -314,6 +395,13 @@ class Job {
       std::lock_guard lock(g_jobs_mu);
       g_jobs.push_back(token_.get());
     }
+  }
+
+  // Runs the job on a pool thread (dgmm.aio); add_done_callback's callables
+  // are called when it ends.
+  void Start() {
+    if (started_) throw py::value_error("dgmm: the job was started already");
+    started_ = true;
     Pool().Run([this, state = state_] { Body(state); });
   }
 
@@ -322,7 +410,7 @@ class Job {
 
   // Cancels a job still running and waits for it: its buffers go with it.
   ~Job() {
-    if (!Done()) {
+    if (started_ && !Done()) {
       token_->Cancel();
       py::gil_scoped_release release;
       WaitDone();
@@ -336,6 +424,7 @@ class Job {
   }
   // Waits up to `seconds` (forever when negative) without the GIL; true once done.
   bool Wait(double seconds) {
+    if (!started_) throw py::value_error("dgmm: the job was not started");
     py::gil_scoped_release release;
     if (seconds < 0) {
       WaitDone();
@@ -356,23 +445,20 @@ class Job {
     }
     callback();
   }
-  // The synchronous call: waits, checking for signals between slices of
-  // kPollInterval (a KeyboardInterrupt cancels the job and is raised once
-  // the job has stopped).
+  // The synchronous call: runs the job on this thread, without the GIL. On
+  // the main thread Ctrl-C cancels it and the KeyboardInterrupt is raised
+  // once it has stopped (see the top of the file).
   py::object Run() {
-    for (;;) {
-      {
-        py::gil_scoped_release release;
-        std::unique_lock lock(state_->mu);
-        if (state_->cv.wait_for(lock, kPollInterval, [this] { return state_->done; })) break;
-      }
-      if (PyErr_CheckSignals() != 0) {
-        py::error_already_set interrupted;
-        token_->Cancel();
-        Wait(-1);
-        throw interrupted;
-      }
+    if (started_) throw py::value_error("dgmm: the job was started already");
+    started_ = true;
+    const bool main = PyThread_get_thread_ident() == sigint::main_thread;
+    {
+      py::gil_scoped_release release;
+      const bool chained = main && sigint::Begin(token_.get());
+      Body(state_);
+      if (chained) sigint::End();
     }
+    if (main && PyErr_CheckSignals() != 0) throw py::error_already_set();
     return Result();
   }
   // The outcome: (mode, stripes, attempts, resumed, received_bytes,
@@ -401,8 +487,8 @@ class Job {
     state_->cv.wait(lock, [this] { return state_->done; });
   }
 
-  // On a pool thread. `this` is used only until `done` is set (the Job
-  // waits for that before it goes); `state` after.
+  // On a pool thread, or the caller's. `this` is used only until `done` is
+  // set (the Job waits for that before it goes); `state` after.
   void Body(const std::shared_ptr<JobState>& state) {
     t_job = token_.get();
     dgmm::ProgressCallback progress;
@@ -468,6 +554,7 @@ class Job {
   int64_t reported_lines_ = 0;  // a job's progress calls never overlap
   std::optional<py::error_already_set> progress_error_;
   std::unique_ptr<JobToken> token_;
+  bool started_ = false;
   std::shared_ptr<JobState> state_ = std::make_shared<JobState>();
 };
 
@@ -530,6 +617,8 @@ PYBIND11_MODULE(_core, m) {
   grpc::experimental::RegisterGlobalClientInterceptorFactory(&factory);
   // For short-lived processes: see dgmm::ConfigureGrpcForQuickExit.
   dgmm::ConfigureGrpcForQuickExit();
+  sigint::main_thread =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
 
   g_error_type = PyErr_NewException("dgmm._core.Error", nullptr, nullptr);
   m.attr("Error") = py::handle(g_error_type);
@@ -581,6 +670,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("cols"), py::arg("dtype"), py::arg("col_major"), py::arg("side"),
            py::arg("backend"), py::arg("mode"), py::arg("progress"))
       .def("run", &Job::Run)
+      .def("start", &Job::Start)
       .def("result", &Job::Result)
       .def("wait", &Job::Wait, py::arg("timeout") = -1.0)
       .def("done", &Job::Done)
