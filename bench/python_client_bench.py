@@ -120,11 +120,16 @@ def numpy_times(a, d, out, repeats):
 
 
 def plan(n):
-    """(repeats per round, warm-up calls) for an N x N float32 job."""
+    """(repeats per round, warm-up calls) for an N x N float32 job. The C++
+    harness is a new process (a new connection) each round: its warm-up
+    calls also let gRPC's flow-control windows grow (BDP probing), which
+    takes a few calls of a fresh connection, about 200 MB here."""
     nbytes = 4 * n * n
     if n == 1:
         return 400, 50
-    return max(2, min(30, int(2e9 // max(nbytes, 1)))), 1
+    repeats = max(2, min(30, int(2e9 // nbytes)))
+    warmup = max(2, min(10, int(2e8 // nbytes)))
+    return repeats, warmup
 
 
 def main():
