@@ -96,6 +96,7 @@ class DeviceArraysTest(unittest.TestCase):
                             self.assertEqual(c.dtype, a.dtype)
                             self.assertEqual(c.shape, a.shape)
                             self.assertEqual(c.device.id, a_dev.device.id)
+                            self.assertTrue(c.flags[order + "_CONTIGUOUS"])
                             self.check(cp.asnumpy(c), a, d, side)
 
     @unittest.skipIf(CUPY is None, "no CuPy with a CUDA device")

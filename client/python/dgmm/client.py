@@ -292,7 +292,11 @@ def _to_host(array, kind):
     if kind == "torch":
         return array.detach().cpu().numpy()
     import cupy  # Only callers with CUDA arrays need CuPy.
-    return cupy.asnumpy(cupy.asarray(array))
+    array = cupy.asarray(array)
+    try:
+        return cupy.asnumpy(array, order="A")  # Fortran order stays Fortran order.
+    except TypeError:  # A CuPy without `order`: C order.
+        return cupy.asnumpy(array)
 
 
 def _host_target(out, kind):
