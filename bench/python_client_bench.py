@@ -10,9 +10,12 @@ through
   - the Python client: dgmm.Client.multiply(a, d, out=c), and also without
     out= (a new array per call);
   - NumPy: np.multiply(a, d, out=c) in this process (no server).
-C++ and Python rounds alternate (ROUNDS of each) so that drift on a shared
-machine hits both; the figure is the median over every timed call. Then a
-1x1 job the same way, for the per-call overhead.
+Each round of either side is a new process with a new connection, its own
+random job and the same warm-up calls (which also let gRPC's flow-control
+windows grow); C++ and Python rounds alternate (ROUNDS of each) so that
+drift on a shared machine hits both; the figure is the median over every
+timed call. "Py new" (a new result array per call) and NumPy run in this
+process. Then a 1x1 job the same way, for the per-call overhead.
 
 Targets (the issue "The Python client at C++ speed"):
   - throughput at each N: C++ time / Python time >= 0.9;
@@ -101,6 +104,35 @@ def python_times(client, a, d, out, repeats, warmup):
     return times
 
 
+def python_worker(address, n, repeats, warmup, build):
+    """The Python side of one round, as the C++ harness does it: a new
+    process with a new connection, its own random job, WARMUP untimed calls,
+    then REPEATS timed ones; prints {"n": N, "seconds": [...]}. Checks the
+    first result against the float64 reference."""
+    dgmm = import_dgmm(build)
+    rng = np.random.default_rng()
+    a = rng.uniform(-4, 4, (n, n)).astype(np.float32)
+    d = rng.uniform(-4, 4, n).astype(np.float32)
+    out = np.full((n, n), np.nan, np.float32)
+    with dgmm.Client(address) as client:
+        client.multiply(a, d, out=out)
+        np.testing.assert_allclose(out, reference(a, d, "right"), rtol=tolerance(np.float32),
+                                   atol=0)
+        times = python_times(client, a, d, out, repeats, max(0, warmup - 1))
+    print(json.dumps({"n": n, "seconds": times}))
+    return 0
+
+
+def py_times(address, n, repeats, warmup, build):
+    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", address, str(n),
+                          str(repeats), str(warmup), "--build", build],
+                         capture_output=True, text=True, timeout=3600)
+    if run.returncode != 0:
+        raise SystemExit("python_client_bench: the Python worker failed (%d): %s"
+                         % (run.returncode, run.stderr.strip()[-2000:]))
+    return json.loads(run.stdout.strip().splitlines()[-1])["seconds"]
+
+
 def python_new_array_times(client, a, d, repeats):
     times = []
     for _ in range(repeats):
@@ -143,7 +175,12 @@ def main():
                         help="the server's --backend (cpu, cuda-kernel, ...); default: its own choice")
     parser.add_argument("--server-flags", default="", help="more dgmm-server flags")
     parser.add_argument("--out", help="also write the report here")
+    parser.add_argument("--worker", nargs=4, metavar=("ADDRESS", "N", "REPEATS", "WARMUP"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        address, n, repeats, warmup = args.worker
+        return python_worker(address, int(n), int(repeats), int(warmup), args.build)
 
     dgmm = import_dgmm(args.build)
     tool = os.path.join(args.build, "python", "dgmm_cpp_client_timing")
@@ -163,6 +200,7 @@ def main():
     say("date: %s" % datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     say("machine: %s" % machine())
     say("commit: %s" % commit())
+    say("load average at the start: %.2f %.2f %.2f (other work on the machine)" % os.getloadavg())
     say("command: %s" % " ".join(shlex.quote(x) for x in [sys.executable] + sys.argv))
     say("server: %s %s (backend %s); dgmm from %s" % (server_bin, " ".join(flags),
                                                      args.backend or "auto",
@@ -182,7 +220,8 @@ def main():
                 cpp, py = [], []
                 for _ in range(args.rounds):
                     cpp += cpp_times(tool, server.address, n, repeats, warmup)
-                    py += python_times(client, a, d, out, repeats, warmup)
+                    py += py_times(server.address, n, repeats, warmup, args.build)
+                client.multiply(a, d, out=out)
                 np.testing.assert_allclose(out, reference(a, d, "right"),
                                            rtol=tolerance(np.float32), atol=0)
                 new = python_new_array_times(client, a, d, max(2, repeats // 2))
@@ -206,6 +245,7 @@ def main():
     say()
     for v in verdicts:
         say(v)
+    say("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
