@@ -322,6 +322,8 @@ def _to_device(c, like, kind, out):
     device = getattr(getattr(like, "device", None), "id", None)
     with cupy.cuda.Device(device):
         result = cupy.asarray(c, order="K")
+        if c.flags.f_contiguous and not c.flags.c_contiguous and not result.flags.f_contiguous:
+            result = cupy.asfortranarray(result)  # Fortran order stays Fortran order.
         if out is not None:
             cupy.copyto(out, result)
             return out
