@@ -216,6 +216,47 @@ class AsyncioTest(unittest.TestCase):
             self.assertTrue(wait_idle(probe, 5), "the server still runs the cancelled parts")
 
 
+class PushbackTest(unittest.TestCase):
+    def test_a_full_client_queue_gives_retry_after_ms(self):
+        # One job may run and one wait per client: a third is refused at once
+        # with the server's grpc-retry-pushback-ms trailer.
+        server = ServerProcess(flags=["--max_running_per_client=1", "--max_queued_per_client=1"],
+                               prefix="dgmm-py-pushback-")
+        rng = np.random.default_rng(24)
+        big, big_d = job(rng, (8000, 2000))
+        small, small_d = job(rng, (20, 10))
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            started = asyncio.Event()
+            async with dgmm.aio.Client(server.address, retry=dgmm.RetryPolicy(max_attempts=1),
+                                       **SLOW) as client:
+                running = asyncio.ensure_future(client.multiply(  # One part: one job.
+                    big, big_d, stripes=1,
+                    progress=lambda *_: loop.call_soon_threadsafe(started.set)))
+                await started.wait()
+                waiting = asyncio.ensure_future(client.multiply(small, small_d))
+                while running_jobs(client.sync) < 2 and not running.done():
+                    await asyncio.sleep(0.005)
+                self.assertFalse(running.done(), "the first job ended too soon")
+                with self.assertRaises(dgmm.DgmmError) as raised:
+                    await client.multiply(small, small_d)
+                results = await asyncio.gather(running, waiting)
+                return raised.exception, results
+        try:
+            error, (c_big, c_small) = asyncio.run(main())
+        finally:
+            server.stop()
+        self.assertEqual(error.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIsNotNone(error.retry_after_ms, error.details)
+        self.assertGreater(error.retry_after_ms, 0)
+        self.assertEqual(error.info.attempts, 1)
+        np.testing.assert_allclose(c_big, reference(big, big_d, "right"),
+                                   rtol=tolerance(big.dtype), atol=0)
+        np.testing.assert_allclose(c_small, reference(small, small_d, "right"),
+                                   rtol=tolerance(small.dtype), atol=0)
+
+
 CTRL_C_CHILD = textwrap.dedent("""
     import sys, time, numpy as np, dgmm
     client = dgmm.Client(sys.argv[1], chunk_bytes=64 << 10)
