@@ -55,8 +55,9 @@ import numpy as np
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
-from dgmm_server import ServerProcess  # noqa: E402
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
+from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402
+# The installed package (pip install ./client/python), else the build's staged one.
+sys.path.append(os.environ.get("DGMM_PY_STAGE") or os.path.join(REPO, "build", "python"))
 import dgmm  # noqa: E402
 
 PATHS = [  # (key, label, unit of work it includes)
@@ -113,10 +114,11 @@ class Server(ServerProcess):
 def check(c, a, d, what, rows=None):
     """c against float64 a*d (rows: a sample of row indices for big N)."""
     idx = slice(None) if rows is None else rows
-    want = a[idx].astype(np.float64) * d.astype(np.float64)
+    want = reference(a[idx], d, "right")
     got = np.asarray(c[idx], dtype=np.float64)
-    if not np.allclose(got, want, rtol=1e-6, atol=0) or np.isnan(got).any():
-        bad = np.argwhere(~np.isclose(got, want, rtol=1e-6, atol=0))[:3]
+    rtol = tolerance(np.float32)
+    if not np.allclose(got, want, rtol=rtol, atol=0) or np.isnan(got).any():
+        bad = np.argwhere(~np.isclose(got, want, rtol=rtol, atol=0))[:3]
         raise SystemExit("region_bench: %s gave wrong results, e.g. at %s" % (what, bad.tolist()))
 
 

@@ -23,6 +23,7 @@ build_pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
   python3 python3-grpcio python3-numpy python3-protobuf python3-yaml
+  python3-dev pybind11-dev python3-venv python3-setuptools python3-wheel
   iperf3 nginx-light openssl curl
 )
 case "$mode" in

@@ -6,7 +6,7 @@ float64 reference on fresh random data, outputs poisoned (NaN) before each
 job; registered and reserved bytes are back to 0 after each test.
 
 Run on the GPU machine (ctest -L gpu: `python_regions_gpu`), or by hand:
-  DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=client/python \\
+  DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=build/python \\
     python3 tests/gpu/regions_gpu_test.py -v
 Exits 77 (skipped) without grpcio/numpy, without CuPy or a GPU here, or when
 the server it starts has no GPU in service.
@@ -34,9 +34,8 @@ except Exception as why:  # noqa: BLE001 - no CuPy, no driver or no device: skip
     print("dgmm-gpu-skip: no CUDA device or no CuPy for %s (%s)" % (sys.executable, why))
     sys.exit(SKIP)
 
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
-from dgmm_server import ServerProcess  # noqa: E402
+from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402
 import dgmm  # noqa: E402
 from dgmm import pb  # noqa: E402
 
@@ -69,15 +68,6 @@ def setUpModule():
 def tearDownModule():
     if SERVER:
         SERVER.stop()
-
-
-def reference(a, d, side):
-    a64, d64 = np.asarray(a, dtype=np.float64), np.asarray(d, dtype=np.float64)
-    return a64 * d64 if side == "right" else d64[:, None] * a64
-
-
-def tolerance(dtype):
-    return 1e-6 if np.dtype(dtype) == np.float32 else 1e-15
 
 
 class GpuRegionTest(unittest.TestCase):

@@ -1,8 +1,9 @@
 """The Python client (client/python, package `dgmm`) against the real server.
 
-Run by ctest (test `python_client`), or by hand:
-  DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=client/python \
-    /usr/bin/python3 tests/python/test_client.py -v
+Run by ctest (test `python_client`) with the build's venv, where the package
+is installed (tests/python/CMakeLists.txt), or by hand:
+  DGMM_SERVER_BIN=build/service/dgmm-server build/python-venv/bin/python \
+    tests/python/test_client.py -v
 Exits 77 (ctest's skip code here) when this interpreter lacks grpcio/numpy.
 """
 
@@ -33,9 +34,8 @@ if __name__ == "__main__":
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
-from dgmm_server import ServerProcess  # noqa: E402
+from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402,F401
 import dgmm  # noqa: E402
 
 
@@ -59,33 +59,12 @@ def tearDownModule():
         SERVER.stop()
 
 
-def reference(a, d, side):
-    """C computed independently, in float64 with NumPy."""
-    a64, d64 = a.astype(np.float64), d.astype(np.float64)
-    return a64 * d64 if side == "right" else d64[:, None] * a64
-
-
-def tolerance(dtype):
-    return 1e-6 if dtype == np.float32 else 1e-15
-
-
-def count_unary_calls(client):
-    """Wraps the client's own stub's Multiply; returns the list it appends
-    "unary" to on each call."""
-    calls = []
-    real = client._stub.Multiply
-
-    class Counting:
-        def __call__(self, *args, **kw):
-            calls.append("unary")
-            return real(*args, **kw)
-
-        def future(self, *args, **kw):
-            calls.append("unary")
-            return real.future(*args, **kw)
-
-    client._stub.Multiply = Counting()
-    return calls
+def mode_of(client, a, d, **kw):
+    """The RPC that carried a checked job: "unary" or "stream"."""
+    c, info = client.multiply(a, d, return_info=True, **kw)
+    np.testing.assert_allclose(c, reference(a, d, kw.get("side", "right")),
+                               rtol=tolerance(a.dtype), atol=0)
+    return info.mode
 
 
 class ClientTest(unittest.TestCase):
@@ -157,16 +136,15 @@ class ClientTest(unittest.TestCase):
     def test_matrix_over_the_unary_limit_goes_through_multiply_stream(self):
         # Policy rule 1: unary up to min(block, 7/8 of the unary limit) = 256 KiB.
         client = dgmm.Client(SERVER.address, unary_limit_bytes=1 << 20, block_bytes=1 << 18)
-        calls = count_unary_calls(client)
         try:
             a = self.random((700, 500), np.float32, "F")  # 1.4 MB in blocks of 93 columns
             d = self.random(500, np.float32)
             c = client.multiply(a, d)
-            np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-6, atol=0)
+            np.testing.assert_allclose(c, reference(a, d, "right"), rtol=tolerance(a.dtype),
+                                       atol=0)
             self.assertTrue(c.flags.f_contiguous)
-            self.assertEqual(calls, [])
-            client.multiply(a[:10, :10], d[:10])
-            self.assertEqual(calls, ["unary"])
+            self.assertEqual(mode_of(client, a, d), "stream")
+            self.assertEqual(mode_of(client, a[:10, :10], d[:10]), "unary")
         finally:
             client.close()
 
@@ -238,15 +216,9 @@ class ConstrainedServerTest(unittest.TestCase):
         cls.server.stop()
 
     def test_client_streams_jobs_over_the_servers_unary_limit(self):
-        unary = self.client._stub.Multiply
-        calls = count_unary_calls(self.client)
-        try:
-            a = np.random.default_rng(5).standard_normal((600, 500))  # 2.4 MB > 1 MiB
-            d = np.linspace(-1, 1, 500)
-            np.testing.assert_array_equal(self.client.multiply(a, d), reference(a, d, "right"))
-            self.assertEqual(calls, [])
-        finally:
-            self.client._stub.Multiply = unary
+        a = np.random.default_rng(5).standard_normal((600, 500))  # 2.4 MB > 1 MiB
+        d = np.linspace(-1, 1, 500)
+        self.assertEqual(mode_of(self.client, a, d), "stream")
 
     def test_default_client_sends_a_job_over_a_lower_server_limit_unary_and_is_refused(self):
         # 2.4 MB is under the default threshold (4 MiB) but over this
@@ -507,8 +479,7 @@ def answers_health(address):
 
 class ExampleAndDocTest(unittest.TestCase):
     def test_quickstart_example_runs(self):
-        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python"))
-        run = subprocess.run([sys.executable, EXAMPLE, SERVER.address], env=env,
+        run = subprocess.run([sys.executable, EXAMPLE, SERVER.address],
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         self.assertIn("health: SERVING", run.stdout)
@@ -521,17 +492,23 @@ class ExampleAndDocTest(unittest.TestCase):
             self.assertIn(example, f.read(), "docs/protocol.md must quote " + EXAMPLE)
 
 
-class StubGenerationTest(unittest.TestCase):
-    def test_import_generates_missing_stubs(self):
+class InstalledPackageTest(unittest.TestCase):
+    def test_the_package_is_the_installed_one_with_its_stubs_and_extension(self):
+        # Run from an empty directory, with no protoc on PATH: nothing is generated at import.
         with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "stubs")
-            env = dict(os.environ, DGMM_PY_PROTO_DIR=out,
-                       PYTHONPATH=os.path.join(REPO, "client", "python"))
-            run = subprocess.run([sys.executable, "-c", "import dgmm; print(dgmm.pb.JobHeader)"],
-                                 env=env, capture_output=True, text=True, timeout=60)
-            self.assertEqual(run.returncode, 0, run.stderr)
-            self.assertTrue(os.path.exists(os.path.join(out, "dgmm", "v1", "dgmm_pb2.py")))
-            self.assertTrue(os.path.exists(os.path.join(out, "dgmm", "v1", "dgmm_pb2_grpc.py")))
+            env = dict(os.environ, PATH=tmp)
+            env.pop("PYTHONPATH", None)
+            code = ("import dgmm, dgmm._core, dgmm.v1.dgmm_pb2 as p; "
+                    "print(dgmm.__file__); print(dgmm._core.__file__); print(p.__file__)")
+            run = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp,
+                                 capture_output=True, text=True, timeout=60)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        files = run.stdout.split()
+        self.assertEqual(len(files), 3, run.stdout)
+        for f in files:
+            self.assertIn("site-packages", f)
+            self.assertFalse(f.startswith(os.path.join(REPO, "client")), f)
+        self.assertEqual(os.path.dirname(dgmm.__file__), os.path.dirname(files[0]))
 
 
 if __name__ == "__main__":

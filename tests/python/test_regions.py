@@ -5,7 +5,7 @@ before each job; in place; the diagonal in a region; bad inputs with their
 status codes; and registered and reserved bytes back to 0 after every path.
 
 Run by ctest (test `python_regions`), or by hand:
-  DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=client/python \\
+  DGMM_SERVER_BIN=build/service/dgmm-server build/python-venv/bin/python \\
     /usr/bin/python3 tests/python/test_regions.py -v
 Exits 77 (ctest's skip code) when this interpreter lacks grpcio/numpy. The
 CUDA IPC part needs a GPU server: tests/gpu/regions_gpu_test.py.
@@ -33,9 +33,8 @@ if __name__ == "__main__":
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
-from dgmm_server import ServerProcess  # noqa: E402
+from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402
 import dgmm  # noqa: E402
 from dgmm import pb  # noqa: E402
 
@@ -61,16 +60,6 @@ def setUpModule():
 def tearDownModule():
     if SERVER:
         SERVER.stop()
-
-
-def reference(a, d, side):
-    """C computed independently, in float64 with NumPy."""
-    a64, d64 = a.astype(np.float64), d.astype(np.float64)
-    return a64 * d64 if side == "right" else d64[:, None] * a64
-
-
-def tolerance(dtype):
-    return 1e-6 if dtype == np.float32 else 1e-15
 
 
 def wait_until(predicate, seconds):
@@ -186,14 +175,14 @@ class RegionJobTest(RegionTestCase):
         d[:] = self.random(cols, np.float64)
         c[:] = np.nan
         stats = self.client.multiply_region(a, d, out=c)
-        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-15, atol=0)
+        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=tolerance(np.float64), atol=0)
         # bytes_in counts the matrix (as for inline diagonals), not the diagonal's bytes.
         self.assertEqual((stats.bytes_in, stats.bytes_out), (a.nbytes, a.nbytes))
         # The diagonal is read from the region at job time: change it there.
         d[:] = self.random(cols, np.float64)
         c[:] = np.nan
         self.client.multiply_region(a, d, out=c)
-        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=1e-15, atol=0)
+        np.testing.assert_allclose(c, reference(a, d, "right"), rtol=tolerance(np.float64), atol=0)
 
     def test_refs_at_offsets_into_a_range_registered_at_an_offset(self):
         rows, cols = 33, 17
@@ -223,7 +212,7 @@ class RegionJobTest(RegionTestCase):
         before = a.copy()
         d = self.random(1500, np.float64)
         self.client.multiply_region(a, d, out=a)
-        np.testing.assert_allclose(a, reference(before, d, "right"), rtol=1e-15, atol=0)
+        np.testing.assert_allclose(a, reference(before, d, "right"), rtol=tolerance(np.float64), atol=0)
 
     def test_unregister_and_reregister_under_the_same_name(self):
         shm = self.shm(4096, "again")
@@ -400,7 +389,7 @@ class ShmLifecycleTest(RegionTestCase):
             "shm = dgmm.SharedMemoryRegion(1 << 20).register(client, 'child')\n"
             "print(client.region_status().registered_bytes, flush=True)\n"
             "os._exit(0)\n"), SERVER.address], capture_output=True, text=True,
-            env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python")), timeout=60)
+            timeout=60)
         self.assertEqual(child.returncode, 0, child.stderr)
         self.assertEqual(child.stdout.split(), [str(MIB)])
         # os._exit skips the unlink at exit: the object stays in /dev/shm, and
@@ -458,7 +447,7 @@ class ShmLifecycleTest(RegionTestCase):
             self.assertCode(grpc.StatusCode.NOT_FOUND, client.region_status, "busy")
             thread.join(60)
             self.assertNotIn("error", result)  # ...and the job ends normally.
-            np.testing.assert_allclose(a, reference(before, d, "right"), rtol=1e-15, atol=0)
+            np.testing.assert_allclose(a, reference(before, d, "right"), rtol=tolerance(np.float64), atol=0)
             self.assertTrue(wait_until(lambda: client.region_status().registered_bytes == 0, 5))
         finally:
             client.close()

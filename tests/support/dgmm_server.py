@@ -1,6 +1,8 @@
 """A dgmm-server process on an ephemeral loopback port, for the Python tests,
 the conformance harness and the Python benchmarks (one implementation of
-"start it, wait for its port file, keep its log, stop it with SIGTERM").
+"start it, wait for its port file, keep its log, stop it with SIGTERM"); and
+the one float64 reference and tolerance those check results with
+(reference, tolerance, max_relative_error).
 
     server = ServerProcess(flags=["--allow_regions"])   # DGMM_SERVER_BIN
     client = dgmm.Client(server.address)
@@ -67,3 +69,19 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait()
         self.dir.cleanup()
+
+
+def reference(a, d, side):
+    """C = A·diag(d) (side "right") or diag(d)·A ("left"), computed
+    independently of dgmm in float64 with NumPy (a, d: anything
+    numpy.asarray takes)."""
+    import numpy as np
+    a64, d64 = np.asarray(a, dtype=np.float64), np.asarray(d, dtype=np.float64)
+    return a64 * d64 if side == "right" else d64[:, None] * a64
+
+
+def tolerance(dtype):
+    """The relative error allowed in a result of `dtype` against reference():
+    one product rounded to float32, or to float64."""
+    import numpy as np
+    return 1e-6 if np.dtype(dtype) == np.float32 else 1e-15

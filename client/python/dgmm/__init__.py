@@ -5,17 +5,20 @@
         c = client.multiply(np.ones((3, 4)), np.arange(4.0))          # A·diag(d)
         c = client.multiply(np.ones((3, 4)), np.arange(3.0), side="left")
 
-The gRPC stubs are generated from proto/dgmm/v1/dgmm.proto on first import
-when the build has not generated them (see dgmm/_stubs.py).
+Jobs run in the C++ client (dgmm._core, built with the package); the gRPC
+stubs (dgmm.v1) were generated when the package was built. asyncio:
+dgmm.aio.Client.
 """
 
 import os as _os
 
-from . import _stubs
-
-# protoc names the generated module `dgmm.v1.dgmm_pb2`; make `dgmm.v1` resolve
-# to <stub dir>/dgmm/v1 by adding that tree to this package's search path.
-__path__.append(_os.path.join(_stubs.ensure_stubs(), "dgmm"))  # noqa: F821
+if not _os.path.isdir(_os.path.join(__path__[0], "v1")):  # noqa: F821
+    # The source tree (PYTHONPATH=client/python), not an installed package:
+    # the extension and stubs are in a build tree's staged copy,
+    # $DGMM_PY_STAGE (or $DGMM_PY_PROTO_DIR), else <repo>/build/python.
+    _stage = (_os.environ.get("DGMM_PY_STAGE") or _os.environ.get("DGMM_PY_PROTO_DIR") or
+              _os.path.join(__path__[0], "..", "..", "..", "build", "python"))  # noqa: F821
+    __path__.append(_os.path.join(_os.path.abspath(_stage), "dgmm"))  # noqa: F821
 
 from .v1 import dgmm_pb2 as pb  # noqa: E402
 from .v1 import dgmm_pb2_grpc as pb_grpc  # noqa: E402

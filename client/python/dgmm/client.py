@@ -1,23 +1,25 @@
-"""dgmm.Client: NumPy arrays in, NumPy arrays out, over gRPC.
+"""dgmm.Client: NumPy (and CuPy, PyTorch, buffer-protocol) arrays in, arrays out.
 
-The client follows the one client policy of docs/protocol.md section 9 (the
-same in the C++, Python and Node clients, pinned by tests/conformance):
-unary or stream by size, striping of large jobs over K connections, retries
-and resume per part, one deadline per job, and the backend names.
+A thin layer over the C++ client (dgmm::Client, client/cpp) through the
+extension dgmm._core: the one implementation of the client policy of
+docs/protocol.md section 9 (unary or stream by size, striping of large jobs
+over K connections, retries and resume per part, one deadline per job)
+comes from dgmm::Client::Plan and its job runner. This module checks the
+arrays (the same errors as before), hands their memory to the job in place
+(the buffer protocol: no copy of A, the result written straight into the
+output array) and turns the outcome into Python objects. Jobs run without
+the GIL; Ctrl-C cancels a running job.
 """
 
-import os
-import random
 import threading
-import time
 
 import grpc
 import numpy as np
 
+from . import _core
 from . import _health
 from .v1 import dgmm_pb2 as pb
 from .v1 import dgmm_pb2_grpc as pb_grpc
-from .regions import RegionMethods
 
 _MIB = 1 << 20
 # The policy's defaults (docs/protocol.md, "Client policy"): the server's
@@ -44,9 +46,12 @@ BACKEND_NAMES = {
     "BACKEND_CUBLAS": pb.BACKEND_CUBLAS,
 }
 _WIRE_DTYPES = {4: (np.dtype("<f4"), pb.DTYPE_FLOAT32), 8: (np.dtype("<f8"), pb.DTYPE_FLOAT64)}
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
-# ---- The policy as pure functions (checked against tests/conformance/policy_vectors.json).
+# ---- The policy as pure functions: the C++ client's (dgmm::ChooseTransferMode,
+# ChooseStripes, SplitLines), checked against tests/conformance/policy_vectors.json.
 
 def unary_threshold(max_unary_message_bytes=DEFAULT_MAX_UNARY_MESSAGE_BYTES,
                     chunk_bytes=DEFAULT_CHUNK_BYTES):
@@ -58,8 +63,8 @@ def unary_threshold(max_unary_message_bytes=DEFAULT_MAX_UNARY_MESSAGE_BYTES,
 def transfer_mode(matrix_bytes, diag_bytes, max_unary_message_bytes=DEFAULT_MAX_UNARY_MESSAGE_BYTES,
                   chunk_bytes=DEFAULT_CHUNK_BYTES):
     """Rule 1: "unary" or "stream" for a job (or one part of a striped job)."""
-    threshold = unary_threshold(max_unary_message_bytes, chunk_bytes)
-    return "unary" if matrix_bytes + diag_bytes <= threshold else "stream"
+    return _core.choose_transfer_mode(int(matrix_bytes) + int(diag_bytes),
+                                      int(max_unary_message_bytes), int(chunk_bytes))
 
 
 def lines_per_block(line_bytes, chunk_bytes=DEFAULT_CHUNK_BYTES):
@@ -67,29 +72,25 @@ def lines_per_block(line_bytes, chunk_bytes=DEFAULT_CHUNK_BYTES):
     return max(1, int(chunk_bytes) // int(line_bytes))
 
 
+def _check_stripes(stripes):
+    if isinstance(stripes, bool) or not isinstance(stripes, (int, np.integer)) or stripes < 1 \
+            or stripes > 256:
+        raise InvalidArgumentError("dgmm: stripes must be an integer from 1 to 256 or None "
+                                   "(auto), got %r" % (stripes,))
+    return int(stripes)
+
+
 def stripe_count(matrix_bytes, lines, stripes=None):
     """Rule 2: K, the number of parts. stripes: the caller's option (>= 1) or
     None for auto (min(8, max(1, matrix_bytes // 32 MiB))); then at most lines."""
-    if stripes is None:
-        k = min(MAX_AUTO_STRIPES, max(1, int(matrix_bytes) // STRIPE_UNIT_BYTES))
-    else:
-        if isinstance(stripes, bool) or int(stripes) != stripes or stripes < 1:
-            raise InvalidArgumentError("dgmm: stripes must be an integer >= 1 or None (auto), "
-                                       "got %r" % (stripes,))
-        k = int(stripes)
-    return max(1, min(k, int(lines)))
+    option = 0 if stripes is None else _check_stripes(stripes)
+    return _core.choose_stripes(int(matrix_bytes), int(lines), option)
 
 
 def stripe_ranges(lines, k):
     """Rule 2: K contiguous (first_line, count) ranges covering `lines`; the
     first lines % K ranges get one extra line."""
-    base, extra = divmod(int(lines), int(k))
-    ranges, first = [], 0
-    for i in range(k):
-        count = base + (1 if i < extra else 0)
-        ranges.append((first, count))
-        first += count
-    return ranges
+    return _core.split_lines(int(lines), int(k))
 
 
 def backend_value(backend):
@@ -244,106 +245,6 @@ class MultiplyInfo:
                 % (self.mode, self.stripes, self.attempts, self.resumed, self.group_id))
 
 
-class _FinalError(Exception):
-    """An attempt's DgmmError that must not be retried."""
-
-    def __init__(self, error):
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Cancelled(Exception):
-    """The job already failed (or was cancelled): this part stops quietly."""
-
-
-def _protocol_error(message):
-    return DgmmError(grpc.StatusCode.INTERNAL, "dgmm client: server broke the protocol: " + message)
-
-
-class _Job:
-    """A validated request: the matrix as a flat wire-order view, and the header."""
-
-    def __init__(self, a, d, side, backend):
-        backend = backend_value(backend)  # Rule 4 first: a bad name is refused before anything.
-        a = np.asarray(a)
-        if a.ndim != 2:
-            raise ValueError("dgmm: A must be a 2-D matrix, got an array of shape %s" % (a.shape,))
-        if a.dtype.kind != "f" or a.dtype.itemsize not in _WIRE_DTYPES:
-            raise ValueError("dgmm: A must be float32 or float64, got %s; convert it first, "
-                             "e.g. A.astype(numpy.float64)" % a.dtype)
-        self.wire_dtype, dtype_enum = _WIRE_DTYPES[a.dtype.itemsize]
-        if a.flags.c_contiguous:
-            self.col_major = False
-        elif a.flags.f_contiguous:
-            self.col_major = True
-        else:
-            a = np.ascontiguousarray(a)
-            self.col_major = False
-        a = a.astype(self.wire_dtype, copy=False)  # Only copies non-little-endian input.
-        self.order = "F" if self.col_major else "C"
-        self.rows, self.cols = a.shape
-        self.flat = a.reshape(-1, order=self.order)  # A view: `a` is contiguous in `order`.
-
-        d = np.asarray(d)
-        if d.ndim != 1:
-            raise ValueError("dgmm: the diagonal must be a 1-D array, got shape %s" % (d.shape,))
-        if d.dtype.kind not in "biuf":
-            raise ValueError("dgmm: the diagonal must be real numbers, got %s" % d.dtype)
-        self.diagonal = np.ascontiguousarray(d, dtype=self.wire_dtype)
-        side_value = _enum_value(side, _SIDES, "side")
-
-        self.header = pb.JobHeader(
-            rows=self.rows, cols=self.cols, dtype=dtype_enum,
-            layout=pb.LAYOUT_COL_MAJOR if self.col_major else pb.LAYOUT_ROW_MAJOR,
-            side=side_value, backend=backend, diagonal=self.diagonal.tobytes())
-        self.num_lines = self.cols if self.col_major else self.rows
-        self.line_elems = self.rows if self.col_major else self.cols
-        self.line_bytes = self.line_elems * self.wire_dtype.itemsize
-        self.matrix_bytes = self.flat.nbytes
-        # Rule 2: the diagonal runs along the split dimension (row-major LEFT,
-        # column-major RIGHT): a part gets its slice, else the whole diagonal.
-        left = side_value == pb.SIDE_LEFT
-        self.diagonal_sliced = left != self.col_major
-
-    def new_output(self):
-        """The result array and a flat (wire-order) view of it to fill."""
-        out = np.empty((self.rows, self.cols), dtype=self.wire_dtype, order=self.order)
-        return out, out.reshape(-1, order=self.order)
-
-    def check_output(self, out):
-        """The caller's output array and a flat view of it, or ValueError."""
-        if not isinstance(out, np.ndarray) or out.shape != (self.rows, self.cols) or \
-                out.dtype != self.wire_dtype or not out.flags.writeable or \
-                not out.flags[("F" if self.col_major else "C") + "_CONTIGUOUS"]:
-            raise ValueError("dgmm: out must be a writable %s-order %s array of shape %s"
-                             % (self.order, self.wire_dtype, (self.rows, self.cols)))
-        return out, out.reshape(-1, order=self.order)
-
-    def part_header(self, first, count, group):
-        """The JobHeader of lines [first, first + count); group: a JobGroup or None."""
-        header = pb.JobHeader()
-        header.CopyFrom(self.header)
-        if self.col_major:
-            header.cols = count
-        else:
-            header.rows = count
-        if self.diagonal_sliced:
-            header.diagonal = self.diagonal[first:first + count].tobytes()
-        if group is not None:
-            header.group.CopyFrom(group)
-        return header
-
-
-def _ms(seconds):
-    """Seconds as a whole number of milliseconds for a channel argument."""
-    return max(1, min(int(round(seconds * 1000)), 2**31 - 1))
-
-
-def _remaining(deadline):
-    """Seconds left until a time.monotonic() deadline (None: no deadline)."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
 def _enum_value(value, names, what):
     if isinstance(value, str):
         try:
@@ -354,23 +255,224 @@ def _enum_value(value, names, what):
     return int(value)  # A dgmm.pb enum value, passed through.
 
 
-def _new_group_id():
-    """Rule 2: one random id per logical job, 16 lowercase hex characters."""
-    return os.urandom(8).hex()
+def _error(core_error, info=None):
+    """A DgmmError from a _core.Error(code, message, attempts, pushback_ms, stripes, mode)."""
+    code, message, _attempts, pushback_ms, _stripes, _mode = core_error.args
+    trailing = () if pushback_ms is None else (("grpc-retry-pushback-ms", str(pushback_ms)),)
+    status = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN)
+    if status == grpc.StatusCode.INVALID_ARGUMENT and info is None:
+        return InvalidArgumentError(message)
+    error = DgmmError(status, message, trailing)
+    error.info = info
+    return error
 
 
-class Client(RegionMethods):
+# ---- Arrays on a GPU (CuPy, PyTorch, anything with __cuda_array_interface__ or
+# a CUDA __dlpack__) are copied to the host, and C goes back as the same kind.
+
+def _device_kind(array):
+    """"torch", "cupy" or None (a host array)."""
+    module = type(array).__module__ or ""
+    if module.startswith("torch"):
+        return "torch"
+    if hasattr(array, "__cuda_array_interface__"):
+        return "cupy"
+    dlpack_device = getattr(array, "__dlpack_device__", None)
+    if dlpack_device is not None:
+        try:
+            device_type = dlpack_device()[0]
+        except Exception:  # noqa: BLE001 - not a usable DLPack producer: a host array
+            return None
+        if int(device_type) in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+            return "cupy"
+    return None
+
+
+def _to_host(array, kind):
+    if kind == "torch":
+        return array.detach().cpu().numpy()
+    import cupy  # Only callers with CUDA arrays need CuPy.
+    array = cupy.asarray(array)
+    try:
+        return cupy.asnumpy(array, order="A")  # Fortran order stays Fortran order.
+    except TypeError:  # A CuPy without `order`: C order.
+        return cupy.asnumpy(array)
+
+
+def _host_target(out, kind):
+    """The host array the job writes C into when `out` is a device array."""
+    if kind == "torch":
+        if out.device.type == "cpu":
+            return out.numpy()  # Shares the tensor's memory.
+        return None
+    return None
+
+
+def _to_device(c, like, kind, out):
+    """C (a NumPy array) as `like`'s kind of array, on its device; into `out` if given."""
+    if kind == "torch":
+        import torch
+        result = torch.from_numpy(c)
+        if out is not None:
+            if out.data_ptr() != result.data_ptr():
+                out.copy_(result)
+            return out
+        return result.to(like.device) if like.device.type != "cpu" else result
+    import cupy
+    device = getattr(getattr(like, "device", None), "id", None)
+    with cupy.cuda.Device(device):
+        result = cupy.asarray(c, order="K")
+        if c.flags.f_contiguous and not c.flags.c_contiguous and not result.flags.f_contiguous:
+            result = cupy.asfortranarray(result)  # Fortran order stays Fortran order.
+        if out is not None:
+            cupy.copyto(out, result)
+            return out
+        return result
+
+
+class _Job:
+    """A checked job: A as a wire-ready array (in place when it already is
+    one), the diagonal, and the header fields."""
+
+    __slots__ = ("a", "diagonal", "wire_dtype", "dtype_enum", "col_major", "order", "rows",
+                 "cols", "side", "backend", "num_lines")
+
+    def __init__(self, a, d, side, backend):
+        self.backend = backend_value(backend)  # Rule 4 first: a bad name is refused before anything.
+        a = np.asarray(a)
+        if a.ndim != 2:
+            raise ValueError("dgmm: A must be a 2-D matrix, got an array of shape %s" % (a.shape,))
+        if a.dtype.kind != "f" or a.dtype.itemsize not in _WIRE_DTYPES:
+            raise ValueError("dgmm: A must be float32 or float64, got %s; convert it first, "
+                             "e.g. A.astype(numpy.float64)" % a.dtype)
+        self.wire_dtype, self.dtype_enum = _WIRE_DTYPES[a.dtype.itemsize]
+        if a.flags.c_contiguous:
+            self.col_major = False
+        elif a.flags.f_contiguous:
+            self.col_major = True
+        else:
+            a = np.ascontiguousarray(a)
+            self.col_major = False
+        if a.dtype != self.wire_dtype:
+            a = a.astype(self.wire_dtype)  # Only non-little-endian input is copied.
+        self.a = a
+        self.order = "F" if self.col_major else "C"
+        self.rows, self.cols = a.shape
+        self.num_lines = self.cols if self.col_major else self.rows
+
+        d = np.asarray(d)
+        if d.ndim != 1:
+            raise ValueError("dgmm: the diagonal must be a 1-D array, got shape %s" % (d.shape,))
+        if d.dtype.kind not in "biuf":
+            raise ValueError("dgmm: the diagonal must be real numbers, got %s" % d.dtype)
+        if d.dtype != self.wire_dtype or not d.flags.c_contiguous:
+            d = np.ascontiguousarray(d, dtype=self.wire_dtype)
+        self.diagonal = d
+        self.side = _enum_value(side, _SIDES, "side")
+
+    def new_output(self):
+        return np.empty((self.rows, self.cols), dtype=self.wire_dtype, order=self.order)
+
+    def check_output(self, out):
+        """The caller's output array, or ValueError."""
+        if not isinstance(out, np.ndarray) or out.shape != (self.rows, self.cols) or \
+                out.dtype != self.wire_dtype or not out.flags.writeable or \
+                not out.flags[("F" if self.col_major else "C") + "_CONTIGUOUS"]:
+            raise ValueError("dgmm: out must be a writable %s-order %s array of shape %s"
+                             % (self.order, self.wire_dtype, (self.rows, self.cols)))
+        return out
+
+
+def _merged_stats(stats_list):
+    """One JobStats for a job from its parts' stats: byte counts summed, times
+    the longest part's."""
+    stats_list = [s for s in stats_list if s is not None]
+    if len(stats_list) == 1:
+        return stats_list[0]
+    merged = pb.JobStats()
+    if not stats_list:
+        return merged
+    merged.CopyFrom(stats_list[0])
+    merged.ClearField("group")
+    for field in ("queue_wait_ns", "h2d_ns", "compute_ns", "d2h_ns", "total_ns"):
+        setattr(merged, field, max(getattr(s, field) for s in stats_list))
+    merged.bytes_in = sum(s.bytes_in for s in stats_list)
+    merged.bytes_out = sum(s.bytes_out for s in stats_list)
+    return merged
+
+
+class _Pending:
+    """A started job (Client._start), finished by _finish: the _core.Job and
+    how to hand its result back."""
+
+    __slots__ = ("handle", "out", "kind", "like", "device_out", "return_stats", "return_info")
+
+    def __init__(self, handle, out, kind, like, device_out, return_stats, return_info):
+        self.handle = handle
+        self.out = out
+        self.kind = kind
+        self.like = like
+        self.device_out = device_out
+        self.return_stats = return_stats
+        self.return_info = return_info
+
+    def finish(self, wait):
+        """The multiply() result; wait: run() the job here (Ctrl-C cancels
+        it), else result() of a job start()ed before."""
+        try:
+            mode, stripes, attempts, resumed, _received, stats = (
+                self.handle.run() if wait else self.handle.result())
+        except _core.Error as e:
+            _code, _message, failed_attempts, _pushback, plan_stripes, plan_mode = e.args
+            info = MultiplyInfo(plan_mode, plan_stripes, failed_attempts, 0, "",
+                                [None] * plan_stripes)
+            raise _error(e, info) from None
+        finally:
+            self.handle = None  # Releases the buffers.
+        c = self.out
+        if self.kind is not None:
+            c = _to_device(c, self.like, self.kind, self.device_out)
+        if not (self.return_stats or self.return_info):
+            return c
+        part_stats = [pb.JobStats.FromString(s) for s in stats]
+        result = [c]
+        if self.return_stats:
+            result.append(_merged_stats(part_stats))
+        if self.return_info:
+            group_id = part_stats[0].group.id if stripes > 1 and part_stats else ""
+            result.append(MultiplyInfo(mode, stripes, attempts, resumed, group_id, part_stats))
+        return tuple(result)
+
+
+def _tls_of(credentials, options):
+    """(root, chain, key, server_name) of grpc.ssl_channel_credentials(...)."""
+    inner = getattr(credentials, "_credentials", None)
+    if inner is None or not hasattr(inner, "_pem_root_certificates"):
+        raise TypeError("dgmm: credentials must come from grpc.ssl_channel_credentials(root_ca, "
+                        "private_key, certificate_chain), got %r" % (credentials,))
+    server_name = dict(options).get("grpc.ssl_target_name_override", "")
+
+    def text(value):
+        return value.decode() if isinstance(value, bytes) else (value or "")
+    return (text(inner._pem_root_certificates), text(inner._certificate_chain),
+            text(inner._private_key), server_name)
+
+
+class Client:
     """A connection to a dgmm server. Thread-safe; close() it (or use `with`).
 
     Args:
       target: "host:port" (any gRPC target string; "ipv4:h:p1,h:p2" or a DNS
         name with several addresses, with load_balancing_policy="round_robin",
         spreads jobs and the parts of striped jobs over every replica).
-      credentials: grpc.ChannelCredentials for TLS; None for plaintext. For
-        mutual TLS: grpc.ssl_channel_credentials(root_ca, client_key, client_cert).
+      credentials: TLS, from grpc.ssl_channel_credentials(root_ca) or, for
+        mutual TLS, grpc.ssl_channel_credentials(root_ca, client_key,
+        client_cert); None for plaintext.
       token: bearer token for servers started with --auth_token_file; sent as
         `authorization: Bearer <token>` on every dgmm call (use TLS with it).
-      options: extra gRPC channel options, as (name, value) pairs.
+      options: extra gRPC channel options, as (name, value) pairs, for the
+        region calls' channel (grpcio); of them, the job channels (the C++
+        client's) take "grpc.ssl_target_name_override" and "grpc.lb_policy_name".
       max_unary_message_bytes (U, default 16 MiB, the server's default) and
         chunk_bytes (C, default 4 MiB): a job (or one part of a striped job)
         whose matrix and diagonal bytes are at most min(C, 7/8 U) goes as one
@@ -393,13 +495,12 @@ class Client(RegionMethods):
         the shortest time a connection attempt (TCP, TLS and HTTP/2
         handshakes) may take before it is abandoned: keep it above the
         slowest handshake you expect. gRPC raises each to at least 0.1 s.
-        Entries in `options` override these.
 
-    Each Client has its own connection (grpc.use_local_subchannel_pool), as a
-    client in another process would, rather than sharing one with other
-    Clients of the same server in this process. A striped job with K parts
-    uses K channels, each with its own connection (channel i has the extra
-    argument ("dgmm.stripe", i)); they are made when first needed and kept.
+    Each Client has its own connection, as a client in another process would.
+    A striped job with K parts uses K connections, made when first needed
+    and kept. A multiply() with a `timeout` or `stripes` other than the
+    client's uses a C++ client of its own for that pair (kept, with its
+    connections, for the next such call).
     """
 
     def __init__(self, target, *, credentials=None, token=None, options=(),
@@ -421,55 +522,99 @@ class Client(RegionMethods):
         if self._max_unary < 1 or self._chunk < 1:
             raise ValueError("dgmm.Client: max_unary_message_bytes and chunk_bytes must be >= 1")
         if stripes is not None:
-            stripe_count(1, 1, stripes)  # Checks the option.
+            _check_stripes(stripes)
         self._stripes = stripes
         self._retry = retry if retry is not None else RetryPolicy()
-        channel_options = [("grpc.max_send_message_length", -1),
-                           ("grpc.max_receive_message_length", -1),
-                           ("grpc.use_local_subchannel_pool", 1),
-                           ("grpc.initial_reconnect_backoff_ms",
-                            _ms(initial_reconnect_backoff)),
-                           ("grpc.min_reconnect_backoff_ms", _ms(min_reconnect_backoff)),
-                           ("grpc.max_reconnect_backoff_ms", _ms(max_reconnect_backoff))]
-        if load_balancing_policy:
-            channel_options.append(("grpc.lb_policy_name", load_balancing_policy))
-        channel_options += list(options)
+        options = list(options)
+        lb = dict(options).get("grpc.lb_policy_name", load_balancing_policy)
+        self._options = {
+            "max_unary_message_bytes": self._max_unary,
+            "chunk_bytes": self._chunk,
+            "stripes": 0 if stripes is None else int(stripes),
+            "token": token,
+            "load_balancing_policy": lb,
+            "tls": None if credentials is None else _tls_of(credentials, options),
+            "retry": (self._retry.max_attempts, self._retry.initial_backoff,
+                      self._retry.max_backoff, self._retry.backoff_multiplier,
+                      self._retry.max_reconnect_wait),
+            "initial_reconnect_backoff": initial_reconnect_backoff,
+            "min_reconnect_backoff": min_reconnect_backoff,
+            "max_reconnect_backoff": max_reconnect_backoff,
+        }
         self._target = target
         self._credentials = credentials
-        self._channel_options = channel_options
-        self._channel = self._new_channel(channel_options)
-        self._stub = pb_grpc.DgmmStub(self._channel)
-        self._channels_lock = threading.Lock()
-        self._stripe_channels = [(self._channel, None)]  # (channel, stub); stub None: self._stub
         self._metadata = (("authorization", "Bearer " + token),) if token else None
-        self._health_check = self._channel.unary_unary(
-            _health.CHECK_METHOD,
-            request_serializer=_health.HealthCheckRequest.SerializeToString,
-            response_deserializer=_health.HealthCheckResponse.FromString)
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self._core = _core.Client(target, self._options)
+        except _core.Error as e:
+            raise _error(e) from None
+        # C++ clients for other (timeout, stripes) pairs; None: this one's.
+        self._cores = {(None, None): self._core}
+        # The grpcio channel of the region calls (dgmm.regions), made on first use.
+        self._grpc_channel = None
+        self._grpc_stub = None
+        self._grpc_options = [("grpc.max_send_message_length", -1),
+                              ("grpc.max_receive_message_length", -1),
+                              ("grpc.use_local_subchannel_pool", 1),
+                              ("grpc.initial_reconnect_backoff_ms",
+                               _ms(initial_reconnect_backoff)),
+                              ("grpc.min_reconnect_backoff_ms", _ms(min_reconnect_backoff)),
+                              ("grpc.max_reconnect_backoff_ms", _ms(max_reconnect_backoff))]
+        if load_balancing_policy:
+            self._grpc_options.append(("grpc.lb_policy_name", load_balancing_policy))
+        self._grpc_options += options
 
-    def _new_channel(self, options):
-        if self._credentials is None:
-            return grpc.insecure_channel(self._target, options=options)
-        return grpc.secure_channel(self._target, self._credentials, options=options)
-
-    def _channel_and_stub(self, i):
-        """Channel i of the striping channels (0 is the client's own) and its stub."""
-        with self._channels_lock:
-            if not self._stripe_channels:  # close() emptied it: open nothing that nothing closes
+    # -- the region calls' grpcio channel (used by dgmm.regions)
+    @property
+    def _stub(self):
+        """A dgmm.pb_grpc.DgmmStub on this client's grpcio channel."""
+        with self._lock:
+            if self._closed:
                 raise DgmmError(grpc.StatusCode.CANCELLED, "dgmm: the client is closed")
-            while len(self._stripe_channels) <= i:
-                n = len(self._stripe_channels)
-                channel = self._new_channel(self._channel_options + [("dgmm.stripe", n)])
-                self._stripe_channels.append((channel, pb_grpc.DgmmStub(channel)))
-            channel, stub = self._stripe_channels[i]
-        # Looked up at call time so that a test may wrap the client's own stub.
-        return channel, (stub if stub is not None else self._stub)
+            if self._grpc_stub is None:
+                if self._credentials is None:
+                    self._grpc_channel = grpc.insecure_channel(self._target,
+                                                               options=self._grpc_options)
+                else:
+                    self._grpc_channel = grpc.secure_channel(
+                        self._target, self._credentials, options=self._grpc_options)
+                self._grpc_stub = pb_grpc.DgmmStub(self._grpc_channel)
+            return self._grpc_stub
+
+    def _core_for(self, timeout, stripes):
+        key = (None if timeout is None else float(timeout),
+               None if stripes is None else _check_stripes(stripes))
+        with self._lock:
+            if self._closed:
+                raise DgmmError(grpc.StatusCode.CANCELLED, "dgmm: the client is closed")
+            core = self._cores.get(key)
+            if core is None:
+                options = dict(self._options)
+                if key[0] is not None:
+                    if not key[0] > 0:
+                        raise ValueError("dgmm: timeout must be positive seconds or None, "
+                                         "got %r" % (timeout,))
+                    options["timeout"] = key[0]
+                if key[1] is not None:
+                    options["stripes"] = key[1]
+                try:
+                    core = _core.Client(self._target, options)
+                except _core.Error as e:
+                    raise _error(e) from None
+                if len(self._cores) > 16:  # Keep the default; drop the oldest other.
+                    del self._cores[next(k for k in self._cores if k != (None, None))]
+                self._cores[key] = core
+            return core
 
     def close(self):
-        with self._channels_lock:
-            channels = [channel for channel, _ in self._stripe_channels]
-            self._stripe_channels = []
-        for channel in channels:
+        with self._lock:
+            self._closed = True
+            self._cores = {}
+            self._core = None
+            channel, self._grpc_channel, self._grpc_stub = self._grpc_channel, None, None
+        if channel is not None:
             channel.close()
 
     def __enter__(self):
@@ -483,12 +628,16 @@ class Client(RegionMethods):
                  progress=None):
         """Returns C = A·diag(d) (side="right") or diag(d)·A (side="left").
 
-        A is a 2-D float32 or float64 array; C has its dtype and its layout
-        (C order stays C order, Fortran order stays Fortran order; any other
-        array is sent as a C-order copy). d is 1-D and is converted to A's
-        dtype. backend: "auto", "cpu", "cuda-kernel" or "cublas" (a hint;
-        also the enum names "BACKEND_CPU", ... or dgmm.pb values); any other
-        name raises dgmm.InvalidArgumentError (a DgmmError with code
+        A is a 2-D float32 or float64 array: NumPy, anything with the buffer
+        protocol, or a CUDA array (CuPy, PyTorch, __cuda_array_interface__ or
+        a CUDA __dlpack__), which is copied to the host and whose C comes back
+        as the same kind of array on its device (a CPU torch.Tensor gives a
+        torch.Tensor). C has A's dtype and layout (C order stays C order,
+        Fortran order stays Fortran order; any other array is sent as a
+        C-order copy); A itself is read in place. d is 1-D and is converted
+        to A's dtype. backend: "auto", "cpu", "cuda-kernel" or "cublas" (a
+        hint; also the enum names "BACKEND_CPU", ... or dgmm.pb values); any
+        other name raises dgmm.InvalidArgumentError (a DgmmError with code
         INVALID_ARGUMENT, and a ValueError) before any call.
         timeout: seconds for the whole job, all parts and attempts included;
         None for no deadline.
@@ -498,314 +647,75 @@ class Client(RegionMethods):
         None: the client's default (auto by size). K is capped at the number
         of lines (rows of a C-order A, columns of a Fortran-order one).
         out: optional array for C (A's shape, wire dtype float32/float64 and
-        layout, contiguous and writable): the result lands in it in place and
-        it is returned; by default a new array.
+        layout, contiguous and writable; for a CUDA A, a CUDA array of that
+        shape): the result lands in it in place and it is returned; by
+        default a new array.
         progress: optional callable(lines_done, total_lines), called from the
-        parts' threads as result lines arrive.
+        client's threads as result lines arrive; an exception it raises
+        cancels the job and is raised by multiply().
         With return_stats=True, returns (C, dgmm.pb.JobStats) (for a striped
         job: byte counts summed over the parts, times the longest part's);
         with return_info=True, (C, dgmm.MultiplyInfo) (mode, stripes,
         attempts, per-part stats); with both, (C, stats, info).
         Failed parts are retried, and streamed parts resumed, as the client's
-        RetryPolicy says.
+        RetryPolicy says. Ctrl-C (KeyboardInterrupt) cancels the job's calls
+        and is raised once they have stopped.
 
         Raises ValueError for arrays dgmm cannot take, DgmmError when the
         job fails (see .code and .details; .info is the MultiplyInfo of the
         failed job, None when the client refused it before any call).
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        job = _Job(a, d, side, backend)
-        k = stripe_count(job.matrix_bytes, job.num_lines,
-                         stripes if stripes is not None else self._stripes)
-        run = _Run(self, job, deadline, k, stream, progress, out)
-        out, info = run.execute()
-        result = [out]
-        if return_stats:
-            result.append(_merged_stats(info.stats))
-        if return_info:
-            result.append(info)
-        return tuple(result) if len(result) > 1 else out
+        return self._start(a, d, side, backend, timeout, stream, stripes, out, return_stats,
+                           return_info, progress).finish(wait=True)
 
-    def _await_connection(self, channel, deadline, cancelled):
-        """Before a retried attempt: waits for `channel` to connect, up to
-        the deadline and the policy's max_reconnect_wait."""
-        start = time.monotonic()
-        wait = self._retry.max_reconnect_wait
-        deadline_first = deadline is not None and deadline - start <= wait
-        limit = start + (max(0.0, deadline - start) if deadline_first else wait)
-        ready = grpc.channel_ready_future(channel)
+    def _start(self, a, d, side, backend, timeout, stream, stripes, out, return_stats,
+               return_info, progress):
+        """Checks the arrays and makes the job (not started yet): a _Pending."""
+        like, device_out, kind = a, None, None
+        if type(a) is not np.ndarray or type(d) is not np.ndarray:  # NumPy's is the fast path
+            kind = _device_kind(a)
+            if kind is not None:
+                a = _to_host(a, kind)  # A CPU tensor's .numpy() is its own memory, read in place.
+            d_kind = _device_kind(d)
+            if d_kind is not None:
+                d = _to_host(d, d_kind)
+        job = _Job(a, d, side, backend)
+        if kind is not None and out is not None:
+            device_out = out
+            out = _host_target(out, kind)
+        core = self._core if timeout is None and stripes is None else None
+        if core is None:
+            core = self._core_for(timeout, stripes)
+        c = job.new_output() if out is None else job.check_output(out)
+        mode = -1 if stream is None else (1 if stream else 0)
         try:
-            while True:
-                try:
-                    ready.result(timeout=min(0.05, max(0.0, limit - time.monotonic())))
-                    return
-                except grpc.FutureTimeoutError:
-                    if cancelled.is_set():
-                        raise _Cancelled() from None
-                    if time.monotonic() >= limit:
-                        break
-        finally:
-            ready.cancel()
-        waited = time.monotonic() - start
-        # UNAVAILABLE either way: the server could not be reached.
-        raise _FinalError(DgmmError(
-            grpc.StatusCode.UNAVAILABLE, "no connection to the server within %.3fs (%s)"
-            % (waited, "the deadline" if deadline_first else "RetryPolicy.max_reconnect_wait")))
+            handle = _core.Job(core, job.a, job.diagonal, c, job.rows, job.cols, job.dtype_enum,
+                               job.col_major, job.side, job.backend, mode, progress)
+        except _core.Error as e:
+            raise _error(e) from None
+        return _Pending(handle, c, kind, like, device_out, return_stats, return_info)
 
     def server_info(self, timeout=None):
         """The server's dgmm.pb.GetServerInfoResponse (devices, budgets, limits)."""
         try:
-            return self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout,
-                                            metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise DgmmError.from_rpc_error(e) from None
+            return pb.GetServerInfoResponse.FromString(self._core_for(timeout, None).server_info())
+        except _core.Error as e:
+            raise _error(e, info=False) from None
 
     def health(self, service="", timeout=None):
         """The grpc.health.v1 status of `service` ("" = the whole server):
         "SERVING", "NOT_SERVING", "UNKNOWN" or "SERVICE_UNKNOWN"."""
         try:
-            response = self._health_check(_health.HealthCheckRequest(service=service),
-                                          timeout=timeout)
-        except grpc.RpcError as e:
-            raise DgmmError.from_rpc_error(e) from None
-        return _health.status_name(response)
+            state = self._core_for(timeout, None).health(service)
+        except _core.Error as e:
+            raise _error(e, info=False) from None
+        return _HEALTH_NAMES.get(state, str(state))
 
 
-def _merged_stats(stats_list):
-    """One JobStats for a job from its parts' stats."""
-    stats_list = [s for s in stats_list if s is not None]
-    if len(stats_list) == 1:
-        return stats_list[0]
-    merged = pb.JobStats()
-    if not stats_list:
-        return merged
-    merged.CopyFrom(stats_list[0])
-    merged.ClearField("group")
-    for field in ("queue_wait_ns", "h2d_ns", "compute_ns", "d2h_ns", "total_ns"):
-        setattr(merged, field, max(getattr(s, field) for s in stats_list))
-    merged.bytes_in = sum(s.bytes_in for s in stats_list)
-    merged.bytes_out = sum(s.bytes_out for s in stats_list)
-    return merged
+def _ms(seconds):
+    """Seconds as a whole number of milliseconds for a channel argument."""
+    return max(1, min(int(round(seconds * 1000)), 2**31 - 1))
 
 
-class _Run:
-    """One logical job: its K parts, each with its retries and resumes (rule 3)."""
-
-    def __init__(self, client, job, deadline, k, stream, progress, out):
-        self.client = client
-        self.job = job
-        self.deadline = deadline
-        self.k = k
-        self.forced = None if stream is None else ("stream" if stream else "unary")
-        self.progress = progress
-        self.group_id = _new_group_id() if k > 1 else ""
-        self.out, self.out_flat = job.new_output() if out is None else job.check_output(out)
-        self.cancelled = threading.Event()
-        self.lock = threading.Lock()
-        self.calls = set()  # In-flight calls, cancelled when the job fails.
-        self.error = None  # The job's one status: the first final error.
-        self.attempts = 0
-        self.resumed = 0
-        self.modes = set()
-        self.lines_done = 0
-
-    def execute(self):
-        ranges = stripe_ranges(self.job.num_lines, self.k)
-        stats = [None] * self.k
-        if self.k == 1:
-            stats[0] = self.part(0, *ranges[0])
-        else:
-            def worker(i, first, count):
-                try:
-                    stats[i] = self.part(i, first, count)
-                except BaseException as e:  # Never lost in a thread: it fails the job.
-                    self.fail(e if isinstance(e, DgmmError) else DgmmError(
-                        grpc.StatusCode.INTERNAL, "dgmm client: %r" % (e,)))
-            threads = [threading.Thread(target=worker, args=(i, first, count), daemon=True)
-                       for i, (first, count) in enumerate(ranges)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        mode = "unary" if self.modes == {"unary"} else "stream"
-        info = MultiplyInfo(mode, self.k, self.attempts, self.resumed, self.group_id, stats)
-        if self.error is not None:
-            self.error.info = info
-            raise self.error
-        return self.out, info
-
-    def fail(self, error):
-        """The first final error becomes the job's status and cancels the other parts."""
-        with self.lock:
-            if self.error is not None:
-                return
-            self.error = error
-            self.cancelled.set()
-            calls = list(self.calls)
-        for call in calls:
-            call.cancel()
-
-    def track(self, call):
-        with self.lock:
-            self.calls.add(call)
-            cancelled = self.cancelled.is_set()
-        if cancelled:
-            call.cancel()
-
-    def untrack(self, call):
-        with self.lock:
-            self.calls.discard(call)
-
-    def add_progress(self, lines):
-        with self.lock:
-            self.lines_done += lines
-            done = self.lines_done
-        if self.progress is not None:
-            self.progress(done, self.job.num_lines)
-
-    def part(self, i, first, count):
-        """Runs lines [first, first + count) to completion; returns the last
-        attempt's stats, or None after a failure (self.error then says why)."""
-        client, job = self.client, self.job
-        made = 0
-        while True:
-            if self.cancelled.is_set():
-                return None
-            made += 1
-            with self.lock:
-                self.attempts += 1
-            channel, stub = client._channel_and_stub((i + made - 1) % self.k)
-            group = None
-            if self.k > 1:
-                group = pb.JobGroup(id=self.group_id, first_line=first,
-                                    total_lines=job.num_lines, parts=self.k)
-            received = [0]
-            try:
-                if made > 1:
-                    client._await_connection(channel, self.deadline, self.cancelled)
-                header = job.part_header(first, count, group)
-                mode = self.forced or transfer_mode(
-                    count * job.line_bytes, len(header.diagonal), client._max_unary, client._chunk)
-                with self.lock:
-                    self.modes.add(mode)
-                if mode == "unary":
-                    return self.unary(stub, header, first, count, made > 1)
-                return self.stream(stub, header, first, count, made > 1, received)
-            except _Cancelled:
-                return None
-            except _FinalError as final:
-                error, retryable = final.error, False
-            except DgmmError as e:
-                error, retryable = e, True
-            if self.cancelled.is_set():
-                return None
-            if received[0]:
-                # Resume: the lines received are kept; the retry sends the rest.
-                first += received[0]
-                count -= received[0]
-                if count == 0:
-                    return None  # Every line arrived; only the stats were lost.
-            wait = None
-            if retryable:
-                wait = client._retry.delay(made, error.code, error.retry_after_ms,
-                                           time.monotonic(), self.deadline,
-                                           random.uniform(-1.0, 1.0))
-            if wait is None:
-                if made > 1:
-                    error = DgmmError(error.code, "%s (after %d attempts)" % (error.details, made),
-                                      error.trailing_metadata)
-                self.fail(error)
-                return None
-            if received[0]:
-                with self.lock:
-                    self.resumed += 1
-            if self.cancelled.wait(wait):
-                return None
-
-    def unary(self, stub, header, first, count, retried):
-        job = self.job
-        begin, end = first * job.line_elems, (first + count) * job.line_elems
-        request = pb.MultiplyRequest(header=header, matrix=job.flat[begin:end].tobytes())
-        future = stub.Multiply.future(request, timeout=_remaining(self.deadline),
-                                      metadata=self.client._metadata,
-                                      wait_for_ready=True if retried else None)
-        self.track(future)
-        try:
-            response = future.result()
-        except grpc.FutureCancelledError:
-            raise _Cancelled() from None
-        except grpc.RpcError as e:
-            if self.cancelled.is_set():
-                raise _Cancelled() from None
-            raise DgmmError.from_rpc_error(e) from None
-        finally:
-            self.untrack(future)
-        expected = (end - begin) * job.wire_dtype.itemsize
-        if len(response.result) != expected:
-            raise _FinalError(_protocol_error("result has %d bytes, expected %d"
-                                              % (len(response.result), expected)))
-        self.out_flat[begin:end] = np.frombuffer(response.result, dtype=job.wire_dtype)
-        self.add_progress(count)
-        return response.stats
-
-    def stream(self, stub, header, first, count, retried, received):
-        """One streamed attempt of lines [first, first + count). received[0]
-        counts the result lines placed, for a resume."""
-        job = self.job
-        per_block = lines_per_block(job.line_bytes, self.client._chunk)
-
-        def requests():
-            yield pb.MultiplyStreamRequest(header=header)
-            for start in range(0, count, per_block):
-                stop = min(start + per_block, count)
-                data = job.flat[(first + start) * job.line_elems:(first + stop) * job.line_elems]
-                yield pb.MultiplyStreamRequest(
-                    block=pb.Block(first_line=start, data=data.tobytes()))
-
-        responses = stub.MultiplyStream(requests(), timeout=_remaining(self.deadline),
-                                        metadata=self.client._metadata,
-                                        wait_for_ready=True if retried else None)
-        self.track(responses)
-        try:
-            return self.receive(responses, first, count, received)
-        except DgmmError as e:
-            responses.cancel()
-            raise _FinalError(e) from None
-        except grpc.RpcError as e:
-            if self.cancelled.is_set():
-                raise _Cancelled() from None
-            raise DgmmError.from_rpc_error(e) from None
-        finally:
-            self.untrack(responses)
-
-    def receive(self, responses, first, count, received):
-        """Places result blocks into the output; returns the part's stats."""
-        job = self.job
-        message = next(responses, None)
-        if message is None or message.WhichOneof("kind") != "accepted":
-            raise _protocol_error("the first message is not `accepted`")
-        stats = None
-        for message in responses:
-            kind = message.WhichOneof("kind")
-            if kind == "block" and stats is None:
-                block = message.block
-                lines, remainder = divmod(len(block.data), job.line_bytes)
-                done = received[0]
-                if (block.first_line != done or remainder or lines == 0 or
-                        done + lines > count):
-                    raise _protocol_error(
-                        "result block at line %d with %d bytes, expected whole lines from "
-                        "line %d" % (block.first_line, len(block.data), done))
-                begin = (first + done) * job.line_elems
-                self.out_flat[begin:begin + lines * job.line_elems] = np.frombuffer(
-                    block.data, dtype=job.wire_dtype)
-                received[0] = done + lines
-                self.add_progress(lines)
-            elif kind == "stats" and stats is None:
-                stats = message.stats
-            else:
-                raise _protocol_error("unexpected `%s` message" % kind)
-        if received[0] != count or stats is None:
-            raise _protocol_error("the call ended after %d of %d lines%s"
-                                  % (received[0], count, "" if stats else " without stats"))
-        return stats
+# Kept for code that used it: the health messages (grpc.health.v1).
+HealthCheckRequest = _health.HealthCheckRequest

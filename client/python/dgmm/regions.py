@@ -47,6 +47,7 @@ import weakref
 import grpc
 import numpy as np
 
+from .client import _SIDES, Client, DgmmError, _enum_value, backend_value
 from .v1 import dgmm_pb2 as pb
 
 _KEY = re.compile(r"/[A-Za-z0-9._-]{1,200}")
@@ -72,7 +73,6 @@ def _check_key(key):
 
 def _call(client, method, request, timeout):
     """One region RPC on the client's own channel, DgmmError on failure."""
-    from .client import DgmmError  # dgmm.client imports this module: resolve at call time.
     try:
         return getattr(client._stub, method)(request, timeout=timeout,
                                               metadata=client._metadata)
@@ -135,7 +135,6 @@ class _Region:
             regions = _REGISTRY.get(client, {})
             if regions.get(name) is self:
                 del regions[name]
-        from .client import DgmmError
         try:
             response = _call(client, "UnregisterRegion", pb.UnregisterRegionRequest(name=name),
                              timeout)
@@ -255,7 +254,6 @@ class SharedMemoryRegion(_Region):
         unlinked objects by itself), unlinks the object and unmaps it. The
         mapping stays while NumPy views of it are alive."""
         if self.client is not None:
-            from .client import DgmmError
             try:
                 self.unregister(timeout=timeout)
             except DgmmError:
@@ -388,7 +386,6 @@ class CudaIpcRegion(_Region):
     def close(self, timeout=None):
         """Unregisters (errors ignored) and drops the reference to the array."""
         if self.client is not None:
-            from .client import DgmmError
             try:
                 self.unregister(timeout=timeout)
             except DgmmError:
@@ -434,8 +431,10 @@ def _find_ref(client, where, pointer, nbytes):
 
 
 class RegionMethods:
-    """Region calls of dgmm.Client (a base class of it): they use the
-    client's own channel, token and credentials."""
+    """Region calls of dgmm.Client: they use the client's own grpcio channel
+    (Client._stub), token and credentials. This module depends on
+    dgmm.client, not the other way round: it adds these methods to
+    dgmm.Client when the package is imported (see the end of the file)."""
 
     def multiply_region(self, a, d, out, side="right", backend="auto", timeout=None):
         """Runs C = A·diag(d) (side="right") or diag(d)·A (side="left") on
@@ -474,7 +473,6 @@ class RegionMethods:
             if ref is None:
                 raise ValueError("dgmm: %s is not in a region registered with this client"
                                  % what)
-        from .client import _SIDES, _enum_value, backend_value
         rows, cols = shape
         # A vector is C-contiguous too (see _host_interface): "F" means a true matrix.
         header = pb.JobHeader(
@@ -533,3 +531,10 @@ class RegionMethods:
         return _call(self, "UnregisterRegion", pb.UnregisterRegionRequest(name=""),
                      timeout).unregistered
 
+
+
+# dgmm.Client gets the region calls (dgmm/__init__.py imports this module).
+for _name in ("multiply_region", "_region_diagonal", "multiply_region_refs", "region_status",
+              "unregister_regions"):
+    setattr(Client, _name, getattr(RegionMethods, _name))
+del _name

@@ -4,8 +4,10 @@
   runner.py --case FILE --target TARGET   one case; prints one JSON line
   runner.py --vectors FILE                the policy vectors; prints one JSON line
 
-Needs PYTHONPATH=client/python (ctest sets it) and /usr/bin/python3's grpcio,
-protobuf and numpy.
+Checks the installed package (the binding of the C++ client): ctest runs it
+with the build's venv (tests/python/CMakeLists.txt), where client/python is
+pip-installed; the source tree is taken off sys.path even when PYTHONPATH
+names it.
 """
 
 import argparse
@@ -15,13 +17,16 @@ import os
 import sys
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
+_SOURCE = os.path.join(REPO, "client", "python")
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _SOURCE]
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dgmm  # noqa: E402
 from dgmm import client as policy  # noqa: E402
+from dgmm_server import reference as float64_reference, tolerance  # noqa: E402
 
 
 def run_vectors(path):
@@ -74,10 +79,9 @@ def run_case(path, target):
                    message="group %s, %d resumed" % (info.group_id or "-", info.resumed))
         if result is not c:
             raise AssertionError("the result did not land in the caller's array")
-        a64, d64 = a.astype(np.float64), d.astype(np.float64)
-        reference = a64 * d64 if side == "right" else d64[:, None] * a64
+        reference = float64_reference(a, d, side)
         err = np.abs(c.astype(np.float64) - reference)
-        tol = (1e-6 if dtype == np.float32 else 1e-15) * np.abs(reference)
+        tol = tolerance(dtype) * np.abs(reference)
         max_err = float(np.max(err)) if err.size else 0.0
         out["max_abs_err"] = max_err if math.isfinite(max_err) else str(max_err)
         out["checked"] = bool(np.all(np.isfinite(c)) and np.all(err <= tol))

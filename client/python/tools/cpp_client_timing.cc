@@ -1,0 +1,86 @@
+// dgmm_cpp_client_timing: times dgmm::Client::Multiply on one N x N job, the
+// C++ side of bench/python_client_bench.py (the same job, the same server,
+// the same output-buffer reuse as the Python side).
+//
+//   dgmm_cpp_client_timing SERVER N REPEATS [WARMUP] [f32|f64]
+//
+// Prints one line: `{"n": N, "seconds": [t1, t2, ...]}` (each one Multiply,
+// after WARMUP untimed ones). Exits 1 on an RPC error, 3 when the first
+// result differs from a float64 reference.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dgmm/client.h"
+
+namespace {
+
+template <typename T>
+int Run(const std::string& server, int64_t n, int repeats, int warmup, dgmm::v1::DType dtype) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> dist(-4.0, 4.0);
+  std::vector<T> a(static_cast<size_t>(n * n)), d(static_cast<size_t>(n));
+  for (T& x : a) x = static_cast<T>(dist(rng));
+  for (T& x : d) x = static_cast<T>(dist(rng));
+  std::vector<T> c(a.size(), static_cast<T>(NAN));
+  dgmm::Client client(server);
+  dgmm::Job job;
+  job.matrix = {a.data(), n, n, dtype, dgmm::v1::LAYOUT_ROW_MAJOR};
+  job.diagonal = d.data();
+  job.diagonal_bytes = d.size() * sizeof(T);
+  job.side = dgmm::v1::SIDE_RIGHT;
+  std::vector<double> seconds;
+  for (int i = 0; i < warmup + repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<dgmm::JobResult> r = client.Multiply(job, c.data(), c.size() * sizeof(T));
+    const auto end = std::chrono::steady_clock::now();
+    if (!r.ok()) {
+      std::fprintf(stderr, "dgmm_cpp_client_timing: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    if (i == 0) {
+      const double tol = sizeof(T) == 4 ? 1e-6 : 1e-15;
+      for (int64_t row = 0; row < n; ++row) {
+        for (int64_t col = 0; col < n; ++col) {
+          const size_t k = static_cast<size_t>(row * n + col);
+          const double want = static_cast<double>(a[k]) * static_cast<double>(d[col]);
+          if (!(std::fabs(static_cast<double>(c[k]) - want) <= tol * std::fabs(want))) {
+            std::fprintf(stderr, "dgmm_cpp_client_timing: wrong result at (%lld, %lld)\n",
+                         static_cast<long long>(row), static_cast<long long>(col));
+            return 3;
+          }
+        }
+      }
+    }
+    if (i >= warmup) seconds.push_back(std::chrono::duration<double>(end - start).count());
+  }
+  std::printf("{\"n\": %lld, \"seconds\": [", static_cast<long long>(n));
+  for (size_t i = 0; i < seconds.size(); ++i) std::printf(i ? ", %.9f" : "%.9f", seconds[i]);
+  std::printf("]}\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dgmm::ConfigureGrpcForQuickExit();
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s SERVER N REPEATS [WARMUP] [f32|f64]\n", argv[0]);
+    return 2;
+  }
+  const std::string server = argv[1];
+  const int64_t n = std::atoll(argv[2]);
+  const int repeats = std::atoi(argv[3]);
+  const int warmup = argc > 4 ? std::atoi(argv[4]) : 1;
+  const std::string dtype = argc > 5 ? argv[5] : "f32";
+  if (n < 1 || repeats < 1 || warmup < 1 || (dtype != "f32" && dtype != "f64")) {
+    std::fprintf(stderr, "%s: N >= 1, REPEATS >= 1, WARMUP >= 1, f32 or f64\n", argv[0]);
+    return 2;
+  }
+  return dtype == "f32" ? Run<float>(server, n, repeats, warmup, dgmm::v1::DTYPE_FLOAT32)
+                        : Run<double>(server, n, repeats, warmup, dgmm::v1::DTYPE_FLOAT64);
+}
