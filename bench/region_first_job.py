@@ -101,7 +101,10 @@ def main():
                 gpu = any(dv.index >= 0 for dv in client.server_info().devices)
                 for n in sizes:
                     trial(client, n, rng, "warm", gpu)  # first use of the server's paths
-                    rows = [trial(client, n, rng, "r%d" % i, gpu) for i in range(args.trials)]
+                    rows = []
+                    for i in range(args.trials):
+                        rows.append(trial(client, n, rng, "r%d" % i, gpu))
+                        print("trial %s N=%d: %s" % (rule, n, rows[-1]), flush=True)
                     results[(rule, n)] = rows
         finally:
             server.stop()
