@@ -146,13 +146,13 @@ ABSL_FLAG(dgmm::Budget, region_memory_budget, dgmm::Budget::Percent(25),
           "Most bytes all registered regions may hold at once (host regions are mapped and, "
           "on a GPU server, pinned: pinned memory is scarce): bytes (e.g. 8GiB) or a "
           "percentage of the host's free memory at start (e.g. 25%).");
-ABSL_FLAG(std::string, region_pin, "register",
-          "When a GPU server pins a host region for DMA: 'register' (while RegisterRegion runs: "
-          "~40 ms per 100 MB on an H200, and every job DMAs straight from the region) or "
-          "'reuse' (registration only maps; a region's first job streams through the GPU's "
-          "pinned staging, ~3x slower than pinned at N=10000, and the region is pinned in the "
-          "background once a second job uses it). bench/results/regions/first_job.md has the "
-          "figures behind the default.");
+ABSL_FLAG(std::string, region_pin, "reuse",
+          "When a GPU server pins a host region for DMA: 'reuse' (registration only maps; a "
+          "region's first job streams through the GPU's pinned staging, and the region is "
+          "pinned in the background once a second job uses it) or 'register' (while "
+          "RegisterRegion runs: ~50 ms per 100 MB on an H200). On the H200, registering and "
+          "running a first job at N=10000 took 67 ms with 'reuse' and 212 ms with 'register' "
+          "(bench/results/regions/first_job_h200).");
 ABSL_FLAG(int, max_regions_per_client, 64,
           "Most regions one client (bearer token, or peer address without tokens) may have "
           "registered at once.");

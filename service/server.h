@@ -62,7 +62,7 @@ struct ServerOptions {
   Budget region_memory_budget = Budget::Percent(25);
   int max_regions_per_client = 64;
   // Pin host regions at registration, else on reuse (--region_pin).
-  bool pin_regions_on_register = true;
+  bool pin_regions_on_register = false;
   // A region no job used for this long is dropped; zero: never.
   absl::Duration region_idle_timeout = absl::Seconds(600);
 };
