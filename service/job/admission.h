@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -212,17 +213,17 @@ class Admission {
 
   mutable std::mutex mu_;
   std::condition_variable timer_cv_;
-  std::vector<PoolState> pools_;
-  std::list<Waiter> queue_;
-  std::map<std::string, ClientState> clients_;  // clients with a job running or queued
-  std::map<std::string, GroupState> groups_;     // groups with a part running or queued
+  std::vector<PoolState> pools_ ABSL_GUARDED_BY(mu_);
+  std::list<Waiter> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ClientState> clients_ ABSL_GUARDED_BY(mu_);  // clients with a job running or queued
+  std::map<std::string, GroupState> groups_ ABSL_GUARDED_BY(mu_);  // groups with a part running or queued
   const int max_queue_;
   const ClientLimits client_limits_;
   const absl::Duration max_head_wait_;
-  Ticket next_ticket_ = 1;
-  double ewma_hold_ms_ = 50;
-  bool closed_ = false;
-  bool stopping_ = false;
+  Ticket next_ticket_ = 1 ABSL_GUARDED_BY(mu_);
+  double ewma_hold_ms_ = 50 ABSL_GUARDED_BY(mu_);
+  bool closed_ = false ABSL_GUARDED_BY(mu_);
+  bool stopping_ = false ABSL_GUARDED_BY(mu_);
   std::thread timer_;
 };
 

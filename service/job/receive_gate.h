@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -71,10 +72,10 @@ class ReceiveGate {
   const int64_t capacity_;
   const int max_waiting_;
   mutable std::mutex mu_;
-  int64_t held_ = 0;
-  std::map<std::string, int64_t> held_by_client_;
-  std::list<Waiter> waiters_;
-  Ticket next_ticket_ = 1;
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> held_by_client_ ABSL_GUARDED_BY(mu_);
+  std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  Ticket next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace dgmm

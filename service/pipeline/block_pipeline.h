@@ -45,6 +45,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -176,28 +177,28 @@ class BlockPipeline : public std::enable_shared_from_this<BlockPipeline> {
   StreamAssembler assembler_;  // used by the one block being received
 
   mutable std::mutex mu_;
-  PipelineIo* io_;  // null once detached
-  std::deque<std::shared_ptr<Pending>> compute_queue_;
-  std::deque<OutBlock> write_queue_;
-  std::deque<int64_t> written_held_;  // bytes of each block queued or being written
-  bool started_ = false;
-  bool reading_ = false;
-  bool computing_ = false;
-  bool writing_ = false;
-  bool input_done_ = false;
-  bool stage_ended_ = false;
-  bool finished_ = false;
-  std::optional<absl::Status> error_;  // the first failure
-  absl::Time failed_at_;
+  PipelineIo* io_ ABSL_GUARDED_BY(mu_);  // null once detached
+  std::deque<std::shared_ptr<Pending>> compute_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<OutBlock> write_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<int64_t> written_held_ ABSL_GUARDED_BY(mu_);  // bytes of each block queued or being written
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool computing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool input_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool stage_ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Status> error_ ABSL_GUARDED_BY(mu_);  // the first failure
+  absl::Time failed_at_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
-  int window_ = 0;  // blocks read and not yet written back
-  int peak_window_ = 0;
-  int64_t held_bytes_ = 0;  // payload of the blocks in the window, counted twice
-  int64_t peak_held_bytes_ = 0;
-  int64_t blocks_received_ = 0;
-  int64_t bytes_in_ = 0;
-  int64_t bytes_out_ = 0;
-  absl::Time last_progress_;
+  int window_ ABSL_GUARDED_BY(mu_) = 0;  // blocks read and not yet written back
+  int peak_window_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // payload of the blocks in the window, counted twice
+  int64_t peak_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t blocks_received_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t bytes_in_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t bytes_out_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dgmm

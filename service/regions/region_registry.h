@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -187,9 +188,10 @@ class RegionRegistry {
       std::make_shared<std::atomic<int64_t>>(0);
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // owner -> name -> region
-  std::map<std::string, std::map<std::string, std::shared_ptr<Region>>> regions_;
+  std::map<std::string, std::map<std::string, std::shared_ptr<Region>>> regions_
+      ABSL_GUARDED_BY(mu_);
   std::thread sweeper_;
   std::unique_ptr<ThreadPool> workers_;  // last: joined before the table goes
 };
