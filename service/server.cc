@@ -166,6 +166,9 @@ Server::~Server() {
     grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     grpc_->Wait();
   }
+  // The registry outlives the engine (jobs still running hold its regions),
+  // but pins go through the engine's GPUs: none may start once they go.
+  if (regions_ != nullptr) regions_->StopPinning();
   engine_.reset();
 }
 

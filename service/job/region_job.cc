@@ -14,8 +14,7 @@ void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Stat
   draft.region = &request;
   draft.owner = owner;
   if (absl::Status s = intake_->Check(draft, &job_); !s.ok()) {
-    job_.matrix.reset();
-    job_.result.reset();
+    ReleaseRegions();
     Finish(s);
     return;
   }
@@ -26,8 +25,7 @@ void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Stat
         self->Run(std::move(admitted));
       });
   if (!started.ok()) {
-    job_.matrix.reset();
-    job_.result.reset();
+    ReleaseRegions();
     Finish(started);
   }
 }
@@ -69,10 +67,21 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
   Finish(s, stats);
 }
 
+void RegionJob::ReleaseRegions() {
+  job_.matrix.reset();
+  job_.result.reset();
+  job_.diagonal_region.reset();
+}
+
 void RegionJob::Finish(const absl::Status& s, const v1::JobStats& stats) {
-  std::lock_guard lock(mu_);
-  if (io_ == nullptr) return;
-  std::exchange(io_, nullptr)->Finish(s, stats);
+  RegionIo* io = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    io = std::exchange(io_, nullptr);
+  }
+  // Not under mu_: gRPC is not done with the call before Finish, so Detach
+  // cannot clear io meanwhile.
+  if (io != nullptr) io->Finish(s, stats);
 }
 
 void RegionJob::Detach() {

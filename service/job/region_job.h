@@ -51,6 +51,8 @@ class RegionJob final : public std::enable_shared_from_this<RegionJob> {
  private:
   void Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted);
   void Finish(const absl::Status& s, const v1::JobStats& stats = {});
+  // Lets go of the regions before a refusal is answered.
+  void ReleaseRegions();
 
   const std::shared_ptr<JobSession> session_;
   const Intake* const intake_;

@@ -83,7 +83,10 @@ Region::Use::~Use() {
 // ---------------------------------------------------------- RegionRegistry
 
 RegionRegistry::RegionRegistry(RegionOptions options, RegionMemoryOps ops)
-    : options_(options), ops_(std::move(ops)), workers_(std::make_unique<ThreadPool>(2)) {
+    : options_(options),
+      ops_(std::move(ops)),
+      pinner_(std::make_unique<ThreadPool>(1)),
+      workers_(std::make_unique<ThreadPool>(2)) {
   if (options_.enabled) sweeper_ = std::thread([this] { Loop(); });
 }
 
@@ -104,16 +107,33 @@ void RegionRegistry::NoteJob(const std::shared_ptr<Region>& r) {
   if (!ops_.pin_host || r->kind_ != v1::REGION_KIND_SYSTEM_SHM) return;
   // Use counts this job: the region is reused once it has had one before.
   if (r->jobs_total_.load() < 2 || r->pin_requested_.exchange(true)) return;
-  workers_->Post([this, r] {
+  std::lock_guard lock(pin_mu_);
+  if (pinner_ == nullptr) return;  // stopping
+  // A weak reference: a region the client unregisters before its turn is
+  // not kept mapped (and counted against the budget) for a pin.
+  pinner_->Post([this, weak = std::weak_ptr<Region>(r)] {
+    std::shared_ptr<Region> region = weak.lock();
+    if (region == nullptr || pin_stopped_.load()) return;
     const absl::Time t0 = absl::Now();
-    if (Pin(*r)) {
-      LogInfo("region '", r->name_, "' of ", r->owner_, " pinned on reuse, ", r->byte_size_,
-              " bytes in ", absl::FormatDuration(absl::Now() - t0));
+    if (Pin(*region)) {
+      LogInfo("region '", region->name_, "' of ", region->owner_, " pinned on reuse, ",
+              region->byte_size_, " bytes in ", absl::FormatDuration(absl::Now() - t0));
     }
   });
 }
 
+void RegionRegistry::StopPinning() {
+  std::unique_ptr<ThreadPool> pinner;
+  {
+    std::lock_guard lock(pin_mu_);
+    pin_stopped_ = true;
+    pinner = std::move(pinner_);
+  }
+  pinner.reset();  // a pin under way finishes; queued ones see pin_stopped_
+}
+
 RegionRegistry::~RegionRegistry() {
+  StopPinning();
   {
     std::lock_guard lock(mu_);
     stopping_ = true;

@@ -151,8 +151,12 @@ class RegionRegistry {
   // pinned staging. From a region's second job on it is pinned on the
   // registry's worker (once), so that later jobs DMA straight from it.
   void NoteJob(const std::shared_ptr<Region>& r);
-  // Runs region work that blocks (mapping, pinning) off the caller's thread.
+  // Runs the region RPCs off gRPC's callback threads (registration maps the
+  // object; pinning has a thread of its own, so it never delays them).
   void Post(std::function<void()> fn);
+  // No pin starts after this returns (the pin in progress, if any, has
+  // ended). The owner calls it before the GPUs that pin go away.
+  void StopPinning();
 
   // `owner`'s region `name`, or NOT_FOUND.
   absl::StatusOr<std::shared_ptr<Region>> Find(const std::string& owner,
@@ -193,6 +197,9 @@ class RegionRegistry {
   std::map<std::string, std::map<std::string, std::shared_ptr<Region>>> regions_
       ABSL_GUARDED_BY(mu_);
   std::thread sweeper_;
+  std::mutex pin_mu_;
+  std::atomic<bool> pin_stopped_{false};
+  std::unique_ptr<ThreadPool> pinner_ ABSL_GUARDED_BY(pin_mu_);  // null once stopped
   std::unique_ptr<ThreadPool> workers_;  // last: joined before the table goes
 };
 
