@@ -40,13 +40,90 @@ class Server(ServerProcess):
         super().__init__(binary, flags, prefix="dgmm-conformance-")
 
 
+class Http2DataCounter:
+    """Follows one direction of an HTTP/2 connection frame by frame (9-byte
+    headers: 24-bit length, type, flags, 31-bit stream id) and counts the
+    payload bytes of its DATA frames: the gRPC messages, for the server to
+    client direction the responses (StreamAccepted, result blocks). The server
+    sends no connection preface, so frames start at byte 0. `reached` turns
+    true at the end of the frame in which data_bytes reached `threshold`
+    (at once when it is 0)."""
+
+    DATA = 0
+
+    def __init__(self, threshold):
+        self.threshold = threshold
+        self.data_bytes = 0
+        self.reached = threshold <= 0
+        self._header = b""   # the bytes of a frame header split across reads
+        self._left = 0       # payload bytes of the current frame still to come
+        self._is_data = False
+
+    def feed(self, chunk):
+        """Counts all of `chunk`; returns the length of its prefix that ends
+        with the frame that made `reached` true, or None when it did not
+        turn true in this chunk."""
+        end = None
+        i, n = 0, len(chunk)
+        while i < n:
+            if self._left == 0:
+                take = min(9 - len(self._header), n - i)
+                self._header += chunk[i:i + take]
+                i += take
+                if len(self._header) < 9:
+                    break
+                self._left = int.from_bytes(self._header[:3], "big")
+                self._is_data = self._header[3] == self.DATA
+                self._header = b""
+            take = min(self._left, n - i)
+            self._left -= take
+            i += take
+            if self._is_data:
+                self.data_bytes += take
+            if self._left == 0 and not self.reached and self.data_bytes >= self.threshold:
+                self.reached = True
+                end = i
+        return end
+
+
+def _tcp_queues(local_port, remote_port):
+    """(tx_queue, rx_queue) of the loopback IPv4 socket local_port ->
+    remote_port from /proc/net/tcp, or None when it is not listed."""
+    want = ("0100007F:%04X" % local_port, "0100007F:%04X" % remote_port)
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if (fields[1], fields[2]) == want:
+                    tx, rx = fields[4].split(":")
+                    return int(tx, 16), int(rx, 16)
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    return None
+
+
 class ResetProxy:
     """A loopback TCP proxy to `upstream` (host, port). Each of the first
-    `resets` connections is cut (RST to the server, FIN to the client) once
-    `reset_after_bytes` bytes have gone from the client to the server on it
-    (and, when reset_after_result_bytes > 0, that many from the server to the
-    client too, so that part of the result has arrived: the resume path);
-    later connections are forwarded untouched. One thread per connection."""
+    `resets` connections is cut mid-call; later connections are forwarded
+    untouched. One thread per connection.
+
+    The cut comes once `reset_after_bytes` bytes have gone from the client to
+    the server on the connection and, when reset_after_result_bytes > 0, the
+    payloads of the server's HTTP/2 DATA frames forwarded to the client (its
+    responses: result blocks) reached reset_after_result_bytes, at the end of
+    the frame that reached it. Then the proxy forwards nothing more either way
+    and waits until the client process has read every byte forwarded (its
+    socket's receive queue and the proxy's send queue empty, from
+    /proc/net/tcp) plus CUT_GRACE_S for its gRPC library to hand the complete
+    result blocks to the application, and only then cuts: RST to the server,
+    FIN to the client. So the client has always received part of the result
+    when the connection ends, and must resume (a cut right after forwarding
+    made the library discard messages it held but had not delivered yet, and
+    whether a resume happened depended on timing)."""
+
+    CUT_GRACE_S = 0.3
+    DRAIN_LIMIT_S = 10.0
 
     def __init__(self, upstream, reset_after_bytes, resets, reset_after_result_bytes=0):
         self.upstream = upstream
@@ -55,6 +132,8 @@ class ResetProxy:
         self.resets = int(resets)
         self.connections = 0
         self.resets_done = 0
+        # Result (DATA payload) bytes each cut connection had forwarded.
+        self.result_bytes_at_cut = []
         self.lock = threading.Lock()
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -84,13 +163,35 @@ class ResetProxy:
                 pass
             s.close()
 
-    def _cut(self, client, server):
-        """Ends a connection mid-call: RST to the server; to the client, a FIN
-        after everything already forwarded (an RST would make its kernel drop
-        result bytes it has not read yet, and whether a resume happens would
-        depend on timing), then the socket is drained briefly and closed."""
+    def _await_client_read(self, client):
+        """Waits until the client process has read everything forwarded to
+        it, then CUT_GRACE_S more (at most DRAIN_LIMIT_S in all)."""
+        try:
+            proxy_port = client.getsockname()[1]
+            client_port = client.getpeername()[1]
+        except OSError:
+            return
+        deadline = time.monotonic() + self.DRAIN_LIMIT_S
+        while time.monotonic() < deadline and not self.closed:
+            ours = _tcp_queues(proxy_port, client_port)
+            theirs = _tcp_queues(client_port, proxy_port)
+            if ours is None or theirs is None:
+                time.sleep(1.0)  # Not listed (no /proc?): a fixed wait instead.
+                break
+            if ours[0] == 0 and theirs[1] == 0:
+                break
+            time.sleep(0.01)
+        time.sleep(self.CUT_GRACE_S)
+
+    def _cut(self, client, server, result_bytes):
+        """Ends a connection mid-call once the client has read what it was
+        sent: RST to the server; to the client a FIN (an RST could make its
+        kernel drop bytes it has not read), then the socket is drained briefly
+        and closed."""
+        self._await_client_read(client)
         with self.lock:
             self.resets_done += 1
+            self.result_bytes_at_cut.append(result_bytes)
         self._reset(server)
         try:
             client.shutdown(socket.SHUT_WR)
@@ -109,9 +210,10 @@ class ResetProxy:
             return
         for s in (client, server):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        limit = self.reset_after_bytes if index < self.resets else None
+        cutting = index < self.resets
+        limit = self.reset_after_bytes
+        results = Http2DataCounter(self.reset_after_result_bytes)
         sent = 0
-        returned = 0
         sel = selectors.DefaultSelector()
         sel.register(client, selectors.EVENT_READ, server)
         sel.register(server, selectors.EVENT_READ, client)
@@ -122,22 +224,22 @@ class ResetProxy:
                     data = source.recv(1 << 16)
                     if not data:
                         return
+                    if not cutting:
+                        sink.sendall(data)
+                        continue
                     if source is server:
-                        returned += len(data)
-                        # A fast client may have sent past the limit before
-                        # enough of the result came back: reset now, once
-                        # both thresholds are passed.
-                        if limit is not None and sent >= limit and \
-                                returned >= self.reset_after_result_bytes > 0:
-                            sink.sendall(data)
-                            self._cut(client, server)
+                        # The frame in which the results reach their
+                        # threshold ends the forwarding when enough was sent.
+                        end = results.feed(data)
+                        if end is not None and sent >= limit:
+                            sink.sendall(data[:end])
+                            self._cut(client, server, results.data_bytes)
                             client = server = None
                             return
-                    if source is client and limit is not None:
-                        if sent + len(data) >= limit and \
-                                returned >= self.reset_after_result_bytes:
+                    else:
+                        if sent + len(data) >= limit and results.reached:
                             sink.sendall(data[:max(0, limit - sent)])
-                            self._cut(client, server)
+                            self._cut(client, server, results.data_bytes)
                             client = server = None
                             return
                         sent += len(data)
@@ -199,8 +301,10 @@ def run_case(case_path, runner, server_binary, timeout):
         problems += compare(case, result)
         if problems and run.stderr.strip():
             problems.append("runner stderr: " + run.stderr.strip()[-800:])
-        if inject and not any(p.resets_done for p in proxies) and result.get("status") == "OK":
-            problems.append("the proxy reset no connection: the case did not test a reset")
+        cuts = sum(p.resets_done for p in proxies)
+        if inject and result.get("status") == "OK" and cuts != int(inject["resets"]) * len(proxies):
+            problems.append("the proxies cut %d connection(s), the case asks for %d each: the case "
+                            "did not test what it says" % (cuts, int(inject["resets"])))
         connections = sum(p.connections for p in proxies)
         if want_stripes > 1 and result.get("status") == "OK" and connections < want_stripes:
             problems.append("%d parts came over %d connection(s); each part needs its own"
@@ -209,8 +313,8 @@ def run_case(case_path, runner, server_binary, timeout):
             idle = [i for i, p in enumerate(proxies) if p.connections == 0] if proxies else []
             if idle:
                 problems.append("replica(s) %s got no connection: round_robin not used" % idle)
-        if case["expect"].get("min_resumed") is not None and "resumed" in result and \
-                result["resumed"] < case["expect"]["min_resumed"]:
+        if case["expect"].get("min_resumed") is not None and \
+                not (result.get("resumed") or 0) >= case["expect"]["min_resumed"]:
             problems.append("resumed %s, expected >= %s (the retry resent received lines?)"
                             % (result["resumed"], case["expect"]["min_resumed"]))
         return case, result, problems, elapsed
