@@ -86,6 +86,69 @@ class Http2DataCounter:
         return end
 
 
+class Http2MessageCutter:
+    """Forwards one direction of an HTTP/2 connection in whole frames and
+    counts the gRPC messages (5-byte prefix: flag, 32-bit length) that its
+    DATA frames complete, per stream. feed() returns (bytes to forward,
+    reached): once the `messages`-th message is complete, the bytes end with
+    it, the DATA frame that holds its end cut short there (END_STREAM off),
+    so that the peer gets exactly that many messages and the start of no
+    other."""
+
+    DATA, END_STREAM, PADDED = 0, 0x1, 0x8
+
+    def __init__(self, messages):
+        self.messages = messages
+        self.count = 0
+        self.reached = False
+        self._buf = b""
+        self._streams = {}  # stream id -> (prefix bytes read, message bytes left or None)
+
+    def feed(self, chunk):
+        self._buf += chunk
+        out = []
+        while len(self._buf) >= 9:
+            length = int.from_bytes(self._buf[:3], "big")
+            if len(self._buf) < 9 + length:
+                break
+            header, payload = self._buf[:9], self._buf[9:9 + length]
+            self._buf = self._buf[9 + length:]
+            if header[3] == self.DATA and not header[4] & self.PADDED and not self.reached:
+                end = self._walk(int.from_bytes(header[5:9], "big") & 0x7FFFFFFF, payload)
+                if end is not None:
+                    flags = header[4] & ~self.END_STREAM if end < length else header[4]
+                    out.append(end.to_bytes(3, "big") + bytes([self.DATA, flags]) + header[5:9]
+                               + payload[:end])
+                    return b"".join(out), True
+            out.append(header + payload)
+        return b"".join(out), False
+
+    def _walk(self, stream, payload):
+        """Counts the messages `payload` completes on `stream`; the offset just
+        after the one that reaches `messages`, else None."""
+        prefix, left = self._streams.get(stream, (b"", None))
+        i, n = 0, len(payload)
+        while i < n:
+            if left is None:
+                take = min(5 - len(prefix), n - i)
+                prefix += payload[i:i + take]
+                i += take
+                if len(prefix) < 5:
+                    break
+                left, prefix = int.from_bytes(prefix[1:], "big"), b""
+            take = min(left, n - i)
+            left -= take
+            i += take
+            if left == 0:
+                left = None
+                self.count += 1
+                if self.count >= self.messages:
+                    self.reached = True
+                    return i
+        self._streams[stream] = (prefix, left)
+        return None
+
+
 def _tcp_queues(local_port, remote_port):
     """(tx_queue, rx_queue) of the loopback IPv4 socket local_port ->
     remote_port from /proc/net/tcp, or None when it is not listed."""
@@ -120,20 +183,28 @@ class ResetProxy:
     FIN to the client. So the client has always received part of the result
     when the connection ends, and must resume (a cut right after forwarding
     made the library discard messages it held but had not delivered yet, and
-    whether a resume happened depended on timing)."""
+    whether a resume happened depended on timing).
+
+    With reset_after_result_messages > 0 instead, the cut comes right after
+    that many response messages (StreamAccepted, then result blocks) went to
+    the client, at the exact message boundary (Http2MessageCutter), whatever
+    went the other way; the same wait precedes it."""
 
     CUT_GRACE_S = 0.3
     DRAIN_LIMIT_S = 10.0
 
-    def __init__(self, upstream, reset_after_bytes, resets, reset_after_result_bytes=0):
+    def __init__(self, upstream, reset_after_bytes, resets, reset_after_result_bytes=0,
+                 reset_after_result_messages=0):
         self.upstream = upstream
         self.reset_after_bytes = int(reset_after_bytes)
         self.reset_after_result_bytes = int(reset_after_result_bytes)
+        self.reset_after_result_messages = int(reset_after_result_messages)
         self.resets = int(resets)
         self.connections = 0
         self.resets_done = 0
-        # Result (DATA payload) bytes each cut connection had forwarded.
-        self.result_bytes_at_cut = []
+        # What each cut connection had forwarded to the client: result (DATA
+        # payload) bytes, or with reset_after_result_messages, messages.
+        self.forwarded_at_cut = []
         self.lock = threading.Lock()
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -183,7 +254,7 @@ class ResetProxy:
             time.sleep(0.01)
         time.sleep(self.CUT_GRACE_S)
 
-    def _cut(self, client, server, result_bytes):
+    def _cut(self, client, server, forwarded):
         """Ends a connection mid-call once the client has read what it was
         sent: RST to the server; to the client a FIN (an RST could make its
         kernel drop bytes it has not read), then the socket is drained briefly
@@ -191,7 +262,7 @@ class ResetProxy:
         self._await_client_read(client)
         with self.lock:
             self.resets_done += 1
-            self.result_bytes_at_cut.append(result_bytes)
+            self.forwarded_at_cut.append(forwarded)
         self._reset(server)
         try:
             client.shutdown(socket.SHUT_WR)
@@ -213,6 +284,8 @@ class ResetProxy:
         cutting = index < self.resets
         limit = self.reset_after_bytes
         results = Http2DataCounter(self.reset_after_result_bytes)
+        messages = Http2MessageCutter(self.reset_after_result_messages) \
+            if cutting and self.reset_after_result_messages > 0 else None
         sent = 0
         sel = selectors.DefaultSelector()
         sel.register(client, selectors.EVENT_READ, server)
@@ -225,6 +298,16 @@ class ResetProxy:
                     if not data:
                         return
                     if not cutting:
+                        sink.sendall(data)
+                        continue
+                    if messages is not None:
+                        if source is server:
+                            data, reached = messages.feed(data)
+                            if reached:
+                                sink.sendall(data)
+                                self._cut(client, server, messages.count)
+                                client = server = None
+                                return
                         sink.sendall(data)
                         continue
                     if source is server:
@@ -274,11 +357,12 @@ def run_case(case_path, runner, server_binary, timeout):
         if inject or want_stripes > 1:
             # A striped case goes through counting proxies too: K parts must
             # arrive on at least K separate connections.
-            after, resets, results = (0, 0, 0)
+            after, resets, results, messages = (0, 0, 0, 0)
             if inject:
-                after, resets = inject["reset_after_bytes"], inject["resets"]
+                after, resets = inject.get("reset_after_bytes", 0), inject["resets"]
                 results = inject.get("reset_after_result_bytes", 0)
-            proxies = [ResetProxy(("127.0.0.1", p), after, resets, results) for p in ports]
+                messages = inject.get("reset_after_result_messages", 0)
+            proxies = [ResetProxy(("127.0.0.1", p), after, resets, results, messages) for p in ports]
             ports = [p.port for p in proxies]
         if len(ports) == 1:
             target = "127.0.0.1:%d" % ports[0]
