@@ -3,10 +3,12 @@
 # packages (Debian 12 or Ubuntu 24.04), skipping what is already there.
 # Used by ./run.sh, ./test.sh and docker/Dockerfile alike.
 #
-#   scripts/install-deps.sh [build|runtime|container]   (default: build)
+#   scripts/install-deps.sh [build|compile|runtime|container]   (default: build)
 #
-# build: compilers, libraries and test tools; runtime: only the shared
-# libraries dgmm-server and dgmm-cli link (the image's runtime stage);
+# build: compilers, libraries and test tools; compile: only what building
+# dgmm-server and dgmm-cli needs (the image's build stage: no test tools);
+# runtime: only the shared libraries dgmm-server and dgmm-cli link (the
+# image's runtime stage);
 # container: podman and what tests/deploy/run_container.py needs to build and
 # run the image (rootful podman with runc and netavark, whose port forwarding
 # needs iptables; podman builds without the buildah tool; debootstrap
@@ -16,10 +18,13 @@ mode=${1:-build}
 
 runtime_pkgs=(libgrpc++1.51 libprotobuf32 libcivetweb1)
 container_pkgs=(podman runc netavark aardvark-dns iptables debootstrap podman-compose)
-build_pkgs=(
-  build-essential cmake pkg-config git ca-certificates
+compile_pkgs=(
+  build-essential cmake pkg-config ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   grpc-proto libcivetweb-dev
+)
+build_pkgs=(
+  "${compile_pkgs[@]}" git
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
   python3 python3-grpcio python3-numpy python3-protobuf python3-yaml
@@ -28,9 +33,10 @@ build_pkgs=(
 )
 case "$mode" in
   build) want=("${build_pkgs[@]}") ;;
+  compile) want=("${compile_pkgs[@]}") ;;
   runtime) want=("${runtime_pkgs[@]}") ;;
   container) want=("${container_pkgs[@]}") ;;
-  *) echo "usage: $0 [build|runtime|container]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|compile|runtime|container]" >&2; exit 2 ;;
 esac
 
 # Ubuntu 24.04 (the Docker image's base) names some packages differently: t64

@@ -40,21 +40,171 @@ class Server(ServerProcess):
         super().__init__(binary, flags, prefix="dgmm-conformance-")
 
 
+class Http2DataCounter:
+    """Follows one direction of an HTTP/2 connection frame by frame (9-byte
+    headers: 24-bit length, type, flags, 31-bit stream id) and counts the
+    payload bytes of its DATA frames: the gRPC messages, for the server to
+    client direction the responses (StreamAccepted, result blocks). The server
+    sends no connection preface, so frames start at byte 0. `reached` turns
+    true at the end of the frame in which data_bytes reached `threshold`
+    (at once when it is 0)."""
+
+    DATA = 0
+
+    def __init__(self, threshold):
+        self.threshold = threshold
+        self.data_bytes = 0
+        self.reached = threshold <= 0
+        self._header = b""   # the bytes of a frame header split across reads
+        self._left = 0       # payload bytes of the current frame still to come
+        self._is_data = False
+
+    def feed(self, chunk):
+        """Counts all of `chunk`; returns the length of its prefix that ends
+        with the frame that made `reached` true, or None when it did not
+        turn true in this chunk."""
+        end = None
+        i, n = 0, len(chunk)
+        while i < n:
+            if self._left == 0:
+                take = min(9 - len(self._header), n - i)
+                self._header += chunk[i:i + take]
+                i += take
+                if len(self._header) < 9:
+                    break
+                self._left = int.from_bytes(self._header[:3], "big")
+                self._is_data = self._header[3] == self.DATA
+                self._header = b""
+            take = min(self._left, n - i)
+            self._left -= take
+            i += take
+            if self._is_data:
+                self.data_bytes += take
+            if self._left == 0 and not self.reached and self.data_bytes >= self.threshold:
+                self.reached = True
+                end = i
+        return end
+
+
+class Http2MessageCutter:
+    """Forwards one direction of an HTTP/2 connection in whole frames and
+    counts the gRPC messages (5-byte prefix: flag, 32-bit length) that its
+    DATA frames complete, per stream. feed() returns (bytes to forward,
+    reached): once the `messages`-th message is complete, the bytes end with
+    it, the DATA frame that holds its end cut short there (END_STREAM off),
+    so that the peer gets exactly that many messages and the start of no
+    other."""
+
+    DATA, END_STREAM, PADDED = 0, 0x1, 0x8
+
+    def __init__(self, messages):
+        self.messages = messages
+        self.count = 0
+        self.reached = False
+        self._buf = b""
+        self._streams = {}  # stream id -> (prefix bytes read, message bytes left or None)
+
+    def feed(self, chunk):
+        self._buf += chunk
+        out = []
+        while len(self._buf) >= 9:
+            length = int.from_bytes(self._buf[:3], "big")
+            if len(self._buf) < 9 + length:
+                break
+            header, payload = self._buf[:9], self._buf[9:9 + length]
+            self._buf = self._buf[9 + length:]
+            if header[3] == self.DATA and not header[4] & self.PADDED and not self.reached:
+                end = self._walk(int.from_bytes(header[5:9], "big") & 0x7FFFFFFF, payload)
+                if end is not None:
+                    flags = header[4] & ~self.END_STREAM if end < length else header[4]
+                    out.append(end.to_bytes(3, "big") + bytes([self.DATA, flags]) + header[5:9]
+                               + payload[:end])
+                    return b"".join(out), True
+            out.append(header + payload)
+        return b"".join(out), False
+
+    def _walk(self, stream, payload):
+        """Counts the messages `payload` completes on `stream`; the offset just
+        after the one that reaches `messages`, else None."""
+        prefix, left = self._streams.get(stream, (b"", None))
+        i, n = 0, len(payload)
+        while i < n:
+            if left is None:
+                take = min(5 - len(prefix), n - i)
+                prefix += payload[i:i + take]
+                i += take
+                if len(prefix) < 5:
+                    break
+                left, prefix = int.from_bytes(prefix[1:], "big"), b""
+            take = min(left, n - i)
+            left -= take
+            i += take
+            if left == 0:
+                left = None
+                self.count += 1
+                if self.count >= self.messages:
+                    self.reached = True
+                    return i
+        self._streams[stream] = (prefix, left)
+        return None
+
+
+def _tcp_queues(local_port, remote_port):
+    """(tx_queue, rx_queue) of the loopback IPv4 socket local_port ->
+    remote_port from /proc/net/tcp, or None when it is not listed."""
+    want = ("0100007F:%04X" % local_port, "0100007F:%04X" % remote_port)
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if (fields[1], fields[2]) == want:
+                    tx, rx = fields[4].split(":")
+                    return int(tx, 16), int(rx, 16)
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    return None
+
+
 class ResetProxy:
     """A loopback TCP proxy to `upstream` (host, port). Each of the first
-    `resets` connections is cut (RST to the server, FIN to the client) once
-    `reset_after_bytes` bytes have gone from the client to the server on it
-    (and, when reset_after_result_bytes > 0, that many from the server to the
-    client too, so that part of the result has arrived: the resume path);
-    later connections are forwarded untouched. One thread per connection."""
+    `resets` connections is cut mid-call; later connections are forwarded
+    untouched. One thread per connection.
 
-    def __init__(self, upstream, reset_after_bytes, resets, reset_after_result_bytes=0):
+    The cut comes once `reset_after_bytes` bytes have gone from the client to
+    the server on the connection and, when reset_after_result_bytes > 0, the
+    payloads of the server's HTTP/2 DATA frames forwarded to the client (its
+    responses: result blocks) reached reset_after_result_bytes, at the end of
+    the frame that reached it. Then the proxy forwards nothing more either way
+    and waits until the client process has read every byte forwarded (its
+    socket's receive queue and the proxy's send queue empty, from
+    /proc/net/tcp) plus CUT_GRACE_S for its gRPC library to hand the complete
+    result blocks to the application, and only then cuts: RST to the server,
+    FIN to the client. So the client has always received part of the result
+    when the connection ends, and must resume (a cut right after forwarding
+    made the library discard messages it held but had not delivered yet, and
+    whether a resume happened depended on timing).
+
+    With reset_after_result_messages > 0 instead, the cut comes right after
+    that many response messages (StreamAccepted, then result blocks) went to
+    the client, at the exact message boundary (Http2MessageCutter), whatever
+    went the other way; the same wait precedes it."""
+
+    CUT_GRACE_S = 0.3
+    DRAIN_LIMIT_S = 10.0
+
+    def __init__(self, upstream, reset_after_bytes, resets, reset_after_result_bytes=0,
+                 reset_after_result_messages=0):
         self.upstream = upstream
         self.reset_after_bytes = int(reset_after_bytes)
         self.reset_after_result_bytes = int(reset_after_result_bytes)
+        self.reset_after_result_messages = int(reset_after_result_messages)
         self.resets = int(resets)
         self.connections = 0
         self.resets_done = 0
+        # What each cut connection had forwarded to the client: result (DATA
+        # payload) bytes, or with reset_after_result_messages, messages.
+        self.forwarded_at_cut = []
         self.lock = threading.Lock()
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -84,13 +234,35 @@ class ResetProxy:
                 pass
             s.close()
 
-    def _cut(self, client, server):
-        """Ends a connection mid-call: RST to the server; to the client, a FIN
-        after everything already forwarded (an RST would make its kernel drop
-        result bytes it has not read yet, and whether a resume happens would
-        depend on timing), then the socket is drained briefly and closed."""
+    def _await_client_read(self, client):
+        """Waits until the client process has read everything forwarded to
+        it, then CUT_GRACE_S more (at most DRAIN_LIMIT_S in all)."""
+        try:
+            proxy_port = client.getsockname()[1]
+            client_port = client.getpeername()[1]
+        except OSError:
+            return
+        deadline = time.monotonic() + self.DRAIN_LIMIT_S
+        while time.monotonic() < deadline and not self.closed:
+            ours = _tcp_queues(proxy_port, client_port)
+            theirs = _tcp_queues(client_port, proxy_port)
+            if ours is None or theirs is None:
+                time.sleep(1.0)  # Not listed (no /proc?): a fixed wait instead.
+                break
+            if ours[0] == 0 and theirs[1] == 0:
+                break
+            time.sleep(0.01)
+        time.sleep(self.CUT_GRACE_S)
+
+    def _cut(self, client, server, forwarded):
+        """Ends a connection mid-call once the client has read what it was
+        sent: RST to the server; to the client a FIN (an RST could make its
+        kernel drop bytes it has not read), then the socket is drained briefly
+        and closed."""
+        self._await_client_read(client)
         with self.lock:
             self.resets_done += 1
+            self.forwarded_at_cut.append(forwarded)
         self._reset(server)
         try:
             client.shutdown(socket.SHUT_WR)
@@ -109,9 +281,12 @@ class ResetProxy:
             return
         for s in (client, server):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        limit = self.reset_after_bytes if index < self.resets else None
+        cutting = index < self.resets
+        limit = self.reset_after_bytes
+        results = Http2DataCounter(self.reset_after_result_bytes)
+        messages = Http2MessageCutter(self.reset_after_result_messages) \
+            if cutting and self.reset_after_result_messages > 0 else None
         sent = 0
-        returned = 0
         sel = selectors.DefaultSelector()
         sel.register(client, selectors.EVENT_READ, server)
         sel.register(server, selectors.EVENT_READ, client)
@@ -122,22 +297,32 @@ class ResetProxy:
                     data = source.recv(1 << 16)
                     if not data:
                         return
+                    if not cutting:
+                        sink.sendall(data)
+                        continue
+                    if messages is not None:
+                        if source is server:
+                            data, reached = messages.feed(data)
+                            if reached:
+                                sink.sendall(data)
+                                self._cut(client, server, messages.count)
+                                client = server = None
+                                return
+                        sink.sendall(data)
+                        continue
                     if source is server:
-                        returned += len(data)
-                        # A fast client may have sent past the limit before
-                        # enough of the result came back: reset now, once
-                        # both thresholds are passed.
-                        if limit is not None and sent >= limit and \
-                                returned >= self.reset_after_result_bytes > 0:
-                            sink.sendall(data)
-                            self._cut(client, server)
+                        # The frame in which the results reach their
+                        # threshold ends the forwarding when enough was sent.
+                        end = results.feed(data)
+                        if end is not None and sent >= limit:
+                            sink.sendall(data[:end])
+                            self._cut(client, server, results.data_bytes)
                             client = server = None
                             return
-                    if source is client and limit is not None:
-                        if sent + len(data) >= limit and \
-                                returned >= self.reset_after_result_bytes:
+                    else:
+                        if sent + len(data) >= limit and results.reached:
                             sink.sendall(data[:max(0, limit - sent)])
-                            self._cut(client, server)
+                            self._cut(client, server, results.data_bytes)
                             client = server = None
                             return
                         sent += len(data)
@@ -172,11 +357,12 @@ def run_case(case_path, runner, server_binary, timeout):
         if inject or want_stripes > 1:
             # A striped case goes through counting proxies too: K parts must
             # arrive on at least K separate connections.
-            after, resets, results = (0, 0, 0)
+            after, resets, results, messages = (0, 0, 0, 0)
             if inject:
-                after, resets = inject["reset_after_bytes"], inject["resets"]
+                after, resets = inject.get("reset_after_bytes", 0), inject["resets"]
                 results = inject.get("reset_after_result_bytes", 0)
-            proxies = [ResetProxy(("127.0.0.1", p), after, resets, results) for p in ports]
+                messages = inject.get("reset_after_result_messages", 0)
+            proxies = [ResetProxy(("127.0.0.1", p), after, resets, results, messages) for p in ports]
             ports = [p.port for p in proxies]
         if len(ports) == 1:
             target = "127.0.0.1:%d" % ports[0]
@@ -199,8 +385,10 @@ def run_case(case_path, runner, server_binary, timeout):
         problems += compare(case, result)
         if problems and run.stderr.strip():
             problems.append("runner stderr: " + run.stderr.strip()[-800:])
-        if inject and not any(p.resets_done for p in proxies) and result.get("status") == "OK":
-            problems.append("the proxy reset no connection: the case did not test a reset")
+        cuts = sum(p.resets_done for p in proxies)
+        if inject and result.get("status") == "OK" and cuts != int(inject["resets"]) * len(proxies):
+            problems.append("the proxies cut %d connection(s), the case asks for %d each: the case "
+                            "did not test what it says" % (cuts, int(inject["resets"])))
         connections = sum(p.connections for p in proxies)
         if want_stripes > 1 and result.get("status") == "OK" and connections < want_stripes:
             problems.append("%d parts came over %d connection(s); each part needs its own"
@@ -209,8 +397,8 @@ def run_case(case_path, runner, server_binary, timeout):
             idle = [i for i, p in enumerate(proxies) if p.connections == 0] if proxies else []
             if idle:
                 problems.append("replica(s) %s got no connection: round_robin not used" % idle)
-        if case["expect"].get("min_resumed") is not None and "resumed" in result and \
-                result["resumed"] < case["expect"]["min_resumed"]:
+        if case["expect"].get("min_resumed") is not None and \
+                not (result.get("resumed") or 0) >= case["expect"]["min_resumed"]:
             problems.append("resumed %s, expected >= %s (the retry resent received lines?)"
                             % (result["resumed"], case["expect"]["min_resumed"]))
         return case, result, problems, elapsed

@@ -2,6 +2,14 @@
 """The container image, built and run with podman (deploy suite).
 
   run_container.py --cli BUILD/client/cpp/dgmm-cli --work BUILD/tests/deploy/container
+  run_container.py --prepare --work BUILD/tests/deploy/container
+
+--prepare does steps 1 to 3 only (no checks, no --cli needed): ./test.sh runs
+it in the background while it compiles the host build, so that the image's
+downloads and compile overlap with that build. Both hold an exclusive lock
+on --work/lock for their run: the test waits for a prepare in progress, then
+finds the base image and every layer cached (it still runs steps 1 to 3, so a
+failed prepare is reported by the test, with its own output).
 
 1. Installs podman, buildah, debootstrap, runc and podman-compose from
    Debian's packages (scripts/install-deps.sh container) and points podman at
@@ -33,6 +41,7 @@ containers at all (podman missing and not installable, or podman unable to
 start any container); any failure after that is a failure.
 """
 import argparse
+import fcntl
 import json
 import os
 import pathlib
@@ -179,6 +188,27 @@ def image_id(env, ref):
     return p.out.strip() if p.returncode == 0 else None
 
 
+def run_build(cmd, env, timeout):
+    """Runs a podman build, logging each of its STEP lines as it starts (with
+    the time, so that the log shows where a build spends it); returns an
+    object with the output in .out and the exit status in .returncode."""
+    log("$ " + " ".join(str(c) for c in cmd))
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    deadline = time.monotonic() + timeout
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if re.match(r"(\[\d+/\d+\] )?STEP \d+/\d+: ", line) or line.startswith("--> Using cache"):
+            log("  " + line.rstrip()[:160])
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise subprocess.TimeoutExpired(cmd, timeout)
+    proc.wait()
+    return argparse.Namespace(out="".join(lines), returncode=proc.returncode)
+
+
 def build_image(env):
     """Builds the build stage (tagged) and then the image, with the layer cache;
     removes the images they replace, so that each source change does not
@@ -187,12 +217,12 @@ def build_image(env):
     old = {ref: image_id(env, ref) for ref in (BUILD_STAGE_IMAGE, IMAGE)}
     cached = steps = 0
     for target, tag in (("build", BUILD_STAGE_IMAGE), ("runtime", IMAGE)):
-        p = run(["podman", "build", "--format", "docker", "--layers", "--target", target,
-                 "-f", ROOT / "docker" / "Dockerfile",
-                 "--build-arg", "DGMM_CUDA=OFF",
-                 "--build-arg", f"BUILD_BASE={BASE_IMAGE}",
-                 "--build-arg", f"RUNTIME_BASE={BASE_IMAGE}",
-                 "-t", tag, ROOT], env=env, timeout=1800, check=False)
+        p = run_build(["podman", "build", "--format", "docker", "--layers", "--target", target,
+                       "-f", ROOT / "docker" / "Dockerfile",
+                       "--build-arg", "DGMM_CUDA=OFF",
+                       "--build-arg", f"BUILD_BASE={BASE_IMAGE}",
+                       "--build-arg", f"RUNTIME_BASE={BASE_IMAGE}",
+                       "-t", tag, ROOT], env=env, timeout=1800)
         lines = p.out.splitlines()
         for i, line in enumerate(lines):  # RUN and COPY steps, and which came from the cache
             if re.search(r"STEP \d+/\d+: (RUN|COPY) ", line):
@@ -404,12 +434,29 @@ def cleanup(env, started):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cli", required=True, help="the host's dgmm-cli")
+    ap.add_argument("--cli", help="the host's dgmm-cli (required unless --prepare)")
+    ap.add_argument("--prepare", action="store_true",
+                    help="only steps 1 to 3: podman, the base image and the image (./test.sh, in the background)")
     ap.add_argument("--work", required=True, help="a directory for containers.conf and scratch files")
     ap.add_argument("--no-compose", action="store_true", help="skip step 6")
     a = ap.parse_args()
+    if not a.prepare and not a.cli:
+        ap.error("--cli is required unless --prepare")
     work = pathlib.Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    lock = open(work / "lock", "w")
+    waited = time.monotonic()
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process exits
+    waited = time.monotonic() - waited
+    if a.prepare:
+        return prepare(work)
+    prepared = work / "prepare.log"
+    if prepared.exists():
+        # What the prepare that ./test.sh started did (steps and times), then
+        # the same steps again here, which find everything cached.
+        log(f"waited {waited:.0f} s for the image build ./test.sh started; its log ({prepared}) ends:")
+        print("\n".join(prepared.read_text(errors="replace").splitlines()[-25:]), flush=True)
+        prepared.rename(work / "prepare.last.log")
     env, started = None, []
     try:
         env = setup_podman(work)
@@ -432,6 +479,22 @@ def main():
         if env is not None:
             cleanup(env, started)
     log("container test passed")
+    return 0
+
+
+def prepare(work):
+    """Steps 1 to 3, for ./test.sh to start early; the checks are the test's."""
+    try:
+        env = setup_podman(work)
+        base_image(env, work)
+        build_image(env)
+    except Skip as e:
+        print(f"SKIPPED: {e}", flush=True)
+        return SKIP
+    except (Failure, subprocess.TimeoutExpired) as e:
+        print(f"FAILED: {e}", flush=True)
+        return 1
+    log("prepared: base image and image built (the test checks them)")
     return 0
 
 

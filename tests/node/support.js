@@ -10,6 +10,9 @@ const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 
+// The seeded generator of uniform values in [-4, 4) (tests/support/random.js).
+const { random } = require('../support/random.js');
+
 const REPO = path.resolve(__dirname, '..', '..');
 const CLIENT_DIR = path.join(REPO, 'client', 'node');
 const SKIP = 77;
@@ -80,17 +83,6 @@ async function stopServer(server) {
     clearTimeout(timer);
   }
   fs.rmSync(server.dir, { recursive: true, force: true });
-}
-
-// A seeded generator of uniform values in [-4, 4), so failures reproduce.
-function random(seed) {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(s ^ (s >>> 15), 1 | s);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return (((t ^ (t >>> 14)) >>> 0) / 4294967296) * 8 - 4;
-  };
 }
 
 // C in float64, independently of the server, for either layout.

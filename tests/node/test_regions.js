@@ -22,12 +22,17 @@ try {
 const { test, before, after } = require('node:test');
 const dgmm = require(CLIENT_DIR);
 const regions = require(path.join(CLIENT_DIR, 'regions.js'));
-const { startServer, stopServer, reference, assertClose } = require('./support.js');
+const { startServer, stopServer, random, reference, assertClose } = require('./support.js');
 
-// Fresh random values in [-4, 4) for every run.
+// Fresh random values in [-4, 4) for every run, from a seed that is printed:
+// DGMM_TEST_SEED=<seed> runs the same values again.
+const SEED = process.env.DGMM_TEST_SEED ? Number(process.env.DGMM_TEST_SEED) : crypto.randomInt(2 ** 31);
+console.log(`# seed ${SEED} (DGMM_TEST_SEED=${SEED} reproduces this run)`);
+const next = random(SEED);
 function randomArray(Ctor, n) {
-  const words = new Uint32Array(crypto.randomBytes(4 * n).buffer);
-  return Ctor.from(words, (w) => (w / 4294967296) * 8 - 4);
+  const out = new Ctor(n);
+  for (let i = 0; i < n; i++) out[i] = next();
+  return out;
 }
 
 async function assertCode(promise, codeName) {

@@ -20,7 +20,6 @@
 #include <fstream>
 #include <limits>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,7 +29,8 @@
 #include "absl/synchronization/mutex.h"
 #include "dgmm/client.h"
 #include "gtest/gtest.h"
-#include "tests/cli/operands.h"
+#include "tests/support/files.h"
+#include "tests/support/operands.h"
 #include "tests/support/server_process.h"
 
 namespace dgmm {
@@ -307,11 +307,11 @@ class NginxFront {
   bool ready() const { return ready_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string Log() const {
-    std::ostringstream text;
+    std::string text;
     for (const char* name : {"/error.log", "/stderr.log"}) {
-      text << std::ifstream(dir_ + name).rdbuf();
+      text += testing::ReadFile(dir_ + name).value_or("");
     }
-    return text.str();
+    return text;
   }
 
  private:

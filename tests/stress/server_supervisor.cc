@@ -13,22 +13,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/files.h"
 #include "tests/support/server_process.h"
 
 namespace dgmm::stress {
-namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 ServerSupervisor::ServerSupervisor(std::string binary, std::vector<std::string> flags)
     : binary_(std::move(binary)), flags_(std::move(flags)) {
@@ -81,7 +71,7 @@ absl::Status ServerSupervisor::Start(absl::Duration timeout) {
   if (pid_ < 0) return absl::InternalError("fork failed");
   const absl::Time end = absl::Now() + timeout;
   while (absl::Now() < end) {
-    const std::string port = ReadFile(port_file);
+    const std::string port = testing::ReadFile(port_file).value_or("");
     if (!port.empty() && port.back() == '\n') return absl::OkStatus();
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -141,7 +131,7 @@ int64_t ServerSupervisor::PeakRssBytes() const {
 }
 
 std::string ServerSupervisor::LogTail(std::size_t max_bytes) const {
-  const std::string log = ReadFile(LogPath());
+  const std::string log = testing::ReadFile(LogPath()).value_or("");
   return log.size() <= max_bytes ? log : log.substr(log.size() - max_bytes);
 }
 

@@ -13,8 +13,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <thread>
+
+#include "tests/support/files.h"
 
 namespace dgmm::testing {
 namespace {
@@ -22,13 +23,6 @@ namespace {
 std::string FromEnvOr(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : fallback;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -70,7 +64,7 @@ ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int open_file
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
-    std::string port = ReadFile(port_file);
+    std::string port = ReadFile(port_file).value_or("");
     if (!port.empty() && port.back() == '\n') {
       port.pop_back();
       address_ = "127.0.0.1:" + port;
@@ -129,7 +123,7 @@ int ServerProcess::WaitForExit(int timeout_ms) {
   return -1;
 }
 
-std::string ServerProcess::Log() const { return ReadFile(dir_ + "/server.log"); }
+std::string ServerProcess::Log() const { return ReadFile(dir_ + "/server.log").value_or(""); }
 
 long ServerProcess::PeakRssBytes() const {
   std::ifstream f("/proc/" + std::to_string(pid_) + "/status");

@@ -167,6 +167,8 @@ struct Client::JobRun {
   std::vector<v1::JobStats> stats;
   std::atomic<int64_t> received_bytes{0};
   std::atomic<int> resumed{0};
+  // Whether any attempt of any part went over MultiplyStream (JobResult::mode).
+  std::atomic<bool> any_stream{false};
 
   // Progress: per part, bytes sent and received (received lines kept over
   // resumes); calls to the user's callback never overlap.
@@ -534,7 +536,8 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   }
   JobResult result;
   result.stripes = static_cast<int>(k);
-  result.mode = plan->mode;  // the first part's first attempt
+  // Unary only when every attempt of every part went unary (protocol.md §9).
+  result.mode = run.any_stream.load() ? TransferMode::kStream : TransferMode::kUnary;
   result.attempts = 0;
   for (int a : run.attempts) result.attempts += a;
   result.part_stats = run.stats;
@@ -602,6 +605,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
         run->mode.value_or(ChooseTransferMode(static_cast<int64_t>(part_bytes + part.diagonal_bytes),
                                               options_.max_unary_message_bytes,
                                               options_.chunk_bytes));
+    if (mode == TransferMode::kStream) run->any_stream = true;
     // Progress of the part: what was received before this attempt counts as
     // sent and received.
     const int64_t kept = done * static_cast<int64_t>(run->line_bytes);

@@ -12,10 +12,9 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "dgmm/client.h"
+#include "tests/support/files.h"
 
 namespace dgmm {
 namespace {
@@ -31,15 +31,6 @@ namespace {
 using google::protobuf::ListValue;
 using google::protobuf::Struct;
 using google::protobuf::Value;
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
 
 // A JSON string literal.
 std::string Quote(const std::string& s) {
@@ -193,13 +184,13 @@ void RunTyped(const Struct& c, const std::string& target, Outcome* o) {
 }
 
 int RunCase(const std::string& path, const std::string& target) {
-  std::string text;
-  if (!ReadFile(path, &text)) {
+  const std::optional<std::string> text = dgmm::testing::ReadFile(path);
+  if (!text.has_value()) {
     std::fprintf(stderr, "cannot read %s\n", path.c_str());
     return 2;
   }
   Struct c;
-  if (!google::protobuf::util::JsonStringToMessage(text, &c).ok()) {
+  if (!google::protobuf::util::JsonStringToMessage(*text, &c).ok()) {
     std::fprintf(stderr, "%s is not a JSON object\n", path.c_str());
     return 2;
   }
@@ -218,14 +209,14 @@ int RunCase(const std::string& path, const std::string& target) {
 }
 
 int RunVectors(const std::string& path) {
-  std::string text;
-  if (!ReadFile(path, &text)) {
+  const std::optional<std::string> text = dgmm::testing::ReadFile(path);
+  if (!text.has_value()) {
     std::fprintf(stderr, "cannot read %s\n", path.c_str());
     return 2;
   }
   // A top-level array, read as the "v" field of an object.
   Struct wrapper;
-  if (!google::protobuf::util::JsonStringToMessage(absl::StrCat("{\"v\": ", text, "}"), &wrapper)
+  if (!google::protobuf::util::JsonStringToMessage(absl::StrCat("{\"v\": ", *text, "}"), &wrapper)
            .ok()) {
     std::fprintf(stderr, "%s is not a JSON array\n", path.c_str());
     return 2;

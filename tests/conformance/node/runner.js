@@ -8,6 +8,8 @@ const fs = require('node:fs');
 const path = require('node:path');
 
 const dgmm = require(path.join(__dirname, '..', '..', '..', 'client', 'node'));
+// The seeded generator of uniform values in [-4, 4) shared with tests/node.
+const { random } = require(path.join(__dirname, '..', '..', 'support', 'random.js'));
 
 function args() {
   const out = {};
@@ -37,17 +39,6 @@ function runVectors(file) {
   });
   console.log(JSON.stringify({ vectors: vectors.length, failed }));
   return failed.length ? 1 : 0;
-}
-
-// A seeded generator of uniform values in [-4, 4) (mulberry32).
-function random(seed) {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(s ^ (s >>> 15), 1 | s);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return (((t ^ (t >>> 14)) >>> 0) / 4294967296) * 8 - 4;
-  };
 }
 
 async function runCase(file, target) {

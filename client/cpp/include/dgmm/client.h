@@ -217,7 +217,8 @@ struct JobResult {
   // first part's stats, with h2d, compute and d2h summed over the parts and
   // queue_wait and total the largest of any part.
   v1::JobStats stats;
-  // Which RPC carried the job (the first part's first attempt).
+  // Which RPC carried the job: kUnary when every attempt of every part went
+  // as one Multiply, else kStream (docs/protocol.md §9).
   TransferMode mode = TransferMode::kUnary;
   // Attempts the job took over all its parts: K when each part's first
   // attempt succeeded (see RetryPolicy).
@@ -396,7 +397,7 @@ class Client {
 // waking from its 1 s poll. Measured on an H200 host: dgmm-cli multiply
 // exited 10.3 s after its job with epoll1, 0.3 s with poll
 // (bench/results/cli_exit/). Long-running servers and clients need not call it.
-// Seen with epoll1 too (tests/cli/stripe_test.cc, OnePartsFinalError...): a
+// Seen with epoll1 too (tests/client_cpp/stripe_test.cc, OnePartsFinalError...): a
 // Client destroyed right after a striped job whose failure cancelled a part
 // before that part's channel had connected took about 10 s to destroy in 2
 // of 16 runs; with "poll", 0 of 16 (each under 10 ms).

@@ -1,7 +1,7 @@
 // Random operands of a typed dgmm::Job and an independent float64 check of
 // the result, shared by the tests that drive the C++ client.
-#ifndef DGMM_TESTS_CLI_OPERANDS_H_
-#define DGMM_TESTS_CLI_OPERANDS_H_
+#ifndef DGMM_TESTS_SUPPORT_OPERANDS_H_
+#define DGMM_TESTS_SUPPORT_OPERANDS_H_
 
 #include <algorithm>
 #include <cmath>
@@ -69,4 +69,4 @@ struct Operands {
 
 }  // namespace dgmm::testing
 
-#endif  // DGMM_TESTS_CLI_OPERANDS_H_
+#endif  // DGMM_TESTS_SUPPORT_OPERANDS_H_

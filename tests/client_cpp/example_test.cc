@@ -1,12 +1,11 @@
 // client/cpp/examples/multiply_example.cc against the real server, and
 // docs/protocol.md quoting it word for word.
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/ascii.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/files.h"
 #include "tests/support/server_process.h"
 
 namespace dgmm {
@@ -17,10 +16,7 @@ using testing::RunCommand;
 using testing::ServerProcess;
 
 std::string ReadSource(const std::string& relative) {
-  std::ifstream file(std::string(DGMM_SOURCE_DIR) + "/" + relative);
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
+  return testing::ReadFile(std::string(DGMM_SOURCE_DIR) + "/" + relative).value_or("");
 }
 
 TEST(MultiplyExampleTest, RunsAgainstTheServerAndReportsTheRefusedJob) {

@@ -12,7 +12,7 @@
 #include "dgmm/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/cli/operands.h"
+#include "tests/support/operands.h"
 #include "tests/support/server_process.h"
 
 namespace dgmm {

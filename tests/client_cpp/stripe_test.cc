@@ -24,7 +24,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/cli/operands.h"
+#include "tests/support/operands.h"
 #include "tests/support/server_process.h"
 
 namespace dgmm {
@@ -328,6 +328,68 @@ TEST(StripeServerTest, GroupPartsAreCountedByOutcomeInMetrics) {
   EXPECT_THAT(body, HasSubstr("dgmm_group_parts_total{outcome=\"completed\"} 3\n"));
   // No label carries a group id.
   EXPECT_EQ(body.find("group=\""), std::string::npos);
+}
+
+// Completed jobs the server at `log`'s metrics port counted with `mode`
+// ("unary" or "stream"); -1 when the metrics cannot be read.
+int64_t CompletedJobs(const std::string& log, const std::string& mode) {
+  const size_t at = log.find("/metrics (port ");
+  if (at == std::string::npos) return -1;
+  std::string body;
+  if (testing::RunCommand(
+          absl::StrCat("curl -sf http://127.0.0.1:", std::stoi(log.substr(at + 15)), "/metrics"),
+          &body) != 0) {
+    return -1;
+  }
+  const std::string key = absl::StrCat("dgmm_job_duration_seconds_count{mode=\"", mode, "\"} ");
+  const size_t line = body.find(key);
+  return line == std::string::npos ? -1 : std::stoll(body.substr(line + key.size()));
+}
+
+// JobResult::mode is kUnary only when every attempt of every part went as one
+// Multiply (docs/protocol.md section 9, as in the Python and Node clients): a
+// striped job whose longest part streams while the others go unary is
+// kStream; the server's own count of unary and streamed jobs shows the parts
+// did go both ways.
+TEST(StripeTest, ModeIsStreamWhenAnyPartStreamed) {
+  ServerProcess server({"--backend=cpu", "--threads=2", "--metrics_listen=127.0.0.1:0"});
+  // 37 x 29 float32, row-major, side right, K = 4: parts of 10, 9, 9 and 9
+  // rows of 116 bytes, each sent with the whole 116-byte diagonal (it runs
+  // across the rows, so parts do not slice it): 1276 and 1160 bytes.
+  constexpr int64_t kChunk = 1200;
+  const int64_t max_unary = ClientOptions().max_unary_message_bytes;
+  ASSERT_EQ(ChooseTransferMode(10 * 116 + 116, max_unary, kChunk), TransferMode::kStream);
+  ASSERT_EQ(ChooseTransferMode(9 * 116 + 116, max_unary, kChunk), TransferMode::kUnary);
+  ClientOptions options;
+  options.stripes = 4;
+  options.chunk_bytes = kChunk;
+  Client client(server.address(), options);
+  Operands<float> ops(37, 29, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 41);
+  std::vector<float> c = ops.NanOutput();
+  absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LE(ops.MaxRelativeError(c), Tolerance<float>());
+  EXPECT_EQ(r->stripes, 4);
+  EXPECT_EQ(r->attempts, 4);
+  EXPECT_EQ(r->mode, TransferMode::kStream);
+  // (Counted as each job ends, which may be just after its reply went.)
+  EXPECT_TRUE(WaitUntil([&] {
+    return CompletedJobs(server.Log(), "unary") == 3 && CompletedJobs(server.Log(), "stream") == 1;
+  })) << "unary " << CompletedJobs(server.Log(), "unary") << ", stream "
+      << CompletedJobs(server.Log(), "stream");
+
+  // The same job with a chunk every part fits in: all unary, kUnary.
+  options.chunk_bytes = 2000;
+  Client all_unary(server.address(), options);
+  c = ops.NanOutput();
+  r = all_unary.Multiply(ops.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LE(ops.MaxRelativeError(c), Tolerance<float>());
+  EXPECT_EQ(r->mode, TransferMode::kUnary);
+  EXPECT_TRUE(WaitUntil([&] {
+    return CompletedJobs(server.Log(), "unary") == 7 && CompletedJobs(server.Log(), "stream") == 1;
+  })) << "unary " << CompletedJobs(server.Log(), "unary") << ", stream "
+      << CompletedJobs(server.Log(), "stream");
 }
 
 // Sum of reserved bytes and of running and queued jobs over the devices.

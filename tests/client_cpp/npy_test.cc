@@ -7,12 +7,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/files.h"
 
 namespace dgmm {
 namespace {
@@ -37,10 +37,7 @@ class NpyTest : public ::testing::Test {
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   std::string ReadRaw(const std::string& name) const {
-    std::ifstream f(Path(name), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
+    return testing::ReadFile(Path(name)).value_or("");
   }
 
   // A v1.0 file with header dictionary `dict` (padded by this function) and
