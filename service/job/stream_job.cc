@@ -24,22 +24,29 @@ class ComputeStages final : public StreamStages {
             done(admitted.status());
             return;
           }
-          stage_ = *admitted;
-          done(Started{.stage = stage_,
-                       .pool = &stage_->job().block_buffers(),
-                       .job_id = stage_->job().stats().job_id()});
+          std::shared_ptr<ComputeStage> stage = *admitted;
+          stage_ = stage;
+          done(Started{.stage = stage,
+                       .pool = &stage->job().block_buffers(),
+                       .job_id = stage->job().stats().job_id()});
         });
     if (!s.ok()) return s;
     return std::nullopt;
   }
   void Cancel() override { session_->Cancel(); }
   absl::Status cancelled_status() const override { return session_->cancelled_status(); }
-  v1::JobStats stats() const override { return stage_->job().stats(); }
+  // Asked only once the pipeline ended OK; the pipeline holds the stage.
+  v1::JobStats stats() const override {
+    std::shared_ptr<ComputeStage> stage = stage_.lock();
+    return stage != nullptr ? stage->job().stats() : v1::JobStats();
+  }
 
  private:
   const std::shared_ptr<JobSession> session_;
   const Intake* const intake_;
-  std::shared_ptr<ComputeStage> stage_;  // set once admitted, before `done` runs
+  // Set once admitted, before `done` runs; weak, so that a job admitted
+  // after its call ended gives its reservation back at once.
+  std::weak_ptr<ComputeStage> stage_;
 };
 
 class EchoStages final : public StreamStages {
