@@ -24,7 +24,7 @@ compile_pkgs=(
   grpc-proto libcivetweb-dev
 )
 build_pkgs=(
-  "${compile_pkgs[@]}" git
+  "${compile_pkgs[@]}" git ccache
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
   python3 python3-grpcio python3-numpy python3-protobuf python3-yaml

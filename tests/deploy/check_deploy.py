@@ -52,6 +52,7 @@ OTHER_TOOL_FLAGS = {
     "useradd/groupadd": {"system", "uid", "gid", "no_create_home", "shell"},
     "grpcurl/curl": {"plaintext", "silent", "fail", "cacert", "insecure"},
     "docker/flags_table.py": {"check", "write", "doc"},
+    "tests/deploy/run_container.py": {"prepare", "cli", "work", "no_compose"},
     "abseil (built into dgmm-server)": {"help", "helpfull", "version", "flagfile"},
 }
 
