@@ -144,16 +144,15 @@ absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mo
 absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode mode,
                                                 absl::Time arrived, absl::Time deadline,
                                                 StartCallback done, const std::string& client) {
-  const v1::JobGroup* group_of_job = job.group.has_value() ? &*job.group : nullptr;
   if (draining_) {
     const absl::Status draining =
         absl::UnavailableError("server is draining; retry on another replica");
-    metrics_->Refused(0, draining, group_of_job, job.problem.lines());
+    metrics_->Refused(0, draining, job);
     return draining;
   }
   auto route = RouteJob(job, mode);
   if (!route.ok()) {
-    metrics_->Refused(0, route.status(), group_of_job, job.problem.lines());
+    metrics_->Refused(0, route.status(), job);
     return route.status();
   }
   const Problem problem = job.problem;
@@ -205,7 +204,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   auto ticket =
       admission_->Submit(route->need, deadline, std::move(on_admit), client, group_ref);
   if (!ticket.ok()) {
-    metrics_->Refused(route->pool, ticket.status(), group_of_job, problem.lines());
+    metrics_->Refused(route->pool, ticket.status(), job);
   }
   return ticket;
 }

@@ -17,6 +17,7 @@
 #include "dgmm/v1/dgmm.pb.h"
 #include "service/device.h"
 #include "service/job/admission.h"
+#include "service/job/validator.h"
 
 namespace dgmm {
 
@@ -43,6 +44,10 @@ class JobMetrics {
   // or not known yet), with its `lines`.
   void Refused(int pool, const absl::Status& s, const v1::JobGroup* group = nullptr,
                int64_t lines = 0);
+  // The same for a job whose header was valid: its group part, if any.
+  void Refused(int pool, const absl::Status& s, const JobRequest& job) {
+    Refused(pool, s, job.group.has_value() ? &*job.group : nullptr, job.problem.lines());
+  }
   // An admitted job ended with `s`: its outcome, its group part and, when
   // OK, its latency (stats.total_ns) in `mode`'s histogram.
   void Ended(int pool, JobMode mode, const v1::JobStats& stats, int64_t lines,

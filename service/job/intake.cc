@@ -30,6 +30,12 @@ absl::StatusOr<std::byte*> Span(const Region& region, const v1::RegionRef& ref, 
 
 }  // namespace
 
+absl::Status RegionsOffError() {
+  return absl::FailedPreconditionError(
+      "shared-memory and CUDA IPC regions are off on this server (start it with "
+      "--allow_regions); stream the job instead");
+}
+
 // The order of the checks, for every RPC (intake.h).
 const Intake::Step Intake::kSteps[] = {&Intake::Served, &Intake::Header, &Intake::Sources,
                                        &Intake::Fits, &Intake::Payload};
@@ -39,9 +45,11 @@ absl::Status Intake::Check(const JobDraft& draft, IntakenJob* out) const {
   for (Step step : kSteps) {
     absl::Status s = (this->*step)(draft, out);
     if (!s.ok()) {
-      const JobRequest& job = out->job;
-      metrics_->Refused(0, s, header_valid && job.group.has_value() ? &*job.group : nullptr,
-                        header_valid ? job.problem.lines() : 0);
+      if (header_valid) {
+        engine_->metrics().Refused(0, s, out->job);
+      } else {
+        engine_->metrics().Refused(0, s);
+      }
       return s;
     }
     if (step == &Intake::Header) header_valid = true;
@@ -61,9 +69,7 @@ absl::Status Intake::Served(const JobDraft& d, IntakenJob*) const {
         Outcome::kMessageTooLarge);
   }
   if (d.kind == JobKind::kRegion && (regions_ == nullptr || !regions_->enabled())) {
-    return absl::FailedPreconditionError(
-        "shared-memory and CUDA IPC regions are off on this server (start it with "
-        "--allow_regions); stream the job instead");
+    return RegionsOffError();
   }
   return absl::OkStatus();
 }
@@ -92,11 +98,10 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
   auto result = regions_->Find(d.owner, r.result().name());
   if (!result.ok()) return result.status();
   const Region& m = **matrix;
-  if ((*result)->kind() != m.kind() || (*result)->device() != m.device()) {
-    return absl::InvalidArgumentError(
-        "the matrix, result and diagonal regions of one job must be of one kind (and, for "
-        "CUDA IPC, on one GPU)");
-  }
+  const absl::Status mixed = absl::InvalidArgumentError(
+      "the matrix, result and diagonal regions of one job must be of one kind (and, for "
+      "CUDA IPC, on one GPU)");
+  if ((*result)->kind() != m.kind() || (*result)->device() != m.device()) return mixed;
   std::shared_ptr<Region> diagonal_region;
   if (r.has_diagonal()) {
     auto diagonal = regions_->Find(d.owner, r.diagonal().name());
@@ -106,11 +111,7 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
       return absl::InvalidArgumentError(
           "a diagonal in a CUDA IPC region is not supported: send it inline (header.diagonal)");
     }
-    if (m.kind() != v1::REGION_KIND_SYSTEM_SHM) {
-      return absl::InvalidArgumentError(
-          "the matrix, result and diagonal regions of one job must be of one kind (and, for "
-          "CUDA IPC, on one GPU)");
-    }
+    if (m.kind() != v1::REGION_KIND_SYSTEM_SHM) return mixed;
   }
   out->matrix = *matrix;
   out->result = *result;

@@ -68,11 +68,13 @@ struct IntakenJob {
   std::string diagonal;
 };
 
+// FAILED_PRECONDITION: the region RPCs on a server without --allow_regions.
+absl::Status RegionsOffError();
+
 class Intake {
  public:
   // `engine` (and `regions`, null when regions are off) must outlive it.
-  Intake(const Engine* engine, JobMetrics* metrics, const RegionRegistry* regions)
-      : engine_(engine), metrics_(metrics), regions_(regions) {}
+  Intake(Engine* engine, const RegionRegistry* regions) : engine_(engine), regions_(regions) {}
 
   // Runs the steps in order; the first failure is counted and returned.
   absl::Status Check(const JobDraft& draft, IntakenJob* out) const;
@@ -88,8 +90,7 @@ class Intake {
   using Step = absl::Status (Intake::*)(const JobDraft&, IntakenJob*) const;
   static const Step kSteps[];
 
-  const Engine* const engine_;
-  JobMetrics* const metrics_;
+  Engine* const engine_;
   const RegionRegistry* const regions_;
 };
 

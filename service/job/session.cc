@@ -50,8 +50,11 @@ void JobSession::Cancel() {
 }
 
 void JobSession::Refuse(const absl::Status& s, const JobRequest* job) {
-  const v1::JobGroup* group = job != nullptr && job->group.has_value() ? &*job->group : nullptr;
-  engine_->metrics().Refused(0, s, group, job != nullptr ? job->problem.lines() : 0);
+  if (job != nullptr) {
+    engine_->metrics().Refused(0, s, *job);
+  } else {
+    engine_->metrics().Refused(0, s);
+  }
 }
 
 }  // namespace dgmm

@@ -9,7 +9,7 @@ namespace dgmm {
 DgmmService::DgmmService(Engine* engine, std::optional<TokenAuth> auth, StreamTimeouts timeouts,
                          int64_t unary_receive_bytes, int unary_max_waiting,
                          RegionRegistry* regions)
-    : intake_(engine, &engine->metrics(), regions),
+    : intake_(engine, regions),
       gate_(unary_receive_bytes, unary_max_waiting),
       services_{.engine = engine,
                 .intake = &intake_,
@@ -61,17 +61,15 @@ grpc::ServerUnaryReactor* DgmmService::GetRegionStatus(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
-  absl::Status status;
-  v1::GetServerInfoRequest parsed;
-  if (policy_.auth.has_value()) status = policy_.auth->Check(context->client_metadata());
-  if (status.ok() && !wire::ParseMessage(*request, &parsed)) {
-    status = absl::InvalidArgumentError(
-        "GetServerInfo request does not parse as a dgmm.v1.GetServerInfoRequest");
-  }
-  if (status.ok()) {
+  return new UnaryReply(context, &policy_, [&]() -> absl::Status {
+    v1::GetServerInfoRequest parsed;
+    if (!wire::ParseMessage(*request, &parsed)) {
+      return absl::InvalidArgumentError(
+          "GetServerInfo request does not parse as a dgmm.v1.GetServerInfoRequest");
+    }
     *response = wire::EncodeMessage(DescribeServer(*services_.engine, services_.regions));
-  }
-  return new UnaryReply(context, &policy_, status);
+    return absl::OkStatus();
+  });
 }
 
 StreamReactorBase* DgmmGenericService::CreateReactor(grpc::GenericCallbackServerContext* context) {

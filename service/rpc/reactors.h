@@ -14,6 +14,8 @@
 #ifndef DGMM_SERVICE_RPC_REACTORS_H_
 #define DGMM_SERVICE_RPC_REACTORS_H_
 
+#include <functional>
+
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "service/engine/engine.h"
@@ -37,13 +39,14 @@ struct JobServices {
   RegionRegistry* regions = nullptr;  // null: regions off
 };
 
-// A unary call that ends at once with `status` (a reply already in the
-// response buffer when OK).
+// A unary call answered at once: UNAUTHENTICATED, or what `serve` returns
+// (having filled the response when OK).
 class UnaryReply final : public grpc::ServerUnaryReactor {
  public:
-  UnaryReply(grpc::CallbackServerContext* context, CallPolicy* policy, const absl::Status& s)
+  UnaryReply(grpc::CallbackServerContext* context, CallPolicy* policy,
+             const std::function<absl::Status()>& serve)
       : call_(context, policy) {
-    Finish(call_.Status(s));
+    Finish(call_.Status(call_.auth().ok() ? serve() : call_.auth()));
   }
   void OnDone() override { delete this; }
 

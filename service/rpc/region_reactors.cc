@@ -11,12 +11,6 @@
 namespace dgmm {
 namespace {
 
-absl::Status RegionsOff() {
-  return absl::FailedPreconditionError(
-      "shared-memory and CUDA IPC regions are off on this server (start it with "
-      "--allow_regions); stream the job instead");
-}
-
 template <typename Request>
 absl::StatusOr<Request> Parse(const grpc::ByteBuffer& buffer, const char* name) {
   Request r;
@@ -117,7 +111,7 @@ class RegionCallReactor final : public grpc::ServerUnaryReactor {
     if (!call_.auth().ok()) {
       Finish(call_.Status(call_.auth()));
     } else if (registry == nullptr || !registry->enabled()) {
-      Finish(call_.Status(RegionsOff()));
+      Finish(call_.Status(RegionsOffError()));
     } else {
       // gRPC keeps the request and response alive until Finish; the reactor
       // lives until OnDone, which comes after it.

@@ -54,7 +54,7 @@ class IntakeTest : public ::testing::Test {
     return d;
   }
   std::unique_ptr<Engine> engine_ = SmallEngine();
-  Intake intake_{engine_.get(), &engine_->metrics(), /*regions=*/nullptr};
+  Intake intake_{engine_.get(), /*regions=*/nullptr};
 };
 
 TEST_F(IntakeTest, AMessageOverTheLimitIsRefusedBeforeItsHeaderIsLookedAt) {
