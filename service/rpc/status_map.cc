@@ -6,8 +6,11 @@ namespace dgmm {
 
 grpc::Status ToGrpcStatus(const absl::Status& s, grpc::ServerContextBase* context) {
   if (s.ok()) return grpc::Status::OK;
-  if (auto pushback = RetryPushbackMs(s); pushback.has_value() && context != nullptr) {
-    context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(*pushback));
+  if (context != nullptr) {
+    context->AddTrailingMetadata(kOriginTrailer, kOriginServer);
+    if (auto pushback = RetryPushbackMs(s); pushback.has_value()) {
+      context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(*pushback));
+    }
   }
   // absl::StatusCode and grpc::StatusCode share their numbering.
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));

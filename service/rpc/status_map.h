@@ -12,7 +12,13 @@ namespace dgmm {
 
 // Converts `s` (same code, same message); adds the retry hint `s` carries
 // (WithRetryPushback, service/util/retry_pushback.h) to `context` as the
-// `grpc-retry-pushback-ms` trailer.
+// `grpc-retry-pushback-ms` trailer, and marks every error as dgmm's own with
+// the trailer `dgmm-origin: server` (docs/protocol.md §9, rule 3): a client
+// retries an error without it (INTERNAL from an RST_STREAM, RESOURCE_EXHAUSTED
+// from gRPC's transport quota) as a transport failure, and takes dgmm's own
+// INTERNAL or too-large RESOURCE_EXHAUSTED as final.
+inline constexpr char kOriginTrailer[] = "dgmm-origin";
+inline constexpr char kOriginServer[] = "server";
 grpc::Status ToGrpcStatus(const absl::Status& s, grpc::ServerContextBase* context);
 
 }  // namespace dgmm
