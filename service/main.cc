@@ -17,8 +17,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "service/backends/cpu/cpu_device.h"
 #include "service/server.h"
 #include "service/server_flags.h"
@@ -56,9 +58,11 @@ ABSL_FLAG(dgmm::Budget, host_memory_budget, dgmm::Budget::Percent(50),
 ABSL_FLAG(dgmm::Budget, gpu_memory_budget, dgmm::Budget::Percent(80),
           "Device memory jobs may reserve per GPU: bytes (1GiB) or a percentage of the "
           "device's free memory at start (80%).");
-ABSL_FLAG(int, max_queue, 64,
-          "Most jobs waiting for budget at once; beyond it jobs get RESOURCE_EXHAUSTED with a "
-          "grpc-retry-pushback-ms hint.");
+ABSL_FLAG(int, max_queue, 1024,
+          "Most jobs waiting for budget at once. When it is full, a new job takes the place of "
+          "the newest job of the client with the most waiting, which gets RESOURCE_EXHAUSTED "
+          "with a grpc-retry-pushback-ms hint (the newcomer gets it when its own client has the "
+          "most).");
 ABSL_FLAG(int, max_head_wait_ms, 2000,
           "Queue fairness: jobs that fit may pass a larger job at the queue's head only until "
           "it has waited this long; then nothing passes it.");
@@ -75,16 +79,27 @@ ABSL_FLAG(int, stream_first_block_timeout_s, 10,
           "An admitted MultiplyStream that sends no block within this many seconds of its "
           "acceptance is ended with DEADLINE_EXCEEDED and its memory given back.");
 ABSL_FLAG(int, max_running_per_client, 8,
-          "Fair share: most jobs one client (its bearer token, else its address) may have "
-          "admitted at once; its further jobs wait while other clients' jobs go first. 0 = no "
-          "limit.");
-ABSL_FLAG(int, max_queued_per_client, 16,
-          "Fair share: most jobs one client may have waiting for admission; beyond it its jobs "
-          "get RESOURCE_EXHAUSTED with a grpc-retry-pushback-ms hint. 0 = no limit.");
+          "Fair share: jobs one client connection may have admitted within its share; its "
+          "further jobs wait behind other clients' jobs and run when no job within its share "
+          "waits for room (never refused for it). 0 = no limit.");
+ABSL_FLAG(int, max_queued_per_client, 0,
+          "Hard cap: most jobs one client connection may have waiting for admission; beyond it "
+          "its jobs get RESOURCE_EXHAUSTED (client_limit) with a grpc-retry-pushback-ms hint. "
+          "0 = no cap (default): a full queue is shared by displacement (--max_queue).");
 ABSL_FLAG(int, max_client_share_percent, 50,
-          "Fair share: most of each memory budget one client may hold while it has a job "
-          "running (a client with nothing running may always start one job that fits). 100 = "
-          "no limit.");
+          "Fair share: most of each memory budget one client host (its bearer token, else its "
+          "address) may hold within its share while it has a job running; beyond it its jobs "
+          "wait behind others' and run when nobody else needs the room. 100 = no limit.");
+ABSL_FLAG(std::string, trusted_proxies, "",
+          "Comma-separated peer addresses (e.g. 10.0.0.5,::1) of proxies trusted to name the "
+          "client: from them, the first address of the x-forwarded-for metadata is the client "
+          "for the fair share. Empty: none (every client behind a proxy shares its address; "
+          "each connection still takes its own turn).");
+ABSL_FLAG(bool, http2_bdp_probe, false,
+          "Let gRPC grow stream windows with the link's bandwidth-delay product. Off (default), "
+          "a call waiting to be read holds at most one 64 KiB window of transport memory, so "
+          "that honest floods never reach the transport quota's reclaimer (which cancels "
+          "streams at random); on, waiting calls hold larger windows.");
 ABSL_FLAG(std::string, transport_memory_budget, "auto",
           "Memory gRPC itself may hold (messages being received, connection buffers), as a "
           "grpc::ResourceQuota: bytes (128MiB), or auto = half the host budget within [64MiB, "
@@ -344,6 +359,11 @@ int Main(int argc, char** argv) {
   so.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   so.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   so.enable_bench_echo = absl::GetFlag(FLAGS_enable_bench_echo);
+  so.http2_bdp_probe = absl::GetFlag(FLAGS_http2_bdp_probe);
+  for (absl::string_view p :
+       absl::StrSplit(absl::GetFlag(FLAGS_trusted_proxies), ',', absl::SkipWhitespace())) {
+    so.trusted_proxies.emplace_back(absl::StripAsciiWhitespace(p));
+  }
   so.transport_memory_bytes = transport_bytes;
   so.stream_timeouts = timeouts;
   so.allow_regions = absl::GetFlag(FLAGS_allow_regions);

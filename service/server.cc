@@ -82,6 +82,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->service_ = std::make_unique<DgmmService>(s->engine_.get(), auth, options.stream_timeouts,
                                               unary_receive, options.max_waiting_unary_calls,
                                               s->regions_.get());
+  s->service_->set_trusted_proxies(options.trusted_proxies);
   s->generic_ = std::make_unique<DgmmGenericService>(s->service_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -116,6 +117,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, options.http2_bdp_probe ? 1 : 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_idle)));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,

@@ -46,6 +46,16 @@ struct ServerOptions {
   // cancels streams ("Buffers full", RESOURCE_EXHAUSTED) until it is back
   // under. 0: no quota.
   int64_t transport_memory_bytes = 0;
+  // Peer addresses of proxies whose `x-forwarded-for` metadata names the
+  // client for the fair share (docs/admission.md).
+  std::vector<std::string> trusted_proxies;
+  // gRPC's bandwidth-delay-product probe: on, gRPC grows every stream's
+  // receive window with the link, so that calls waiting to be read hold up
+  // to that window each in transport memory (a flood then meets the quota's
+  // reclaimer, which cancels streams at random); off, a waiting call holds
+  // one initial window (64 KiB) and a call being read is given a window for
+  // the message it reads (docs/operations.md §12).
+  bool http2_bdp_probe = false;
   // Most Multiply calls that may wait for room to have their request read
   // (ReceiveGate); beyond it they get RESOURCE_EXHAUSTED with a pushback.
   int max_waiting_unary_calls = 1024;

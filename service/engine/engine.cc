@@ -143,7 +143,7 @@ absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mo
 
 absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode mode,
                                                 absl::Time arrived, absl::Time deadline,
-                                                StartCallback done, const std::string& client) {
+                                                StartCallback done, const ClientId& client) {
   if (draining_) {
     const absl::Status draining =
         absl::UnavailableError("server is draining; retry on another replica");

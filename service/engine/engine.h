@@ -35,7 +35,7 @@ struct EngineOptions {
   // Budgets: bytes or a percentage of the free memory at start.
   Budget host_memory_budget = Budget::Percent(50);
   Budget gpu_memory_budget = Budget::Percent(80);
-  int max_queue = 64;
+  int max_queue = 1024;
   absl::Duration max_head_wait = absl::Seconds(2);
   int job_threads = 0;  // 0: enough for every device's streams
   // What a request may be (dimensions, block and unary message sizes): the
@@ -43,7 +43,7 @@ struct EngineOptions {
   RequestLimits limits;
   // Fair share (docs/admission.md): most jobs one client may have admitted
   // and waiting at once; 0: no limit.
-  ClientLimits client_limits{.max_running = 8, .max_queued = 16, .max_share_percent = 50};
+  ClientLimits client_limits{.max_running = 8, .max_queued = 0, .max_share_percent = 50};
 };
 
 class Engine;
@@ -100,7 +100,7 @@ class Engine {
   // share of the queue.
   absl::StatusOr<Admission::Ticket> Start(const JobRequest& job, JobMode mode,
                                           absl::Time arrived, absl::Time deadline,
-                                          StartCallback done, const std::string& client = "");
+                                          StartCallback done, const ClientId& client = {});
   // The footprint check of Start alone: OK if the job could ever fit, else
   // RESOURCE_EXHAUSTED (too_large) worded as Start words it. Lets a handler
   // answer "too large" before looking at a payload.

@@ -15,6 +15,7 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
     device_pool_ = other.device_pool_;
     device_bytes_ = other.device_bytes_;
     client_ = std::move(other.client_);
+    host_ = std::move(other.host_);
     group_ = std::move(other.group_);
     other.owner_ = nullptr;
   }
@@ -25,7 +26,7 @@ void Reservation::Release() {
   if (owner_ == nullptr) return;
   Admission* owner = owner_;
   owner_ = nullptr;
-  owner->Return(host_bytes_, device_pool_, device_bytes_, client_, group_);
+  owner->Return(host_bytes_, device_pool_, device_bytes_, client_, host_, group_);
 }
 
 Admission::Admission(std::vector<Pool> pools, int max_queue, absl::Duration max_head_wait,
@@ -57,27 +58,29 @@ bool Admission::FitsLocked(const Need& n) const {
   return dev.reserved + n.device_bytes <= dev.config.capacity;
 }
 
-Reservation Admission::TakeLocked(const Need& n, const std::string& client,
-                                  const std::string& group) {
-  if (!group.empty()) {
-    GroupState& g = groups_[group];
+Reservation Admission::TakeLocked(const Waiter& w) {
+  const Need& n = w.need;
+  if (!w.group.empty()) {
+    GroupState& g = groups_[w.group];
     g.running++;
     g.admitted++;
   }
   pools_[0].reserved += n.host_bytes;
   if (n.device_pool != 0) pools_[n.device_pool].reserved += n.device_bytes;
   pools_[n.device_pool].running++;
-  ClientState& c = clients_[client];
-  c.running++;
-  c.reserved[0] += n.host_bytes;
-  if (n.device_pool != 0) c.reserved[n.device_pool] += n.device_bytes;
+  for (ClientState* c : {&clients_[w.client], &hosts_[w.host]}) {
+    c->running++;
+    c->reserved[0] += n.host_bytes;
+    if (n.device_pool != 0) c->reserved[n.device_pool] += n.device_bytes;
+  }
   Reservation r;
   r.owner_ = this;
   r.host_bytes_ = n.host_bytes;
   r.device_pool_ = n.device_pool;
   r.device_bytes_ = n.device_bytes;
-  r.client_ = client;
-  r.group_ = group;
+  r.client_ = w.client;
+  r.host_ = w.host;
+  r.group_ = w.group;
   return r;
 }
 
@@ -88,14 +91,15 @@ bool Admission::GroupStartedLocked(const Waiter& w) const {
          g->second.admitted < 2 * static_cast<int64_t>(w.parts);
 }
 
-bool Admission::WithinShareLocked(const ClientState& client, const Need& n) const {
-  if (client_limits_.max_running > 0 && client.running >= client_limits_.max_running) {
+bool Admission::WithinShareLocked(const ClientState& connection, const ClientState& host,
+                                  const Need& n) const {
+  if (client_limits_.max_running > 0 && connection.running >= client_limits_.max_running) {
     return false;
   }
-  if (client.running == 0 || client_limits_.max_share_percent >= 100) return true;
+  if (host.running == 0 || client_limits_.max_share_percent >= 100) return true;
   auto held = [&](int pool) {
-    auto it = client.reserved.find(pool);
-    return it == client.reserved.end() ? int64_t{0} : it->second;
+    auto it = host.reserved.find(pool);
+    return it == host.reserved.end() ? int64_t{0} : it->second;
   };
   auto share = [&](int pool) {
     return pools_[pool].config.capacity / 100 * client_limits_.max_share_percent;
@@ -115,9 +119,9 @@ int64_t Admission::PushbackMsLocked() const {
 }
 
 std::list<Admission::Waiter>::iterator Admission::EraseLocked(std::list<Waiter>::iterator it) {
-  auto c = clients_.find(it->client);
-  if (c != clients_.end() && --c->second.queued == 0 && c->second.running == 0) {
-    clients_.erase(c);
+  for (auto [map, key] : {std::pair{&clients_, &it->client}, std::pair{&hosts_, &it->host}}) {
+    auto c = map->find(*key);
+    if (c != map->end() && --c->second.queued == 0 && c->second.running == 0) map->erase(c);
   }
   if (!it->group.empty()) {
     auto g = groups_.find(it->group);
@@ -133,8 +137,41 @@ void Admission::Run(Fired& fired) {
   fired.clear();
 }
 
+bool Admission::DisplaceLocked(const ClientId& client, Fired* fired) {
+  auto queued = [](const std::map<std::string, ClientState>& map, const std::string& key) {
+    auto it = map.find(key);
+    return it == map.end() ? 0 : it->second.queued;
+  };
+  // The waiter that gives way: the newest of the heaviest (host, connection).
+  auto victim = queue_.end();
+  std::pair<int, int> heaviest{-1, -1};
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    const std::pair<int, int> weight{queued(hosts_, it->host), queued(clients_, it->client)};
+    if (weight >= heaviest) {
+      heaviest = weight;
+      victim = it;
+    }
+  }
+  const std::pair<int, int> mine{queued(hosts_, client.host) + 1,
+                                 queued(clients_, client.connection) + 1};
+  if (victim == queue_.end() || mine >= heaviest) return false;
+  const int64_t pushback = PushbackMsLocked();
+  fired->emplace_back(
+      std::move(victim->cb),
+      WithOutcome(WithRetryPushback(
+                      absl::ResourceExhaustedError(absl::StrCat(
+                          "admission queue is full (", max_queue_,
+                          " jobs waiting, --max_queue) and this client had the most of them "
+                          "waiting: its newest gave way to another client's job; retry after ",
+                          pushback, " ms")),
+                      pushback),
+                  Outcome::kQueueFull));
+  EraseLocked(victim);
+  return true;
+}
+
 absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time deadline,
-                                                    Callback cb, const std::string& client,
+                                                    Callback cb, const ClientId& client,
                                                     const GroupRef& group) {
   Fired fired;
   Ticket ticket;
@@ -150,16 +187,7 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
       return WithOutcome(absl::ResourceExhaustedError("job exceeds the budget's capacity"),
                          Outcome::kTooLarge);
     }
-    if (static_cast<int>(queue_.size()) >= max_queue_) {
-      const int64_t pushback = PushbackMsLocked();
-      return WithOutcome(
-          WithRetryPushback(absl::ResourceExhaustedError(absl::StrCat(
-                                "admission queue is full (", max_queue_,
-                                " jobs waiting, --max_queue); retry after ", pushback, " ms")),
-                            pushback),
-          Outcome::kQueueFull);
-    }
-    const auto known = clients_.find(client);
+    const auto known = clients_.find(client.connection);
     if (client_limits_.max_queued > 0 && known != clients_.end() &&
         known->second.queued >= client_limits_.max_queued) {
       const int64_t pushback = PushbackMsLocked();
@@ -172,14 +200,26 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
               pushback),
           Outcome::kClientLimit);
     }
+    if (static_cast<int>(queue_.size()) >= max_queue_ && !DisplaceLocked(client, &fired)) {
+      const int64_t pushback = PushbackMsLocked();
+      return WithOutcome(
+          WithRetryPushback(absl::ResourceExhaustedError(absl::StrCat(
+                                "admission queue is full (", max_queue_,
+                                " jobs waiting, --max_queue) and this client has the most of "
+                                "them; retry after ", pushback, " ms")),
+                            pushback),
+          Outcome::kQueueFull);
+    }
     ticket = next_ticket_++;
-    clients_[client].queued++;
-    // Known by client and id: one client cannot take another's group's turn.
+    clients_[client.connection].queued++;
+    hosts_[client.host].queued++;
+    // Known by host and id (a group's parts come on several connections):
+    // one client cannot take another's group's turn.
     std::string group_key =
-        group.id.empty() ? std::string() : absl::StrCat(client, "\x1f", group.id);
+        group.id.empty() ? std::string() : absl::StrCat(client.host, "\x1f", group.id);
     if (!group_key.empty()) groups_[group_key].queued++;
-    queue_.push_back(Waiter{ticket, need, deadline, absl::Now(), std::move(cb), client,
-                            std::move(group_key), std::max(group.parts, 1)});
+    queue_.push_back(Waiter{ticket, need, deadline, absl::Now(), std::move(cb), client.connection,
+                            client.host, std::move(group_key), std::max(group.parts, 1)});
     PumpLocked(&fired);
   }
   timer_cv_.notify_all();
@@ -212,17 +252,29 @@ void Admission::PumpLocked(Fired* fired) {
                    });
   const absl::Time now = absl::Now();
   const Waiter* blocked_head = nullptr;
+  std::vector<const Entry*> over_share;
   for (const Entry& e : order) {
     if (blocked_head != nullptr && now - blocked_head->enqueued >= max_head_wait_) break;
     Waiter& w = *e.it;
-    if (!WithinShareLocked(clients_[w.client], w.need)) {
-      continue;  // waits for one of its client's own jobs to end
+    if (!WithinShareLocked(clients_[w.client], hosts_[w.host], w.need)) {
+      over_share.push_back(&e);  // waits behind every job within its share
+      continue;
     }
     if (FitsLocked(w.need)) {
-      fired->emplace_back(std::move(w.cb), TakeLocked(w.need, w.client, w.group));
+      fired->emplace_back(std::move(w.cb), TakeLocked(w));
       EraseLocked(e.it);
     } else if (blocked_head == nullptr) {
       blocked_head = &w;
+    }
+  }
+  // Work-conserving: when no job within its share waits for room, the jobs
+  // over their share take what fits, in the same order.
+  if (blocked_head != nullptr) return;
+  for (const Entry* e : over_share) {
+    Waiter& w = *e->it;
+    if (FitsLocked(w.need)) {
+      fired->emplace_back(std::move(w.cb), TakeLocked(w));
+      EraseLocked(e->it);
     }
   }
 }
@@ -268,7 +320,8 @@ void Admission::Close() {
 }
 
 void Admission::Return(int64_t host_bytes, int device_pool, int64_t device_bytes,
-                       const std::string& client, const std::string& group) {
+                       const std::string& client, const std::string& host,
+                       const std::string& group) {
   Fired fired;
   {
     std::lock_guard lock(mu_);
@@ -278,10 +331,12 @@ void Admission::Return(int64_t host_bytes, int device_pool, int64_t device_bytes
     pools_[0].reserved -= host_bytes;
     if (device_pool != 0) pools_[device_pool].reserved -= device_bytes;
     pools_[device_pool].running--;
-    if (auto c = clients_.find(client); c != clients_.end()) {
-      c->second.reserved[0] -= host_bytes;
-      if (device_pool != 0) c->second.reserved[device_pool] -= device_bytes;
-      if (--c->second.running == 0 && c->second.queued == 0) clients_.erase(c);
+    for (auto [map, key] : {std::pair{&clients_, &client}, std::pair{&hosts_, &host}}) {
+      if (auto c = map->find(*key); c != map->end()) {
+        c->second.reserved[0] -= host_bytes;
+        if (device_pool != 0) c->second.reserved[device_pool] -= device_bytes;
+        if (--c->second.running == 0 && c->second.queued == 0) map->erase(c);
+      }
     }
     PumpLocked(&fired);
   }

@@ -7,24 +7,42 @@
 // pool and, when it runs on a GPU, from that GPU's pool too; it is admitted
 // when both fit, atomically.
 //
-// Queue policy (docs/admission.md): clients in turn, then FIFO. Every job
-// belongs to a client (a bearer token, or the peer's address). A client may
-// have at most `max_running_per_client` jobs admitted and
-// `max_queued_per_client` waiting; the queue is ordered so that each client's
-// k-th job (counting its admitted ones) comes before any client's (k+1)-th,
-// arrival order breaking ties, so one client's backlog never stands in front
-// of another client's first job, and a client with a job running may hold at
-// most `max_share_percent` of a budget. Over that order: a job behind the head may be
-// admitted first when it fits the free budget now ("backfill"), so that small
-// jobs do not wait behind a huge one, but only while the head has waited less
-// than `max_head_wait`; after that nothing passes the head until it is
-// admitted, so that a huge job does not wait forever behind a stream of small
-// ones. Job groups (the parts of one striped job, JobHeader.group): once a
+// Queue policy (docs/admission.md), work-conserving: a fair share orders
+// the queue and never turns into a refusal while there is room.
+//
+// Every job belongs to a client at two levels (ClientId): its connection,
+// the unit that takes turns, and its host (a bearer token, or the peer's
+// address), the ceiling over that host's connections. The queue is ordered
+// so that each connection's k-th job (counting its admitted ones) comes
+// before any connection's (k+1)-th, arrival order breaking ties: one
+// connection's backlog never stands in front of another's first job. A job
+// is within its share while its connection has fewer than
+// `max_running_per_client` jobs admitted and its host, once it has a job
+// running, holds at most `max_share_percent` of a budget with it. Jobs
+// within their share are admitted first; a job over its share waits behind
+// them and is admitted, when it fits, as soon as no job within its share is
+// waiting for room (nobody else needs the room).
+//
+// Over that order: a job behind the head may be admitted first when it fits
+// the free budget now ("backfill"), so that small jobs do not wait behind a
+// huge one, but only while the head has waited less than `max_head_wait`;
+// after that nothing passes the head until it is admitted, so that a huge
+// job does not wait forever behind a stream of small ones. Job groups (the
+// parts of one striped job, JobHeader.group, known by host and id): once a
 // part of a group is admitted and running, the group's queued parts go ahead
-// of every other waiter (other groups' parts and lone jobs), still under the
-// per-client limits and the head-wait rule, so that a started group is not
-// left half-run behind other groups. A group counts as started from its
-// first admitted part until none of its parts runs or waits. Thread-safe.
+// of every other waiter, still under the shares and the head-wait rule, so
+// that a started group is not left half-run behind other groups. A group
+// counts as started from its first admitted part until none of its parts
+// runs or waits.
+//
+// The queue holds at most `max_queue` jobs. When it is full, a new job takes
+// the place of the newest job of the client that has the most waiting (the
+// host with the most, then its connection with the most), which is refused
+// with RESOURCE_EXHAUSTED and a retry pushback; only when the newcomer's own
+// client has the most is the newcomer refused. A client that queues little
+// is never refused for a full queue while another queues more.
+// `max_queued_per_client` (off by default) is a hard cap per connection.
+// Thread-safe.
 #ifndef DGMM_SERVICE_JOB_ADMISSION_H_
 #define DGMM_SERVICE_JOB_ADMISSION_H_
 
@@ -67,8 +85,22 @@ class Reservation {
   int64_t host_bytes_ = 0;
   int device_pool_ = 0;  // 0: host only
   int64_t device_bytes_ = 0;
-  std::string client_;
+  std::string client_;  // its connection
+  std::string host_;
   std::string group_;  // Admission's key of the job's group; empty: none
+};
+
+// Who a job belongs to, for the fair share (see the top of this file): its
+// connection and the host (or token) above it. A lone string names a client
+// with one connection.
+struct ClientId {
+  ClientId() = default;
+  ClientId(std::string one) : connection(one), host(std::move(one)) {}  // NOLINT
+  ClientId(const char* one) : ClientId(std::string(one)) {}             // NOLINT
+  ClientId(std::string connection_key, std::string host_key)
+      : connection(std::move(connection_key)), host(std::move(host_key)) {}
+  std::string connection;
+  std::string host;
 };
 
 // Which job group a job belongs to (JobHeader.group): its id and its number
@@ -88,11 +120,13 @@ struct Need {
 
 // Per-client limits of the admission queue (docs/admission.md).
 struct ClientLimits {
-  int max_running = 0;  // admitted jobs per client; 0: no limit
-  int max_queued = 0;   // waiting jobs per client; 0: no limit
-  // Most of each budget one client may hold, in percent, once it has a job
-  // running: a client with nothing running may always start one job that
-  // fits, however large. 100: no limit.
+  // Admitted jobs per connection within its share; more wait until nobody
+  // within their share needs the room. 0: no limit.
+  int max_running = 0;
+  int max_queued = 0;  // waiting jobs per connection, a hard cap; 0: no limit
+  // Most of each budget one host may hold within its share, in percent, once
+  // it has a job running: a host with nothing running may always start one
+  // job that fits, however large. 100: no limit.
   int max_share_percent = 100;
 };
 
@@ -124,9 +158,11 @@ class Admission {
   ~Admission();
 
   // RESOURCE_EXHAUSTED at once when the need exceeds a pool's capacity (the
-  // caller words that message, it knows the job), the queue is full, or
-  // `client` already has its most jobs waiting (both with a retry
-  // pushback). Otherwise returns a ticket; `cb` runs when the job is
+  // caller words that message, it knows the job), the queue is full and
+  // `client` has the most jobs waiting, or `client` already has
+  // max_queued jobs waiting (both with a retry pushback). Otherwise returns
+  // a ticket (a full queue's newest job of the client with the most waiting
+  // then gives way: its callback runs with RESOURCE_EXHAUSTED); `cb` runs when the job is
   // admitted, its deadline passes while queued, or it is cancelled.
   // `group`: the job group the job is a part of (see the top of this file);
   // a group is known by its client and id together, so that one client
@@ -135,7 +171,7 @@ class Admission {
   // (room for a retried part each), so that a group cannot keep the front
   // for ever.
   absl::StatusOr<Ticket> Submit(const Need& need, absl::Time deadline, Callback cb,
-                                const std::string& client = "", const GroupRef& group = {});
+                                const ClientId& client = {}, const GroupRef& group = {});
 
   // Ends a queued job with `why` (CANCELLED, or DEADLINE_EXCEEDED when the
   // caller's deadline is what ended it); no effect if it was already admitted
@@ -169,7 +205,8 @@ class Admission {
     absl::Time deadline;
     absl::Time enqueued;
     Callback cb;
-    std::string client;
+    std::string client;  // connection
+    std::string host;
     std::string group;  // key in groups_, empty for none
     int parts = 1;
   };
@@ -179,7 +216,7 @@ class Admission {
     int queued = 0;        // parts waiting
     int64_t admitted = 0;  // parts admitted since the group was last idle
   };
-  struct ClientState {
+  struct ClientState {  // a connection, or a host
     int running = 0;
     int queued = 0;
     std::map<int, int64_t> reserved;  // bytes held, by pool
@@ -195,14 +232,19 @@ class Admission {
 
   friend class Reservation;
   void Return(int64_t host_bytes, int device_pool, int64_t device_bytes,
-              const std::string& client, const std::string& group);
+              const std::string& client, const std::string& host, const std::string& group);
   // Whether a waiter's group has started (a part admitted since it was last
   // idle) and may still go first.
   bool GroupStartedLocked(const Waiter& w) const;
   bool FitsLocked(const Need& n) const;
-  // Whether `client` may take `n` under the per-client limits now.
-  bool WithinShareLocked(const ClientState& client, const Need& n) const;
-  Reservation TakeLocked(const Need& n, const std::string& client, const std::string& group);
+  // Whether a connection and its host may take `n` within their share now.
+  bool WithinShareLocked(const ClientState& connection, const ClientState& host,
+                         const Need& n) const;
+  Reservation TakeLocked(const Waiter& w);
+  // When the queue is full: makes room for `client`'s job by refusing the
+  // newest job of the client with the most waiting, into *fired; false when
+  // `client` itself has the most (the newcomer is refused).
+  bool DisplaceLocked(const ClientId& client, Fired* fired);
   int64_t PushbackMsLocked() const;
   // Removes a waiter from the queue and from its client's count.
   std::list<Waiter>::iterator EraseLocked(std::list<Waiter>::iterator it);
@@ -215,7 +257,9 @@ class Admission {
   std::condition_variable timer_cv_;
   std::vector<PoolState> pools_ ABSL_GUARDED_BY(mu_);
   std::list<Waiter> queue_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, ClientState> clients_ ABSL_GUARDED_BY(mu_);  // clients with a job running or queued
+  // Connections and hosts with a job running or queued.
+  std::map<std::string, ClientState> clients_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ClientState> hosts_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, GroupState> groups_ ABSL_GUARDED_BY(mu_);  // groups with a part running or queued
   const int max_queue_;
   const ClientLimits client_limits_;

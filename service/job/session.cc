@@ -29,7 +29,7 @@ absl::Status JobSession::Start(const JobRequest& job, JobMode mode, Admitted adm
         admitted(std::make_shared<ComputeStage>(
             std::move(*job), [self] { return self->cancelled_status(); }));
       },
-      call_.client);
+      call_.id());
   if (!ticket.ok()) return ticket.status();
   ticket_ = *ticket;
   lock.unlock();

@@ -32,8 +32,13 @@ namespace dgmm {
 
 // What the RPC layer knows of a call.
 struct CallInfo {
-  // Who asked, for the fair share of the queue: a token or a peer address.
+  // Who asked: a token or the peer's address (the fair share's host, and
+  // the owner of regions) ...
   std::string client;
+  // ... and over which connection (the unit that takes turns in the queue).
+  // Empty: the client has one.
+  std::string connection;
+  ClientId id() const { return {connection.empty() ? client : connection, client}; }
   absl::Time arrived;
   absl::Time deadline = absl::InfiniteFuture();
 };

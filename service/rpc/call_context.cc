@@ -1,7 +1,9 @@
 #include "service/rpc/call_context.h"
 
+#include <algorithm>
 #include <chrono>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "service/rpc/status_map.h"
@@ -17,17 +19,22 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
   return absl::FromChrono(d);
 }
 
-// Who a call comes from, for the fair share of the queue: the peer's address
-// without its port ("127.0.0.1", "::1"), so that one client's connections
-// count as one, with the index of its bearer token when several are
-// configured.
-std::string ClientKey(const grpc::CallbackServerContext* context, int token_index) {
-  std::string peer = context->peer();  // "ipv4:1.2.3.4:5", "ipv6:[::1]:5", "unix:..."
+// Who a call comes from, for the fair share of the queue
+// (docs/admission.md): the peer's address without its port ("127.0.0.1",
+// "::1"), with the index of its bearer token when several are configured,
+// is the client (the share's ceiling, and the owner of regions); the peer
+// with its port is its connection, the unit that takes turns. From a
+// trusted proxy, the first address of `x-forwarded-for` is both.
+void ClientKeys(const grpc::CallbackServerContext* context, int token_index,
+                const std::vector<std::string>& trusted_proxies, CallInfo* info) {
+  const std::string peer = context->peer();  // "ipv4:1.2.3.4:5", "ipv6:[::1]:5", "unix:..."
   absl::string_view host(peer);
+  absl::string_view connection(peer);
   if (const size_t colon = host.find(':'); colon != absl::string_view::npos) {
     const absl::string_view scheme = host.substr(0, colon);
     if (scheme == "ipv4" || scheme == "ipv6") {
       host.remove_prefix(colon + 1);
+      connection = host;
       if (!host.empty() && host.front() == '[') {
         host = host.substr(1, host.find(']') - 1);
       } else if (const size_t port = host.rfind(':'); port != absl::string_view::npos) {
@@ -35,7 +42,20 @@ std::string ClientKey(const grpc::CallbackServerContext* context, int token_inde
       }
     }
   }
-  return token_index > 0 ? absl::StrCat("token", token_index, "@", host) : std::string(host);
+  if (std::find(trusted_proxies.begin(), trusted_proxies.end(), host) != trusted_proxies.end()) {
+    const auto& metadata = context->client_metadata();
+    if (auto it = metadata.find("x-forwarded-for"); it != metadata.end()) {
+      absl::string_view forwarded(it->second.data(), it->second.size());
+      forwarded = absl::StripAsciiWhitespace(forwarded.substr(0, forwarded.find(',')));
+      if (!forwarded.empty() && forwarded.size() <= 64) {
+        host = forwarded;
+        connection = forwarded;
+      }
+    }
+  }
+  const std::string prefix = token_index > 0 ? absl::StrCat("token", token_index, "@") : "";
+  info->client = absl::StrCat(prefix, host);
+  info->connection = absl::StrCat(prefix, connection);
 }
 
 }  // namespace
@@ -52,9 +72,9 @@ CallContext::CallContext(grpc::CallbackServerContext* context, CallPolicy* polic
       auth_ = matched.status();
     }
   }
-  info_ = CallInfo{.client = ClientKey(context, token),
-                   .arrived = absl::Now(),
-                   .deadline = DeadlineOf(context)};
+  info_.arrived = absl::Now();
+  info_.deadline = DeadlineOf(context);
+  ClientKeys(context, token, policy_->trusted_proxies, &info_);
 }
 
 grpc::Status CallContext::Status(const absl::Status& s) const { return ToGrpcStatus(s, context_); }

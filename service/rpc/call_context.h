@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
@@ -21,6 +22,9 @@ namespace dgmm {
 // What a service's calls share: its token check and its count of calls.
 struct CallPolicy {
   std::optional<TokenAuth> auth;
+  // Peer addresses (as in "10.0.0.5", "::1") of proxies whose
+  // `x-forwarded-for` metadata names the client (--trusted_proxies).
+  std::vector<std::string> trusted_proxies;
   std::atomic<int64_t> calls{0};
 };
 

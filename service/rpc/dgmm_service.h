@@ -47,6 +47,12 @@ class DgmmService final
               int64_t unary_receive_bytes, int unary_max_waiting,
               RegionRegistry* regions = nullptr);
 
+  // Proxies whose `x-forwarded-for` names the client for the fair share
+  // (CallPolicy). Call before serving.
+  void set_trusted_proxies(std::vector<std::string> proxies) {
+    policy_.trusted_proxies = std::move(proxies);
+  }
+
   // A Multiply call (from DgmmGenericService).
   StreamReactorBase* NewMultiply(grpc::CallbackServerContext* context);
   StreamReactorBase* MultiplyStream(grpc::CallbackServerContext* context) override;

@@ -219,3 +219,138 @@ TEST(Admission, ManyThreadsLeaveNothingReserved) {
 
 }  // namespace
 }  // namespace dgmm
+
+namespace dgmm {
+namespace {
+
+// ------------------------------------------------ fair share (issue 22)
+
+ClientLimits Limits(int max_running, int max_share_percent = 100) {
+  return ClientLimits{.max_running = max_running, .max_queued = 0,
+                      .max_share_percent = max_share_percent};
+}
+
+TEST(AdmissionFairShare, JobOverItsShareRunsWhenNobodyElseWaits) {
+  // One connection, one job within its share: its second job is over its
+  // share, yet it runs at once because no other job waits for the room.
+  Admission a({{"cpu", 100}}, 8, absl::Seconds(10), Limits(1));
+  Slot first, second;
+  ASSERT_TRUE(a.Submit({.host_bytes = 30}, absl::InfiniteFuture(), first.Callback(), "a").ok());
+  ASSERT_TRUE(a.Submit({.host_bytes = 30}, absl::InfiniteFuture(), second.Callback(), "a").ok());
+  EXPECT_TRUE(first.admitted());
+  EXPECT_TRUE(second.admitted());
+  EXPECT_EQ(a.running(), 2);
+  first.Release();
+  second.Release();
+  EXPECT_EQ(a.total_reserved(), 0);
+}
+
+TEST(AdmissionFairShare, JobOverItsShareWaitsBehindAnotherClientsJobThatNeedsTheRoom) {
+  Admission a({{"cpu", 100}}, 8, absl::Seconds(10), Limits(1));
+  Slot a1, a2, b1;
+  ASSERT_TRUE(a.Submit({.host_bytes = 60}, absl::InfiniteFuture(), a1.Callback(), "a").ok());
+  ASSERT_TRUE(a1.admitted());
+  // b1 is within its share but does not fit beside a1 (60 + 50 > 100).
+  ASSERT_TRUE(a.Submit({.host_bytes = 50}, absl::InfiniteFuture(), b1.Callback(), "b").ok());
+  // a2 would fit (60 + 30), but it is over a's share and b1 needs the room.
+  ASSERT_TRUE(a.Submit({.host_bytes = 30}, absl::InfiniteFuture(), a2.Callback(), "a").ok());
+  EXPECT_FALSE(b1.done());
+  EXPECT_FALSE(a2.done());
+  a1.Release();
+  // b1 first; then a2 fits beside it and nobody within a share waits.
+  EXPECT_TRUE(b1.admitted());
+  EXPECT_TRUE(a2.admitted());
+  b1.Release();
+  a2.Release();
+  EXPECT_EQ(a.total_reserved(), 0);
+}
+
+TEST(AdmissionFairShare, ConnectionsOfOneHostTakeTurns) {
+  // Connection h:1 has a job running and three waiting; h:2 (same host) has
+  // one waiting. When room frees, h:2's first job (rank 0) goes before
+  // h:1's second (rank 1).
+  Admission a({{"cpu", 20}}, 16, absl::Seconds(10), Limits(0));
+  Slot h1_running, other, c1[3], c2;
+  ASSERT_TRUE(a.Submit({.host_bytes = 10}, absl::InfiniteFuture(), h1_running.Callback(),
+                       ClientId("h:1", "h")).ok());
+  ASSERT_TRUE(a.Submit({.host_bytes = 10}, absl::InfiniteFuture(), other.Callback(), "x").ok());
+  for (Slot& s : c1) {
+    ASSERT_TRUE(a.Submit({.host_bytes = 10}, absl::InfiniteFuture(), s.Callback(),
+                         ClientId("h:1", "h")).ok());
+  }
+  ASSERT_TRUE(a.Submit({.host_bytes = 10}, absl::InfiniteFuture(), c2.Callback(),
+                       ClientId("h:2", "h")).ok());
+  other.Release();
+  EXPECT_TRUE(c2.admitted());
+  EXPECT_FALSE(c1[0].done());
+  c2.Release();
+  EXPECT_TRUE(c1[0].admitted());
+  h1_running.Release();
+  EXPECT_TRUE(c1[1].admitted());
+  c1[0].Release();
+  c1[1].Release();
+  EXPECT_TRUE(c1[2].admitted());
+  c1[2].Release();
+  EXPECT_EQ(a.total_reserved(), 0);
+}
+
+TEST(AdmissionFairShare, HostShareIsACeilingOverItsConnections) {
+  // Host h holds 50% through connection h:1; a job from its other
+  // connection h:2 is over the host's 50% share and waits behind b's job,
+  // which needs the room.
+  Admission a({{"cpu", 100}}, 16, absl::Seconds(10), Limits(0, 50));
+  Slot h1, h2, b1;
+  ASSERT_TRUE(a.Submit({.host_bytes = 50}, absl::InfiniteFuture(), h1.Callback(),
+                       ClientId("h:1", "h")).ok());
+  ASSERT_TRUE(h1.admitted());
+  ASSERT_TRUE(a.Submit({.host_bytes = 60}, absl::InfiniteFuture(), b1.Callback(), "b").ok());
+  ASSERT_TRUE(a.Submit({.host_bytes = 20}, absl::InfiniteFuture(), h2.Callback(),
+                       ClientId("h:2", "h")).ok());
+  EXPECT_FALSE(h2.done()) << "over the host's share while b waits for room";
+  h1.Release();
+  EXPECT_TRUE(b1.admitted());
+  EXPECT_TRUE(h2.admitted());  // fits beside b1 and nobody else waits
+  b1.Release();
+  h2.Release();
+  EXPECT_EQ(a.total_reserved(), 0);
+}
+
+TEST(AdmissionFairShare, FullQueueRefusesTheNewestJobOfTheClientWithTheMostWaiting) {
+  Admission a({{"cpu", 10}}, 3, absl::Seconds(10), Limits(0));
+  Slot running, hog[3], honest, hog_again;
+  ASSERT_TRUE(a.Submit({.host_bytes = 10}, absl::InfiniteFuture(), running.Callback(), "x").ok());
+  for (Slot& s : hog) {
+    ASSERT_TRUE(a.Submit({.host_bytes = 5}, absl::InfiniteFuture(), s.Callback(), "hog").ok());
+  }
+  // The queue is full (3): the honest client's job takes the hog's newest place.
+  ASSERT_TRUE(a.Submit({.host_bytes = 5}, absl::InfiniteFuture(), honest.Callback(), "h").ok());
+  ASSERT_TRUE(hog[2].done());
+  EXPECT_EQ(hog[2].code(), absl::StatusCode::kResourceExhausted);
+  {
+    std::lock_guard lock(hog[2].mu);
+    const absl::Status& s = hog[2].result->status();
+    EXPECT_TRUE(RetryPushbackMs(s).has_value());
+    EXPECT_EQ(OutcomeOf(s), Outcome::kQueueFull);
+  }
+  EXPECT_FALSE(hog[0].done());
+  EXPECT_FALSE(hog[1].done());
+  EXPECT_EQ(a.queued(), 3);
+  // The hog still has the most waiting (2 against 1): its next job is refused itself.
+  auto t = a.Submit({.host_bytes = 5}, absl::InfiniteFuture(), hog_again.Callback(), "hog");
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(RetryPushbackMs(t.status()).has_value());
+  EXPECT_EQ(OutcomeOf(t.status()), Outcome::kQueueFull);
+  running.Release();
+  // Clients in turn: the honest job and the hog's first both fit (5 + 5).
+  EXPECT_TRUE(honest.admitted());
+  EXPECT_TRUE(hog[0].admitted());
+  honest.Release();
+  hog[0].Release();
+  EXPECT_TRUE(hog[1].admitted());
+  hog[1].Release();
+  EXPECT_EQ(a.total_reserved(), 0);
+  EXPECT_EQ(a.queued(), 0);
+}
+
+}  // namespace
+}  // namespace dgmm
