@@ -152,9 +152,13 @@ bool Admission::DisplaceLocked(const ClientId& client, Fired* fired) {
       victim = it;
     }
   }
-  const std::pair<int, int> mine{queued(hosts_, client.host) + 1,
-                                 queued(clients_, client.connection) + 1};
-  if (victim == queue_.end() || mine >= heaviest) return false;
+  if (victim == queue_.end()) return false;
+  // The newcomer loses ties, compared where it and the victim differ: their
+  // hosts, or their connections when they share a host.
+  const bool same_host = victim->host == client.host;
+  const int mine = same_host ? queued(clients_, client.connection) + 1
+                             : queued(hosts_, client.host) + 1;
+  if (mine >= (same_host ? heaviest.second : heaviest.first)) return false;
   const int64_t pushback = PushbackMsLocked();
   fired->emplace_back(
       std::move(victim->cb),

@@ -468,12 +468,14 @@ TEST(StripeGroupEndTest, DeadlineEndsEveryPartAndReturnsEveryReservation) {
 }
 
 TEST(StripeGroupEndTest, OnePartsFinalErrorCancelsTheOthers) {
-  // One client may have one job admitted and one waiting: of 4 parts sent
-  // at once, one runs, one waits and the others are refused at once with
-  // RESOURCE_EXHAUSTED, final with max_attempts = 1. That error is the job's
-  // status, and the parts still running or waiting are cancelled.
-  ServerProcess server({"--backend=cpu", "--threads=2", "--max_running_per_client=1",
-                        "--max_queued_per_client=1"});
+  // The budget holds one part (a streamed part needs 33558528 bytes) and
+  // the queue one more: of 4 parts sent at once, one runs, one waits and the
+  // others are refused at once (queue full, and this client has the most
+  // waiting) with RESOURCE_EXHAUSTED, final with max_attempts = 1. That
+  // error is the job's status, and the parts still running or waiting are
+  // cancelled.
+  ServerProcess server({"--backend=cpu", "--threads=2", "--max_queue=1",
+                        "--host_memory_budget=40MiB"});
   ClientOptions options;
   options.stripes = 4;
   options.retry.max_attempts = 1;
@@ -484,7 +486,7 @@ TEST(StripeGroupEndTest, OnePartsFinalErrorCancelsTheOthers) {
   std::vector<float> c = ops.NanOutput();
   absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), c.data(), c.size() * 4);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
-  EXPECT_THAT(r.status().message(), HasSubstr("max_queued_per_client"));
+  EXPECT_THAT(r.status().message(), HasSubstr("queue is full"));
   // Every part made one attempt (or was cancelled before making one).
   EXPECT_GE(AttemptsOf(r.status()), 1);
   EXPECT_LE(AttemptsOf(r.status()), 4);
@@ -500,7 +502,7 @@ TEST(StripeGroupEndTest, OnePartsFinalErrorCancelsTheOthers) {
     if (log.compare(at + 11, 9, "completed") == 0) ++completed;
   }
   EXPECT_GE(ended, 2u) << log;
-  EXPECT_THAT(log, HasSubstr("(4 parts): client_limit (RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(log, HasSubstr("(4 parts): queue_full (RESOURCE_EXHAUSTED"));
   EXPECT_LT(completed, 4u) << server.Log();
 }
 

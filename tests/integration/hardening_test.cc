@@ -532,8 +532,13 @@ TEST(Hardening, UnaryFloodStaysWithinTheBudgetPlusTransportAndMemoryReturns) {
   EXPECT_EQ(failed.load(), 0);
   // Budget + transport quota + 96 MiB of fixed overhead and slack.
   EXPECT_LE(peak, (128L + 64 + 96) << 20);
-  // Memory goes back once the burst is over (trimmed every 2 s when idle).
-  EXPECT_TRUE(WaitUntil([&] { return RssBytes(server.pid()) < idle + (48L << 20); }, 8000))
+  // Memory goes back once the burst is over (trimmed every 2 s when idle),
+  // but for the CPU device's cache of block buffers (kBlockBufferCacheBytes,
+  // 64 MiB), which fills as far as the jobs that ran at once needed: with
+  // every connection taking its own turn, up to the budget's 4 run at once.
+  constexpr long kBlockCache = 64L << 20;  // kBlockBufferCacheBytes, service/device.h
+  EXPECT_TRUE(WaitUntil(
+      [&] { return RssBytes(server.pid()) < idle + kBlockCache + (16L << 20); }, 8000))
       << "RSS stayed at " << (RssBytes(server.pid()) >> 20) << " MiB";
 }
 

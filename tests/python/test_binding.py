@@ -218,9 +218,11 @@ class AsyncioTest(unittest.TestCase):
 
 class PushbackTest(unittest.TestCase):
     def test_a_full_client_queue_gives_retry_after_ms(self):
-        # One job may run and one wait per client: a third is refused at once
-        # with the server's grpc-retry-pushback-ms trailer.
-        server = ServerProcess(flags=["--max_running_per_client=1", "--max_queued_per_client=1"],
+        # The budget holds one streamed job (33.5 MB: a window of 4 MiB
+        # blocks) and the queue one more: a third job, from the client that
+        # has the most waiting, is refused at once with the server's
+        # grpc-retry-pushback-ms trailer.
+        server = ServerProcess(flags=["--max_queue=1", "--host_memory_budget=40MiB"],
                                prefix="dgmm-py-pushback-")
         rng = np.random.default_rng(24)
         big, big_d = job(rng, (8000, 2000))
@@ -234,8 +236,8 @@ class PushbackTest(unittest.TestCase):
                 running = asyncio.ensure_future(client.multiply(  # One part: one job.
                     big, big_d, stripes=1,
                     progress=lambda *_: loop.call_soon_threadsafe(started.set)))
-                await started.wait()
-                waiting = asyncio.ensure_future(client.multiply(small, small_d))
+                await asyncio.wait_for(started.wait(), 60)  # the big job runs
+                waiting = asyncio.ensure_future(client.multiply(big, big_d, stripes=1))
                 while running_jobs(client.sync) < 2 and not running.done():
                     await asyncio.sleep(0.005)
                 self.assertFalse(running.done(), "the first job ended too soon")
@@ -244,7 +246,7 @@ class PushbackTest(unittest.TestCase):
                 results = await asyncio.gather(running, waiting)
                 return raised.exception, results
         try:
-            error, (c_big, c_small) = asyncio.run(main())
+            error, (c_big, c_waited) = asyncio.run(main())
         finally:
             server.stop()
         self.assertEqual(error.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -253,8 +255,8 @@ class PushbackTest(unittest.TestCase):
         self.assertEqual(error.info.attempts, 1)
         np.testing.assert_allclose(c_big, reference(big, big_d, "right"),
                                    rtol=tolerance(big.dtype), atol=0)
-        np.testing.assert_allclose(c_small, reference(small, small_d, "right"),
-                                   rtol=tolerance(small.dtype), atol=0)
+        np.testing.assert_allclose(c_waited, reference(big, big_d, "right"),
+                                   rtol=tolerance(big.dtype), atol=0)
 
 
 CTRL_C_CHILD = textwrap.dedent("""
