@@ -49,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,17 +61,20 @@ sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 from dgmm_server import ServerProcess  # noqa: E402
 
 _child_env = dict(os.environ)
+_source_package = os.path.join(REPO, "client", "python")
 try:
     import dgmm  # noqa: F401
 except ImportError:  # a plain python3 and a built tree: the source package plus build/python
-    sys.path.insert(0, os.path.join(REPO, "client", "python"))
-    _child_env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "client", "python")] + [x for x in [os.environ.get("PYTHONPATH")] if x])
+    sys.path.insert(0, _source_package)
     try:
         import dgmm  # noqa: F401,E402
     except ImportError as e:
         print("SKIP: the dgmm Python package does not import (%s); build the tree first" % e)
         sys.exit(77)
+if os.path.abspath(dgmm.__file__).startswith(_source_package + os.sep):
+    # Imported from the source tree (bench/attacks.py does that): so must the workers.
+    _child_env["PYTHONPATH"] = os.pathsep.join(
+        [_source_package] + [x for x in [os.environ.get("PYTHONPATH")] if x])
 
 
 def parse_bytes(text):
@@ -159,9 +163,13 @@ class Watched:
         self.address = self.server.address
         self.max_fds = 0
         self.client = dgmm.Client(self.address)
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
 
-    def sample(self):
-        self.max_fds = max(self.max_fds, fd_count(self.pid))
+    def _sample(self):
+        while not self._stop.wait(0.1):
+            self.max_fds = max(self.max_fds, fd_count(self.pid))
 
     def peak(self):
         return proc_status(self.pid, "VmHWM")
@@ -191,6 +199,8 @@ class Watched:
         return self.counters()
 
     def stop(self):
+        self._stop.set()
+        self._sampler.join()
         self.client.close()
         exited = self.server.process.poll()
         self.server.stop()
@@ -431,7 +441,7 @@ def flood(env, short):
     rounds = 1 if short else 2
     procs = 4
     lines, fails, outcomes = [], [], []
-    peak_all, fds_all = 0, 0
+    peak_all, fds_all = 0, 0  # over every server of the flood
     for calls in levels:
         for via in ("raw", "binding"):
             w = Watched(env)
@@ -462,6 +472,7 @@ def flood(env, short):
             peak = w.peak()
             w.stop()
             peak_all = max(peak_all, peak)
+            fds_all = max(fds_all, w.max_fds)
             d_completed = completed - completed0
             d_rejected = rejected - rejected0
             ok = sum(1 for r in records if r["status"] == "OK")
