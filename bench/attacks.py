@@ -20,10 +20,10 @@ exits non-zero when a target is missed:
   2 s of its first health answer, and no CANCELLED while draining.
 
 The honest-load rows (honest_mixed, honest_fair, honest_fair_proxy,
-honest_flood; issue 22) run tests/load/honest_load.py: many well-behaved client
-processes (Python binding, Node, dgmm-cli) with every result checked; MET only
-when none is lost, wrong, refused after retries or hung, the server's counters
-match the clients', and each refusal is counted. They need the built Python
+honest_flood, honest_drain; issue 22) run tests/load/honest_load.py: many
+well-behaved client processes (Python binding, Node, dgmm-cli) with every
+result checked; MET only when none is lost, wrong, refused after retries or
+hung, the server's counters match the clients', and each refusal is counted. They need the built Python
 binding (build/python) and dgmm-cli (--cli, default next to --server); Node
 clients join when client/node's dependencies are installed.
 """
@@ -557,8 +557,14 @@ def honest_flood(args, budget):
     return _honest(args, "flood")
 
 
+def honest_drain(args, budget):
+    """Honest processes calling through SIGTERM: none hangs past the reconnect limit."""
+    return _honest(args, "drain")
+
+
 ATTACKS = [unary_flood, oversized_unary, oversized_block, gzip_bomb, descriptor_flood,
-           stalled_streams, restart, drain, honest_mixed, honest_fair, honest_fair_proxy, honest_flood]
+           stalled_streams, restart, drain, honest_mixed, honest_fair, honest_fair_proxy, honest_flood,
+           honest_drain]
 
 
 def main():

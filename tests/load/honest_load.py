@@ -46,6 +46,7 @@ import collections
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -207,12 +208,17 @@ class Watched:
         return exited, self.server.process.returncode
 
 
+def start_time(n):
+    """When n worker processes started now can all begin together."""
+    return time.time() + 1.5 + 0.05 * n  # after every interpreter has started
+
+
 def run_workers(env, address, n, duration, concurrency, max_bytes, deadline, seed, mode="mixed",
-                kinds=None, max_wall=None):
-    """n honest worker processes (kinds in turn), started together; their
-    records (each with "worker") and exit codes."""
+                kinds=None, max_wall=None, start_at=None, edge_jobs=False):
+    """n honest worker processes (kinds in turn), started together (at
+    start_at); their records (each with "worker") and exit codes."""
     kinds = kinds or env.kinds()
-    start_at = time.time() + 1.5 + 0.05 * n  # after every interpreter has started
+    start_at = start_at or start_time(n)
     procs = []
     for i in range(n):
         kind = kinds[i % len(kinds)]
@@ -222,6 +228,8 @@ def run_workers(env, address, n, duration, concurrency, max_bytes, deadline, see
                 "--concurrency", str(concurrency), "--max_bytes", str(max_bytes), "--mode", mode,
                 "--deadline", str(deadline), "--cli", env.cli or "", "--node", env.node or "node",
                 "--scratch", env.scratch, "--start_at", "%.3f" % start_at, "--report", report]
+        if edge_jobs and i < len(kinds):  # the edge jobs once through each client library
+            argv.append("--edge_jobs")
         log = open(os.path.join(env.scratch, "worker-%d-%d.log" % (seed, i)), "w")
         procs.append((i, kind, report, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_child_env),
                       log.name))
@@ -276,6 +284,12 @@ def worker_failures(exits):
     return bad
 
 
+def lost_codes(codes):
+    """The failures of classify()'s codes that are neither refusals nor hangs."""
+    return collections.Counter({k: n for k, n in codes.items()
+                                if not k.startswith(("RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "HUNG"))})
+
+
 def describe_failures(codes, limit=6):
     return "; ".join("%d x %s" % (n, what) for what, n in codes.most_common(limit))
 
@@ -291,7 +305,8 @@ def mixed(env, short):
     max_bytes = 15 * MIB + MIB // 2
     w = Watched(env)
     t0 = time.monotonic()
-    records, exits = run_workers(env, w.address, clients, duration, concurrency, max_bytes, deadline, seed=1)
+    records, exits = run_workers(env, w.address, clients, duration, concurrency, max_bytes, deadline, seed=1,
+                                 edge_jobs=True)
     wall = time.monotonic() - t0
     completed, rejected, queued, running, reserved = w.settled_counters()
     peak = w.peak()
@@ -305,7 +320,7 @@ def mixed(env, short):
     moved = sum(2 * r["bytes"] for r in records if r["status"] == "OK")
     fails = []
     if c["lost"]:
-        fails.append("lost %d (%s)" % (c["lost"], describe_failures(codes)))
+        fails.append("lost %d (%s)" % (c["lost"], describe_failures(lost_codes(codes))))
     if c["wrong"]:
         fails.append("wrong %d" % c["wrong"])
     if c["refused"]:
@@ -339,6 +354,11 @@ def mixed(env, short):
         "peak RSS %d MiB (bound %d MiB)" % (completed, c["ok"], dict(rejected), queued, running, reserved,
                                             peak // MIB, env.rss_bound // MIB),
     ]
+    edge = [r for r in records if r.get("edge")]
+    lines.append("  edge jobs (2x600000 / 600000x2 float64, a 4.8 MiB line, 14.4 MiB: unary fits, streaming "
+                 "cannot; client's own mode): %s" % ", ".join(
+                     "%s %s %s" % (r["kind"], r["layout"], r["status"] if r["status"] != "OK" else "OK " + r["mode"])
+                     for r in edge))
     if codes:
         lines.append("  failures: " + describe_failures(codes, 10))
     row = dict(attack="honest mixed load: %d client processes (%s), %.0f s, random shapes <= 15.5 MiB, "
@@ -396,13 +416,13 @@ def fairness(env, short, proxy):
     lat = [r["seconds"] for r in records if r["status"] == "OK"]
     per_worker = collections.Counter(r["worker"] for r in records if r["status"] == "OK")
     fails = []
-    bad = len(records) - c["ok"] + c["wrong"]
-    if bad:
+    if len(records) > c["ok"]:
         fails.append("honest jobs failed %d of %d (%s)" % (len(records) - c["ok"], len(records),
-                                                           describe_failures(codes)) if len(records) > c["ok"]
-                     else "wrong %d" % c["wrong"])
-    if c["wrong"] and len(records) > c["ok"]:
+                                                           describe_failures(codes)))
+    if c["wrong"]:
         fails.append("wrong %d" % c["wrong"])
+    if hstats.get("opened", 0) < streams:
+        fails.append("the hostile client opened %s streams, not %d: no attack" % (hstats.get("opened"), streams))
     starved = [i for i in range(honest) if per_worker[i] == 0]
     if starved:
         fails.append("honest processes with no job done: %s" % starved)
@@ -532,7 +552,83 @@ def flood(env, short):
     return row, lines, fails
 
 
+def drain(env, short):
+    """Honest processes calling in a loop while the server is SIGTERMed: each
+    call that starts after the signal (in the drain window, or once the server
+    is gone) ends within the clients' reconnect limit (RetryPolicy
+    max_reconnect_wait, 5 s in every client) plus --drain_slack, and none waits
+    out its deadline; results that came back are right."""
+    clients, duration, deadline = (6, 6.0, 30.0) if short else (16, 12.0, 60.0)
+    if env.args.clients:
+        clients = env.args.clients
+    reconnect_limit = 5.0
+    limit = reconnect_limit + env.args.drain_slack
+    w = Watched(env)
+    start_at = start_time(clients)
+    term_at = [None]
+    peak = [0]
+
+    def terminate():
+        time.sleep(max(0.0, start_at + duration / 3 - time.time()))
+        peak[0] = w.peak()
+        term_at[0] = time.time()
+        w.server.process.send_signal(signal.SIGTERM)
+    killer = threading.Thread(target=terminate)
+    killer.start()
+    records, exits = run_workers(env, w.address, clients, duration, 2, 256 * 1024, deadline, seed=3,
+                                 start_at=start_at)
+    killer.join()
+    try:
+        w.server.process.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    server_rc = w.server.process.returncode
+    w._stop.set()
+    w.client.close()
+    w.server.stop()
+    after = [r for r in records if r["started"] >= term_at[0]]
+    before = [r for r in records if r["started"] < term_at[0]]
+    c_after, codes_after = classify(after)
+    c_before, codes_before = classify(before)
+    slow = [r for r in after if r["seconds"] > limit]
+    fails = []
+    if c_after["hung"] or c_before["hung"]:
+        fails.append("calls that waited out their %.0f s deadline: %d started after SIGTERM, %d before" % (
+            deadline, c_after["hung"], c_before["hung"]))
+    if slow:
+        fails.append("%d of %d calls started after SIGTERM took longer than the reconnect limit %.0f s + %.0f s "
+                     "(slowest %.1f s: %s)" % (len(slow), len(after), reconnect_limit, env.args.drain_slack,
+                                               max(r["seconds"] for r in slow),
+                                               describe_failures(classify(slow)[1], 3)))
+    if c_after["wrong"] + c_before["wrong"]:
+        fails.append("wrong %d" % (c_after["wrong"] + c_before["wrong"]))
+    if not after:
+        fails.append("no call started after SIGTERM (nothing measured)")
+    if server_rc != 0:
+        fails.append("server exit code %s after SIGTERM" % server_rc)
+    fails += worker_failures(exits)
+    durations = [r["seconds"] for r in after]
+    lines = [
+        "drain: %d honest processes (%s) x 2 in flight, SIGTERM %.1f s into %.0f s of load, deadline %.0f s" % (
+            clients, "/".join(env.kinds()), duration / 3, duration, deadline),
+        "  before SIGTERM: %d calls: OK %d, wrong %d, refused %d, hung %d, other %d" % (
+            len(before), c_before["ok"], c_before["wrong"], c_before["refused"], c_before["hung"], c_before["lost"]),
+        "  after SIGTERM: %d calls: OK %d, refused %d, hung %d, other %d; duration p50 %.2f / max %.2f s "
+        "(limit %.0f s)" % (len(after), c_after["ok"], c_after["refused"], c_after["hung"], c_after["lost"],
+                            percentile(durations, 0.5), max(durations or [float("nan")]), limit),
+        "  server exit code %s" % server_rc,
+    ]
+    if codes_after:
+        lines.append("  after SIGTERM: " + describe_failures(codes_after, 6))
+    row = dict(attack="honest calls through SIGTERM: %d processes, calls started in the drain window and after" % clients,
+               outcome="after SIGTERM: %d calls, hung %d, slowest %.1f s (limit %.0f s)" % (
+                   len(after), c_after["hung"], max(durations or [float("nan")]), limit),
+               peak=peak[0], fds=w.max_fds, second=("-", "-"), recover=None)
+    return row, lines, fails
+
+
 TESTS = {"mixed": lambda env, a: mixed(env, a.short),
+         "drain": lambda env, a: drain(env, a.short),
          "fairness": lambda env, a: fairness(env, a.short, a.proxy),
          "flood": lambda env, a: flood(env, a.short)}
 
@@ -552,6 +648,8 @@ def parser():
     p.add_argument("--duration", type=float, default=0, help="override the seconds of load")
     p.add_argument("--streams", type=int, default=1000, help="fairness: the hostile client's stalled streams")
     p.add_argument("--levels", type=int, nargs="*", default=None, help="flood: calls in flight")
+    p.add_argument("--drain_slack", type=float, default=3.0,
+                   help="drain: seconds allowed past the 5 s reconnect limit (backoff, process start)")
     p.add_argument("--json", default="", help="also write {row, lines, failures} here")
     return p
 

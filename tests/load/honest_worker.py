@@ -19,7 +19,7 @@ promises; for the CLI, processes). Jobs start until --duration seconds have
 passed or --jobs have started. Each job's record (one JSON object per job) is
 written to --report at the end:
   {kind, rows, cols, dtype, layout, side, mode_asked, mode, bytes, status,
-   details, attempts, correct, rel_err, seconds}
+   details, attempts, correct, rel_err, seconds, started (time.time())}
 status is "OK" or the final gRPC code's name; correct is None unless OK.
 """
 import argparse
@@ -79,14 +79,26 @@ def draw_job(rng, args):
         if rng.random() < 0.5:
             rows, cols = cols, rows
         dlen = cols if side == "right" else rows
-        if rows * cols + dlen <= cap and max(rows, cols) <= args.max_dim:
+        layout = "col" if rng.random() < 0.5 else "row"
+        line = (rows if layout == "col" else cols) * item
+        # A line over the server's block limit cannot be streamed (the client
+        # policy would stream it anyway when over 4 MiB: see --edge_jobs), so
+        # the random mix keeps lines within it.
+        if rows * cols + dlen <= cap and max(rows, cols) <= args.max_dim and line <= args.max_block:
             break
-    layout = "col" if rng.random() < 0.5 else "row"
     if args.mode == "mixed":
         mode = [None, False, True][int(rng.integers(0, 3))]
     else:
         mode = {"auto": None, "unary": False, "stream": True}[args.mode]
     return dict(rows=rows, cols=cols, dtype=dtype, layout=layout, side=side, stream=mode)
+
+
+# Honest jobs at the edge of the client policy: under the unary limit (14.4 MiB
+# with the diagonal) but over the 4 MiB stream chunk, with one line (4.8 MiB)
+# over the server's 4 MiB block limit: streamed they cannot go, one Multiply
+# they can. Run with the client's own choice of mode (stream=None).
+EDGE_JOBS = [dict(rows=2, cols=600000, dtype=np.float64, layout="row", side="right", stream=None),
+             dict(rows=600000, cols=2, dtype=np.float64, layout="col", side="left", stream=None)]
 
 
 def make_inputs(rng, job):
@@ -256,6 +268,9 @@ def main():
                    help="largest matrix + diagonal (under the 16 MiB unary limit)")
     p.add_argument("--min_bytes", type=int, default=8)
     p.add_argument("--max_dim", type=int, default=1 << 20, help="the server's --max_dim")
+    p.add_argument("--max_block", type=int, default=4 * MIB, help="the server's --max_block_bytes")
+    p.add_argument("--edge_jobs", action="store_true",
+                   help="first run the fixed edge jobs (EDGE_JOBS), with the client's own choice of mode")
     p.add_argument("--mode", default="mixed", choices=["mixed", "auto", "unary", "stream"])
     p.add_argument("--deadline", type=float, default=60.0, help="each job's deadline, seconds")
     p.add_argument("--cli", default="", help="dgmm-cli (--kind=cli)")
@@ -276,15 +291,18 @@ def main():
 
     def loop(thread_index):
         rng = np.random.default_rng([args.seed, thread_index])
+        edge = list(EDGE_JOBS) if args.edge_jobs and thread_index == 0 else []
         while True:
             with lock:
-                if time.monotonic() >= t_end or (args.jobs and counter[0] >= args.jobs):
+                if not edge and (time.monotonic() >= t_end or (args.jobs and counter[0] >= args.jobs)):
                     return
                 counter[0] += 1
                 n = counter[0]
-            job = draw_job(rng, args)
+            is_edge = bool(edge)
+            job = edge.pop(0) if edge else draw_job(rng, args)
             a, d = make_inputs(rng, job)
             tag = "dgmm-load-%d-%d" % (os.getpid(), n)
+            started = time.time()
             t0 = time.monotonic()
             outcome, c = runner.run(job, a, d, tag)
             seconds = time.monotonic() - t0
@@ -294,8 +312,8 @@ def main():
             rec = dict(kind=args.kind, rows=job["rows"], cols=job["cols"],
                        dtype="f32" if job["dtype"] == np.float32 else "f64", layout=job["layout"],
                        side=job["side"], mode_asked=mode_name(job["stream"]),
-                       bytes=int(a.nbytes + d.nbytes), seconds=round(seconds, 4),
-                       correct=correct, rel_err=err, **outcome)
+                       bytes=int(a.nbytes + d.nbytes), seconds=round(seconds, 4), started=started,
+                       correct=correct, rel_err=err, edge=is_edge, **outcome)
             with lock:
                 records.append(rec)
 
