@@ -18,6 +18,14 @@ exits non-zero when a target is missed:
   again within 5 s of a descriptor flood, >= 95% of the second client's jobs
   OK under stalled streams, every client of a restarted server served within
   2 s of its first health answer, and no CANCELLED while draining.
+
+The honest-load rows (honest_mixed, honest_fair, honest_fair_proxy,
+honest_flood, honest_drain; issue 22) run tests/load/honest_load.py: many
+well-behaved client processes (Python binding, Node, dgmm-cli) with every
+result checked; MET only when none is lost, wrong, refused after retries or
+hung, the server's counters match the clients', and each refusal is counted. They need the built Python
+binding (build/python) and dgmm-cli (--cli, default next to --server); Node
+clients join when client/node's dependencies are installed.
 """
 import argparse
 import os
@@ -503,8 +511,60 @@ def drain(args, budget):
                 check=("drain", codes.get("CANCELLED", 0)))
 
 
+# ------------------------------------------------------- honest load (issue 22)
+#
+# Not attacks: what well-behaved clients must get while the server defends
+# itself. Each runs one test of tests/load/honest_load.py (many client
+# processes through the Python binding, Node and dgmm-cli, every result
+# checked against float64 NumPy) on its own fresh server(s) and is MET only
+# when every assertion of that test holds (the failures are printed).
+# ctest runs their short forms as honest_load_* (tests/load), so attacks_short
+# skips them.
+
+def _honest(args, test, *extra):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "load"))
+    import honest_load
+    argv = [test, "--server", args.server, "--budget", args.budget] + list(extra)
+    if args.cli:
+        argv += ["--cli", args.cli]
+    if args.short:
+        argv.append("--short")
+    row, lines, fails = honest_load.run(argv)
+    print("\n".join(lines), flush=True)
+    for f in fails:
+        print("  MISSED: " + f, flush=True)
+    row["check"] = ("honest", fails)
+    return row
+
+
+def honest_mixed(args, budget):
+    """64 honest client processes, 60 s of random jobs: none lost, wrong, refused or hung."""
+    return _honest(args, "mixed")
+
+
+def honest_fair(args, budget):
+    """1000 stalled streams from one process, 16 honest processes on the same host."""
+    return _honest(args, "fairness")
+
+
+def honest_fair_proxy(args, budget):
+    """The same, every connection through a TCP proxy (all clients at 127.0.0.1)."""
+    return _honest(args, "fairness", "--proxy")
+
+
+def honest_flood(args, budget):
+    """Unary floods of 15 MiB calls at 64 and 128 in flight: refusals counted, none by the transport."""
+    return _honest(args, "flood")
+
+
+def honest_drain(args, budget):
+    """Honest processes calling through SIGTERM: none hangs past the reconnect limit."""
+    return _honest(args, "drain")
+
+
 ATTACKS = [unary_flood, oversized_unary, oversized_block, gzip_bomb, descriptor_flood,
-           stalled_streams, restart, drain]
+           stalled_streams, restart, drain, honest_mixed, honest_fair, honest_fair_proxy, honest_flood,
+           honest_drain]
 
 
 def main():
@@ -513,6 +573,8 @@ def main():
     p.add_argument("--short", action="store_true", help="small sizes, seconds in all")
     p.add_argument("--budget", default="256MiB", help="--host_memory_budget of the server")
     p.add_argument("--only", default="", help="comma-separated attack names")
+    p.add_argument("--skip", default="", help="comma-separated attack names to leave out")
+    p.add_argument("--cli", default="", help="dgmm-cli for the honest rows (default: next to the server)")
     p.add_argument("--out", default="", help="also write the table (markdown) here")
     args = p.parse_args()
     units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -520,7 +582,8 @@ def main():
     # The transport quota the server derives (service/main.cc, auto).
     transport = max(min(max(budget // 2, 64 * MIB), 256 * MIB), 16 * MIB + 16 * MIB)
     args.flags = ["--backend=cpu", "--host_memory_budget=" + args.budget]
-    chosen = [a for a in ATTACKS if not args.only or a.__name__ in args.only.split(",")]
+    chosen = [a for a in ATTACKS if (not args.only or a.__name__ in args.only.split(","))
+              and a.__name__ not in args.skip.split(",")]
     rows, failures = [], []
     for attack in chosen:
         t0 = time.time()
@@ -534,6 +597,7 @@ def main():
             "fair": lambda v: v >= 0.95,
             "reconnect": lambda v: v is not None and v <= 2,
             "drain": lambda v: v == 0,
+            "honest": lambda v: not v,
         }[kind](value)
         r["verdict"] = "MET" if ok else "MISSED"
         if not ok:
