@@ -233,9 +233,11 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
 
 void Admission::PumpLocked(Fired* fired) {
   if (queue_.empty()) return;
-  // Clients in turn: a waiter's rank is its client's admitted jobs plus the
-  // client's waiters ahead of it; lower ranks first, arrival order within.
-  // Before all of them: the parts of groups that have a part running.
+  // Connections in turn: a waiter's rank is its connection's load, the jobs
+  // it has admitted and waiting; lower ranks first, arrival order within. A
+  // connection that keeps many jobs waiting (a backlog, or streams it
+  // stalls) goes after those that keep few. Before all of them: the parts
+  // of groups that have a part running.
   struct Entry {
     bool started_group;
     int rank;
@@ -243,11 +245,9 @@ void Admission::PumpLocked(Fired* fired) {
   };
   std::vector<Entry> order;
   order.reserve(queue_.size());
-  std::map<std::string, int> seen;
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-    int& k = seen[it->client];
-    order.push_back({GroupStartedLocked(*it), clients_[it->client].running + k, it});
-    ++k;
+    const ClientState& c = clients_[it->client];
+    order.push_back({GroupStartedLocked(*it), c.running + c.queued, it});
   }
   std::stable_sort(order.begin(), order.end(),
                    [](const Entry& a, const Entry& b) {

@@ -13,9 +13,9 @@
 // Every job belongs to a client at two levels (ClientId): its connection,
 // the unit that takes turns, and its host (a bearer token, or the peer's
 // address), the ceiling over that host's connections. The queue is ordered
-// so that each connection's k-th job (counting its admitted ones) comes
-// before any connection's (k+1)-th, arrival order breaking ties: one
-// connection's backlog never stands in front of another's first job. A job
+// by each connection's load, its jobs admitted and waiting, fewest first,
+// arrival order breaking ties: a connection with a backlog (or many stalled
+// streams) never stands in front of one with a job or two. A job
 // is within its share while its connection has fewer than
 // `max_running_per_client` jobs admitted and its host, once it has a job
 // running, holds at most `max_share_percent` of a budget with it. Jobs
