@@ -230,10 +230,14 @@ function unaryThreshold(maxUnaryMessageBytes = DEFAULT_MAX_UNARY_MESSAGE_BYTES, 
   return Math.min(chunkBytes, Math.floor(maxUnaryMessageBytes / 8) * 7);
 }
 
-// Rule 1: 'unary' or 'stream' for a job or one part of a striped job.
+// Rule 1: 'unary' or 'stream' for a job or one part of a striped job. A job
+// whose one line (lineBytes; 0: unknown) is longer than C goes unary up to
+// 7/8 of U: no stream block the server takes could hold that line.
 function transferMode(matrixBytes, diagBytes, maxUnaryMessageBytes = DEFAULT_MAX_UNARY_MESSAGE_BYTES,
-  chunkBytes = DEFAULT_CHUNK_BYTES) {
-  return matrixBytes + diagBytes <= unaryThreshold(maxUnaryMessageBytes, chunkBytes) ? 'unary' : 'stream';
+  chunkBytes = DEFAULT_CHUNK_BYTES, lineBytes = 0) {
+  const threshold = lineBytes > chunkBytes ? Math.floor(maxUnaryMessageBytes / 8) * 7
+    : unaryThreshold(maxUnaryMessageBytes, chunkBytes);
+  return matrixBytes + diagBytes <= threshold ? 'unary' : 'stream';
 }
 
 // Rule 1: whole lines per stream block, max(1, floor(C / lineBytes)).
@@ -456,7 +460,7 @@ class Run {
         if (made > 1) await awaitConnection(client, this.policy, this.deadline);
         if (this.error) return null;
         const header = partHeader(job, first, count, group);
-        const mode = this.forced || transferMode(count * job.lineBytes, header.diagonal.length, this.maxUnary, this.chunk);
+        const mode = this.forced || transferMode(count * job.lineBytes, header.diagonal.length, this.maxUnary, this.chunk, job.lineBytes);
         this.modes.add(mode);
         if (mode === 'unary') return await this.unary(client, header, first, count, made > 1);
         return await this.stream(client, header, first, count, made > 1, received);

@@ -291,8 +291,9 @@ int AttemptsOf(const absl::Status& status) {
 }
 
 TransferMode ChooseTransferMode(int64_t request_bytes, int64_t max_unary_message_bytes,
-                                int64_t chunk_bytes) {
-  const int64_t threshold = std::min(chunk_bytes, max_unary_message_bytes / 8 * 7);
+                                int64_t chunk_bytes, int64_t line_bytes) {
+  const int64_t unary_most = max_unary_message_bytes / 8 * 7;
+  const int64_t threshold = line_bytes > chunk_bytes ? unary_most : std::min(chunk_bytes, unary_most);
   return request_bytes <= threshold ? TransferMode::kUnary : TransferMode::kStream;
 }
 
@@ -460,7 +461,7 @@ absl::StatusOr<Client::JobPlan> Client::Plan(const Job& job,
       plan.slice_diagonal ? static_cast<size_t>(first_lines) * elem : job.diagonal_bytes;
   plan.mode = plan.forced.value_or(ChooseTransferMode(
       static_cast<int64_t>(first_bytes + first_diag), options_.max_unary_message_bytes,
-      options_.chunk_bytes));
+      options_.chunk_bytes, static_cast<int64_t>(*bytes / static_cast<size_t>(lines))));
   return plan;
 }
 
@@ -604,7 +605,8 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
     const TransferMode mode =
         run->mode.value_or(ChooseTransferMode(static_cast<int64_t>(part_bytes + part.diagonal_bytes),
                                               options_.max_unary_message_bytes,
-                                              options_.chunk_bytes));
+                                              options_.chunk_bytes,
+                                              static_cast<int64_t>(run->line_bytes)));
     if (mode == TransferMode::kStream) run->any_stream = true;
     // Progress of the part: what was received before this attempt counts as
     // sent and received.

@@ -624,10 +624,13 @@ PYBIND11_MODULE(_core, m) {
   m.attr("Error") = py::handle(g_error_type);
 
   // The policy's pure functions (docs/protocol.md section 9), the C++ client's own.
-  m.def("choose_transfer_mode", [](int64_t request_bytes, int64_t max_unary, int64_t chunk) {
-    return std::string(
-        dgmm::TransferModeName(dgmm::ChooseTransferMode(request_bytes, max_unary, chunk)));
-  });
+  m.def(
+      "choose_transfer_mode",
+      [](int64_t request_bytes, int64_t max_unary, int64_t chunk, int64_t line_bytes) {
+        return std::string(dgmm::TransferModeName(
+            dgmm::ChooseTransferMode(request_bytes, max_unary, chunk, line_bytes)));
+      },
+      py::arg("request_bytes"), py::arg("max_unary"), py::arg("chunk"), py::arg("line_bytes") = 0);
   m.def("choose_stripes", &dgmm::ChooseStripes);
   m.def("split_lines", [](int64_t lines, int stripes) {
     std::vector<std::pair<int64_t, int64_t>> ranges;

@@ -244,9 +244,12 @@ int AttemptsOf(const absl::Status& status);
 // suite's policy vectors check them).
 //
 // Rule 1: unary when the request (matrix plus diagonal) is at most
-// min(chunk_bytes, 7/8 of max_unary_message_bytes), else stream.
+// min(chunk_bytes, 7/8 of max_unary_message_bytes), or when one line
+// (`line_bytes`; 0: unknown) is longer than chunk_bytes and the request is
+// at most 7/8 of max_unary_message_bytes (no stream block the server takes
+// could hold that line, one Multiply can); else stream.
 TransferMode ChooseTransferMode(int64_t request_bytes, int64_t max_unary_message_bytes,
-                                int64_t chunk_bytes);
+                                int64_t chunk_bytes, int64_t line_bytes = 0);
 // Rule 2: K for a job of `matrix_bytes` in `lines` lines; `stripes_option`
 // 0 (or negative) means auto.
 int ChooseStripes(int64_t matrix_bytes, int64_t lines, int stripes_option);
