@@ -141,8 +141,13 @@ TEST(StripeTest, EverySideLayoutDtypeStreamedParts) {
 TEST(StripeTest, MoreStripesThanLines) {
   CheckStriped<float>(3, 50, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 8, int64_t{4} << 20,
                       TransferMode::kUnary, 7);
+  // Columns of 320 bytes against a 64-byte chunk: a line longer than the
+  // chunk, so each part goes unary (rule 1).
   CheckStriped<double>(40, 2, v1::LAYOUT_COL_MAJOR, v1::SIDE_RIGHT, 8, 64,
-                       TransferMode::kStream, 8);
+                       TransferMode::kUnary, 8);
+  // Columns of 32 bytes against a 64-byte chunk: two lines per block, streamed.
+  CheckStriped<double>(4, 40, v1::LAYOUT_COL_MAJOR, v1::SIDE_RIGHT, 8, 64,
+                       TransferMode::kStream, 10);
   CheckStriped<float>(1, 10, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 5, int64_t{4} << 20,
                       TransferMode::kUnary, 9);
 }
