@@ -15,7 +15,12 @@ namespace dgmm {
 //   queue_full         the admission queue is full (--max_queue)
 //   client_limit       this client already has --max_queued_per_client jobs
 //                      waiting
-//   deadline, cancelled, invalid, unavailable, internal: as the status says
+//   queue_full also: the newest job of the client with the most waiting,
+//                      which gave way to another client's (admission.h)
+//   cancelled          the client cancelled, its connection was lost, or
+//                      gRPC's transport quota cancelled the stream ("Buffers
+//                      full"; gRPC 1.51 does not tell the server which)
+//   deadline, invalid, unavailable, internal: as the status says
 //   resource_exhausted any other RESOURCE_EXHAUSTED (a failed allocation)
 enum class Outcome {
   kCompleted,

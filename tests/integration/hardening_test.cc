@@ -542,6 +542,40 @@ TEST(Hardening, UnaryFloodStaysWithinTheBudgetPlusTransportAndMemoryReturns) {
       << "RSS stayed at " << (RssBytes(server.pid()) >> 20) << " MiB";
 }
 
+// A block message far over the transport quota: gRPC reads a message whole
+// before the server can refuse it, so what stops this one is the quota's
+// reclaimer, which cancels the stream ("Buffers full", RST_STREAM code 11).
+// The client sees RESOURCE_EXHAUSTED without the dgmm-origin trailer (a
+// transport refusal, which dgmm's clients retry), and the server counts the
+// job: the server cannot tell the reclaimer's cancel from a client's in
+// gRPC 1.51, so it is counted as cancelled.
+TEST(Hardening, ABlockOnlyTheTransportQuotaStopsIsCountedAsCancelled) {
+  ServerProcess server({"--backend=cpu", "--host_memory_budget=128MiB",
+                        "--transport_memory_budget=64MiB"});
+  auto stub = Connect(server.address());
+  RandomJob job = MakeJob(4096, 4096, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->MultiplyStream(&ctx);
+  v1::MultiplyStreamRequest h;
+  *h.mutable_header() = job.header;
+  ASSERT_TRUE(stream->Write(h));
+  v1::MultiplyStreamResponse response;
+  ASSERT_TRUE(stream->Read(&response) && response.has_accepted());
+  v1::MultiplyStreamRequest b;
+  b.mutable_block()->set_first_line(0);
+  b.mutable_block()->set_data(std::string(size_t{200} << 20, '\1'));
+  stream->Write(b);
+  stream->WritesDone();
+  while (stream->Read(&response)) {
+  }
+  const grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("dgmm-origin"), 0u) << s.error_message();
+  EXPECT_TRUE(WaitUntil([&] { return Rejected(stub.get(), "cancelled") == 1; }, 5000));
+  EXPECT_TRUE(WaitUntil([&] { return Reserved(stub.get()) == 0; }, 5000));
+}
+
 TEST(Hardening, GzipBombIsRefusedWithoutBeingInflated) {
   ServerProcess server({"--backend=cpu", "--max_unary_message_bytes=1GiB"});
   auto stub = Connect(server.address());
