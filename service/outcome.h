@@ -12,11 +12,11 @@ namespace dgmm {
 //   too_large          the job can never fit the budget, or exceeds --max_dim
 //   message_too_large  a message over --max_unary_message_bytes (Multiply) or
 //                      over --max_block_bytes plus framing (a stream block)
-//   queue_full         the admission queue is full (--max_queue)
-//   client_limit       this client already has --max_queued_per_client jobs
-//                      waiting
-//   queue_full also: the newest job of the client with the most waiting,
-//                      which gave way to another client's (admission.h)
+//   queue_full         the admission queue is full (--max_queue) and this
+//                      client has the most waiting: the newcomer, or the
+//                      newest job that gave way to it (admission.h)
+//   client_limit       this connection already has --max_queued_per_client
+//                      jobs waiting
 //   cancelled          the client cancelled, its connection was lost, or
 //                      gRPC's transport quota cancelled the stream ("Buffers
 //                      full"; gRPC 1.51 does not tell the server which)
