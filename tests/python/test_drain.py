@@ -43,7 +43,7 @@ from dgmm_server import ServerProcess  # noqa: E402
 import dgmm  # noqa: E402
 
 CLIENTS = 4
-THREADS = 8       # per client, sharing its connection
+THREADS = 16      # per client, sharing its connection
 ROUNDS = 3
 TIMEOUT = 60.0    # each call's deadline
 BOUND = dgmm.RetryPolicy().max_reconnect_wait + 2.0
