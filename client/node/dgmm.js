@@ -316,8 +316,8 @@ function callDeadline(deadline) {
 
 // Call metadata. Never waitForReady: a retried attempt has waited for its
 // connection already (awaitConnection, bounded by maxReconnectWaitMs), and a
-// connection lost since must fail it at once, not hold it until the deadline
-// (issue 22: calls sent into a server's drain waited their whole deadline).
+// connection lost since (a server exiting at the end of its drain) must fail
+// it at once, not hold it until the deadline (issue 22).
 function callMetadata() {
   return new grpc.Metadata();
 }

@@ -165,7 +165,11 @@ struct Round {
 // OpenStream holding its drain open) and records every call until kBound +
 // 1 s after it has exited.
 void RunRound(int round, Round* out) {
-  testing::ServerProcess server({"--backend=cpu", "--threads=2"});
+  // No per-client queue limit: 16 calls at a time on one connection would
+  // otherwise meet --max_queued_per_client (16) and, after 4 attempts with
+  // its pushback, end RESOURCE_EXHAUSTED before the drain began.
+  testing::ServerProcess server(
+      {"--backend=cpu", "--threads=2", "--max_queue=1024", "--max_queued_per_client=0"});
   std::vector<std::unique_ptr<Caller>> callers;
   for (int i = 0; i < kClients; ++i) {
     callers.push_back(std::make_unique<Caller>(server.address(), round * kClients + i));

@@ -46,6 +46,14 @@ class FlakyDgmm final : public v1::Dgmm::Service {
     after_first_block_ = after_first_block;
     from_server_ = from_server;
   }
+  // The next streams break the protocol: a result block before
+  // StreamAccepted (kBlockFirst), or one line and then OK without stats
+  // (kEndEarly).
+  enum class Break { kNone, kBlockFirst, kEndEarly };
+  void BreakStreams(Break how) {
+    absl::MutexLock lock(&mu_);
+    break_ = how;
+  }
   int calls() const { return calls_.load(); }
   // Rows of each MultiplyStream header received, in order.
   std::vector<int64_t> stream_rows() {
@@ -85,6 +93,24 @@ class FlakyDgmm final : public v1::Dgmm::Service {
     }
     std::string matrix;
     while (stream->Read(&request)) matrix += request.block().data();
+    Break how;
+    {
+      absl::MutexLock lock(&mu_);
+      how = break_;
+    }
+    if (how != Break::kNone) {
+      v1::MultiplyStreamResponse response;
+      if (how == Break::kEndEarly) {
+        response.mutable_accepted()->set_job_id(1);
+        stream->Write(response);
+      }
+      const std::string result = Scale(header, matrix);
+      response.mutable_block()->set_first_line(0);
+      response.mutable_block()->set_data(
+          result.substr(0, static_cast<size_t>(header.cols()) * sizeof(float)));
+      stream->Write(response);
+      return grpc::Status::OK;
+    }
     v1::MultiplyStreamResponse response;
     response.mutable_accepted()->set_job_id(1);
     stream->Write(response);
@@ -136,6 +162,7 @@ class FlakyDgmm final : public v1::Dgmm::Service {
   std::string pushback_ms_ ABSL_GUARDED_BY(mu_);
   bool after_first_block_ ABSL_GUARDED_BY(mu_) = false;
   bool from_server_ ABSL_GUARDED_BY(mu_) = true;
+  Break break_ ABSL_GUARDED_BY(mu_) = Break::kNone;
   std::string last_authorization_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> stream_rows_ ABSL_GUARDED_BY(mu_);
 };
@@ -296,6 +323,20 @@ TEST_F(RetryTest, CancelledAndDeadlineExceededWithoutTheOriginTrailerAreFinal) {
     service_.FailNext(1, grpc::Status(code, "no"), "", false, /*from_server=*/false);
     EXPECT_EQ(static_cast<int>(Run(client, TransferMode::kUnary).status().code()),
               static_cast<int>(code));
+    EXPECT_EQ(service_.calls() - before, 1);
+  }
+}
+
+// The client's own INTERNAL for a server that broke the stream protocol is
+// final, though no `dgmm-origin: server` came with it.
+TEST_F(RetryTest, AServerThatBreaksTheStreamProtocolIsNotRetried) {
+  Client client(address_, FastRetries());
+  for (FlakyDgmm::Break how : {FlakyDgmm::Break::kBlockFirst, FlakyDgmm::Break::kEndEarly}) {
+    service_.BreakStreams(how);
+    const int before = service_.calls();
+    absl::StatusOr<JobResult> r = Run(client, TransferMode::kStream);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("broke the MultiplyStream protocol"));
     EXPECT_EQ(service_.calls() - before, 1);
   }
 }

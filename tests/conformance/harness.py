@@ -7,8 +7,8 @@ vectors.
 
 For each case it starts `server.replicas` servers (with `server.flags`, on
 loopback ephemeral ports, CPU backend unless the flags say otherwise), puts a
-TCP proxy that resets connections in front of them when the case has
-`inject`, runs `CMD --case FILE --target TARGET`, reads the one JSON line it
+TCP proxy that resets connections (or single HTTP/2 streams) in front of them
+when the case has `inject`, runs `CMD --case FILE --target TARGET`, reads the one JSON line it
 prints and compares it with the case's `expect`. Then it runs
 `CMD --vectors FILE`. It prints a table and exits 1 on any mismatch.
 The runners and the contract: tests/conformance/README.md.

@@ -60,7 +60,8 @@ function startCaller(address, seed, stopped) {
 }
 
 async function runRound(round) {
-  const server = await startServer(['--threads=2']);
+  // No per-client queue limit, as in the C++ and Python drain tests.
+  const server = await startServer(['--threads=2', '--max_queue=1024', '--max_queued_per_client=0']);
   let stop = false;
   const callers = Array.from({ length: CLIENTS }, (_, i) => startCaller(server.address, round * CLIENTS + i, () => stop));
   let term;
