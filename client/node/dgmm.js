@@ -74,21 +74,31 @@ function protocolError(message) {
 
 // Which failed parts of a job multiply() tries again, how often and after how
 // long: rule 3 of the client policy (docs/protocol.md section 9), the same in
-// the C++ and Python clients. Each part (the whole job when it is not
-// striped) is retried by itself after UNAVAILABLE (nothing listening, the
-// connection lost, a server draining), after a jittered exponential backoff;
-// and after RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms`
-// trailer (the admission queue was full), after the time it names. Other
-// errors are final. A streamed part that fails after some result blocks
-// arrived is resumed: the retry sends only the lines not received yet. A
-// retry goes to the next of the job's connections. No wait may end past the
-// job's deadline (timeoutMs); the first final error cancels the other parts.
-// The first attempt fails fast when there is no connection. A retried attempt
+// the C++ and Python clients. A dgmm server marks every error status it makes
+// with the trailer `dgmm-origin: server`; a status without it comes from gRPC
+// or the network. Each part (the whole job when it is not striped) is retried
+// by itself after UNAVAILABLE (nothing listening, the connection lost, a
+// server draining), after a jittered exponential backoff; after INTERNAL,
+// UNKNOWN or RESOURCE_EXHAUSTED without `dgmm-origin: server` (a stream reset
+// by the transport, "Received RST_STREAM with code 1"; a transport's memory
+// quota; a broken proxy), after the same backoff; and after
+// RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms` trailer (the
+// admission queue was full), after the time it names. Other errors are final:
+// dgmm's own INTERNAL and RESOURCE_EXHAUSTED without a pushback, CANCELLED,
+// DEADLINE_EXCEEDED, every verdict on the request. A streamed part that fails
+// with a retried error after some result blocks arrived is resumed: the retry
+// sends only the lines not received yet. A retry goes to the next of the
+// job's connections. No wait may end past the job's deadline (timeoutMs); the
+// first final error cancels the other parts.
+// Every attempt fails fast when there is no connection. A retried attempt
 // first waits for its channel to connect, up to the deadline and at most
 // maxReconnectWaitMs (no connection by then ends the job with UNAVAILABLE),
-// and is then sent with waitForReady.
+// and is then sent without waitForReady too: a connection lost after that
+// wait (a server that exits at the end of its drain) fails the attempt at
+// once instead of holding it until the deadline.
 //   maxAttempts: attempts per part, the first included; 1 turns retries off.
-//   initialBackoffMs: the wait before the second attempt after UNAVAILABLE;
+//   initialBackoffMs: the wait before the second attempt after UNAVAILABLE
+//     (or a transport failure);
 //     each later one is backoffMultiplier times longer, up to maxBackoffMs;
 //     every wait is jittered by +-20%.
 const DEFAULT_RETRY_POLICY = Object.freeze({
@@ -115,23 +125,38 @@ function checkRetryPolicy(policy) {
   return Object.freeze(p);
 }
 
-// Milliseconds to wait before attempt attemptsMade + 1 of a job whose attempt
-// attemptsMade (1-based) failed with grpc.status `code`, or null when it must
-// not be retried. pushbackMs: the failed call's grpc-retry-pushback-ms (null
-// if absent); now and deadline (Infinity: none) in ms since the epoch;
-// jitter in [-1, 1].
-function retryDelay(policy, attemptsMade, code, pushbackMs, now, deadline, jitter) {
+// Rule 3 as a pure function: milliseconds to wait before attempt
+// attemptsMade + 1 of a job whose attempt attemptsMade (1-based) failed with
+// grpc.status `code`, or null when it must not be retried. pushbackMs: the
+// failed call's grpc-retry-pushback-ms (null if absent); now and deadline
+// (Infinity: none) in ms since the epoch; jitter in [-1, 1]; fromServer:
+// whether the status carried `dgmm-origin: server` (madeByServer(metadata)).
+function retryDelay(policy, attemptsMade, code, pushbackMs, now, deadline, jitter, fromServer = true) {
   if (attemptsMade >= policy.maxAttempts) return null;
+  const backoff = () => {
+    const base = Math.min(policy.initialBackoffMs * policy.backoffMultiplier ** (attemptsMade - 1), policy.maxBackoffMs);
+    return base * (1 + JITTER_FRACTION * Math.max(-1, Math.min(1, jitter)));
+  };
   let wait = null;
   if (code === grpc.status.UNAVAILABLE) {
-    const base = Math.min(policy.initialBackoffMs * policy.backoffMultiplier ** (attemptsMade - 1), policy.maxBackoffMs);
-    wait = base * (1 + JITTER_FRACTION * Math.max(-1, Math.min(1, jitter)));
+    wait = backoff();
   } else if (code === grpc.status.RESOURCE_EXHAUSTED && pushbackMs !== null) {
-    // Without the trailer the job itself is too large: retrying cannot help.
-    wait = pushbackMs;
+    wait = pushbackMs; // The server's queue was full.
+  } else if (!fromServer && (code === grpc.status.INTERNAL || code === grpc.status.UNKNOWN ||
+                             code === grpc.status.RESOURCE_EXHAUSTED)) {
+    // The transport's: a stream reset, its memory quota, a broken proxy. The
+    // same codes from dgmm (a CUDA error, a job that can never fit) are final.
+    wait = backoff();
   }
   if (wait === null || now + wait >= deadline) return null;
   return wait;
+}
+
+// Whether a failed call's trailing metadata says dgmm made its status
+// (`dgmm-origin: server`).
+function madeByServer(metadata) {
+  const values = metadata && typeof metadata.get === 'function' ? metadata.get('dgmm-origin') : [];
+  return values.length > 0 && String(values[0]) === 'server';
 }
 
 // The server's grpc-retry-pushback-ms trailer in `metadata`, or null.
@@ -293,9 +318,12 @@ function callDeadline(deadline) {
   return deadline === Infinity ? undefined : new Date(deadline);
 }
 
-// Call metadata; waitForReady for retried attempts.
-function callMetadata(retried) {
-  return retried ? new grpc.Metadata({ waitForReady: true }) : new grpc.Metadata();
+// Call metadata. Never waitForReady: a retried attempt has waited for its
+// connection already (awaitConnection, bounded by maxReconnectWaitMs), and a
+// connection lost since (a server exiting at the end of its drain) must fail
+// it at once, not hold it until the deadline (issue 22).
+function callMetadata() {
+  return new grpc.Metadata();
 }
 
 function final(err) {
@@ -462,8 +490,8 @@ class Run {
         const header = partHeader(job, first, count, group);
         const mode = this.forced || transferMode(count * job.lineBytes, header.diagonal.length, this.maxUnary, this.chunk, job.lineBytes);
         this.modes.add(mode);
-        if (mode === 'unary') return await this.unary(client, header, first, count, made > 1);
-        return await this.stream(client, header, first, count, made > 1, received);
+        if (mode === 'unary') return await this.unary(client, header, first, count);
+        return await this.stream(client, header, first, count, received);
       } catch (err) {
         if (!(err instanceof DgmmError)) throw err;
         error = err;
@@ -476,7 +504,8 @@ class Run {
         if (count === 0) return null; // Every line arrived; only the stats were lost.
       }
       const wait = error[FINAL] ? null
-        : retryDelay(this.policy, made, error.code, pushbackMs(error.metadata), Date.now(), this.deadline, Math.random() * 2 - 1);
+        : retryDelay(this.policy, made, error.code, pushbackMs(error.metadata), Date.now(), this.deadline,
+          Math.random() * 2 - 1, madeByServer(error.metadata));
       if (wait === null) {
         this.fail(made === 1 ? error : new DgmmError(error.code, `${error.details} (after ${made} attempts)`, error.metadata));
         return null;
@@ -486,12 +515,12 @@ class Run {
     }
   }
 
-  unary(client, header, first, count, retried) {
+  unary(client, header, first, count) {
     const job = this.job;
     const begin = first * job.lineBytes;
     const end = (first + count) * job.lineBytes;
     return new Promise((resolve, reject) => {
-      const call = client.Multiply({ header, matrix: bytesOf(job.a, begin, end) }, callMetadata(retried),
+      const call = client.Multiply({ header, matrix: bytesOf(job.a, begin, end) }, callMetadata(),
         { deadline: callDeadline(this.deadline) },
         (err, response) => {
           this.calls.delete(call);
@@ -509,10 +538,10 @@ class Run {
 
   // One streamed attempt of lines [first, first + count); received.lines
   // counts the result lines placed, for a resume.
-  stream(client, header, first, count, retried, received) {
+  stream(client, header, first, count, received) {
     const job = this.job;
     const perBlock = linesPerBlock(job.lineBytes, this.chunk);
-    const call = client.MultiplyStream(callMetadata(retried), { deadline: callDeadline(this.deadline) });
+    const call = client.MultiplyStream(callMetadata(), { deadline: callDeadline(this.deadline) });
     this.calls.add(call);
     const ended = new Promise((resolve) => call.on('status', resolve));
     const result = new Promise((resolve, reject) => {
@@ -665,7 +694,7 @@ function health(client, service = '', options = {}) {
 }
 
 module.exports = {
-  createClient, multiply, serverInfo, health, DgmmError, grpc, DEFAULT_RETRY_POLICY, retryDelay,
+  createClient, multiply, serverInfo, health, DgmmError, grpc, DEFAULT_RETRY_POLICY, retryDelay, madeByServer,
   DEFAULT_MAX_UNARY_MESSAGE_BYTES, DEFAULT_CHUNK_BYTES, BACKEND_NAMES,
   unaryThreshold, transferMode, linesPerBlock, stripeCount, stripeRanges, backendEnumName,
   describeJob,  // for regions.js: one set of input checks

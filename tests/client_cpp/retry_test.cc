@@ -1,7 +1,12 @@
 // dgmm::Client's retries, against an in-process fake dgmm service whose
 // failures the test scripts: which codes are retried, how long it waits, when
-// it gives up, and that a streamed job is not repeated once results arrived.
-// Also RetryDelay's backoff arithmetic.
+// it gives up, that a streamed job is not repeated once results arrived, and
+// that the `dgmm-origin: server` trailer (which the real server puts on every
+// error it makes) decides whether INTERNAL is final. Also RetryDelay, rule 3
+// as a pure function: which code from which origin is retried, and the
+// backoff arithmetic. Transport failures of the real server (an RST_STREAM
+// from the network) are the conformance suite's (tests/conformance, cases
+// rst_stream_*).
 #include "src/retry.h"
 
 #include <grpcpp/server.h>
@@ -28,15 +33,26 @@ using ::testing::HasSubstr;
 // A Dgmm service for float32 row-major SIDE_RIGHT jobs. FailNext scripts the
 // next calls' failures; a failing stream either refuses the job at once or,
 // with after_first_block, sends StreamAccepted and one result line first.
+// Each failure carries `dgmm-origin: server`, as the real server's do,
+// unless `from_server` is false (a status as the transport would make it).
 class FlakyDgmm final : public v1::Dgmm::Service {
  public:
   void FailNext(int calls, grpc::Status status, std::string pushback_ms = "",
-                bool after_first_block = false) {
+                bool after_first_block = false, bool from_server = true) {
     absl::MutexLock lock(&mu_);
     failures_left_ = calls;
     failure_ = std::move(status);
     pushback_ms_ = std::move(pushback_ms);
     after_first_block_ = after_first_block;
+    from_server_ = from_server;
+  }
+  // The next streams break the protocol: a result block before
+  // StreamAccepted (kBlockFirst), or one line and then OK without stats
+  // (kEndEarly).
+  enum class Break { kNone, kBlockFirst, kEndEarly };
+  void BreakStreams(Break how) {
+    absl::MutexLock lock(&mu_);
+    break_ = how;
   }
   int calls() const { return calls_.load(); }
   // Rows of each MultiplyStream header received, in order.
@@ -77,6 +93,24 @@ class FlakyDgmm final : public v1::Dgmm::Service {
     }
     std::string matrix;
     while (stream->Read(&request)) matrix += request.block().data();
+    Break how;
+    {
+      absl::MutexLock lock(&mu_);
+      how = break_;
+    }
+    if (how != Break::kNone) {
+      v1::MultiplyStreamResponse response;
+      if (how == Break::kEndEarly) {
+        response.mutable_accepted()->set_job_id(1);
+        stream->Write(response);
+      }
+      const std::string result = Scale(header, matrix);
+      response.mutable_block()->set_first_line(0);
+      response.mutable_block()->set_data(
+          result.substr(0, static_cast<size_t>(header.cols()) * sizeof(float)));
+      stream->Write(response);
+      return grpc::Status::OK;
+    }
     v1::MultiplyStreamResponse response;
     response.mutable_accepted()->set_job_id(1);
     stream->Write(response);
@@ -105,6 +139,7 @@ class FlakyDgmm final : public v1::Dgmm::Service {
     if (failures_left_ == 0) return std::nullopt;
     --failures_left_;
     if (!pushback_ms_.empty()) context->AddTrailingMetadata("grpc-retry-pushback-ms", pushback_ms_);
+    if (from_server_) context->AddTrailingMetadata(kOriginTrailer, kOriginServer);
     if (after_block != nullptr) *after_block = after_first_block_;
     return failure_;
   }
@@ -126,6 +161,8 @@ class FlakyDgmm final : public v1::Dgmm::Service {
   grpc::Status failure_ ABSL_GUARDED_BY(mu_);
   std::string pushback_ms_ ABSL_GUARDED_BY(mu_);
   bool after_first_block_ ABSL_GUARDED_BY(mu_) = false;
+  bool from_server_ ABSL_GUARDED_BY(mu_) = true;
+  Break break_ ABSL_GUARDED_BY(mu_) = Break::kNone;
   std::string last_authorization_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> stream_rows_ ABSL_GUARDED_BY(mu_);
 };
@@ -259,6 +296,66 @@ TEST_F(RetryTest, OtherCodesAreFinal) {
   }
 }
 
+// Issue 22: the same codes without `dgmm-origin: server` are the transport's
+// and retried with the UNAVAILABLE backoff; with it they stay final (above).
+TEST_F(RetryTest, InternalUnknownAndExhaustedWithoutTheOriginTrailerAreRetried) {
+  Client client(address_, FastRetries());
+  for (TransferMode mode : {TransferMode::kUnary, TransferMode::kStream}) {
+    for (grpc::StatusCode code : {grpc::StatusCode::INTERNAL, grpc::StatusCode::UNKNOWN,
+                                  grpc::StatusCode::RESOURCE_EXHAUSTED}) {
+      const int before = service_.calls();
+      service_.FailNext(1, grpc::Status(code, "Received RST_STREAM with error code 1"), "",
+                        /*after_first_block=*/false, /*from_server=*/false);
+      absl::StatusOr<JobResult> r = Run(client, mode);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->attempts, 2);
+      EXPECT_EQ(service_.calls() - before, 2);
+      EXPECT_TRUE(ResultIsRight());
+    }
+  }
+}
+
+TEST_F(RetryTest, CancelledAndDeadlineExceededWithoutTheOriginTrailerAreFinal) {
+  Client client(address_, FastRetries());
+  for (grpc::StatusCode code :
+       {grpc::StatusCode::CANCELLED, grpc::StatusCode::DEADLINE_EXCEEDED}) {
+    const int before = service_.calls();
+    service_.FailNext(1, grpc::Status(code, "no"), "", false, /*from_server=*/false);
+    EXPECT_EQ(static_cast<int>(Run(client, TransferMode::kUnary).status().code()),
+              static_cast<int>(code));
+    EXPECT_EQ(service_.calls() - before, 1);
+  }
+}
+
+// The client's own INTERNAL for a server that broke the stream protocol is
+// final, though no `dgmm-origin: server` came with it.
+TEST_F(RetryTest, AServerThatBreaksTheStreamProtocolIsNotRetried) {
+  Client client(address_, FastRetries());
+  for (FlakyDgmm::Break how : {FlakyDgmm::Break::kBlockFirst, FlakyDgmm::Break::kEndEarly}) {
+    service_.BreakStreams(how);
+    const int before = service_.calls();
+    absl::StatusOr<JobResult> r = Run(client, TransferMode::kStream);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("broke the MultiplyStream protocol"));
+    EXPECT_EQ(service_.calls() - before, 1);
+  }
+}
+
+// A stream reset by the transport after some result lines is resumed like
+// one lost with UNAVAILABLE.
+TEST_F(RetryTest, StreamResetByTheTransportIsResumedAfterTheLinesReceived) {
+  Client client(address_, FastRetries());
+  service_.FailNext(1, grpc::Status(grpc::StatusCode::INTERNAL, "reset"), "",
+                    /*after_first_block=*/true, /*from_server=*/false);
+  absl::StatusOr<JobResult> r = Run(client, TransferMode::kStream);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->attempts, 2);
+  EXPECT_EQ(r->resumed, 1);
+  EXPECT_THAT(service_.stream_rows(), ::testing::ElementsAre(kRows, kRows - 1));
+  EXPECT_EQ(r->received_bytes, static_cast<int64_t>(sizeof(c_)));
+  EXPECT_TRUE(ResultIsRight());
+}
+
 // Issue 15's policy (docs/protocol.md): a stream lost after some result
 // lines arrived is resumed with only the lines not yet received.
 TEST_F(RetryTest, StreamIsResumedAfterTheLinesReceived) {
@@ -293,12 +390,12 @@ TEST(RetryDelayTest, BackoffGrowsByTheMultiplierUpToTheCapWithBoundedJitter) {
   policy.initial_backoff = absl::Milliseconds(100);
   policy.max_backoff = absl::Milliseconds(350);
   policy.backoff_multiplier = 2;
-  const absl::Status unavailable = absl::UnavailableError("x");
   const absl::Time now = absl::Now();
   // In ms; -1 for no retry.
   auto delay = [&](int made, double jitter) {
     std::optional<absl::Duration> wait =
-        RetryDelay(policy, made, unavailable, std::nullopt, now, absl::InfiniteFuture(), jitter);
+        RetryDelay(policy, made, absl::StatusCode::kUnavailable, FailureOrigin::kServer,
+                   std::nullopt, now, absl::InfiniteFuture(), jitter);
     return wait.has_value() ? absl::ToDoubleMilliseconds(*wait) : -1.0;
   };
   EXPECT_NEAR(delay(1, 0), 100, 1e-6);
@@ -311,18 +408,52 @@ TEST(RetryDelayTest, BackoffGrowsByTheMultiplierUpToTheCapWithBoundedJitter) {
   EXPECT_EQ(delay(10, 0), -1);  // no attempts left
 }
 
-TEST(RetryDelayTest, OnlyUnavailableAndHintedResourceExhaustedAreRetried) {
-  const RetryPolicy policy;
+TEST(RetryDelayTest, RuleThreeByCodeAndOrigin) {
+  RetryPolicy policy;
+  policy.max_attempts = 10;
   const absl::Time now = absl::Now();
   const absl::Time never = absl::InfiniteFuture();
-  EXPECT_EQ(RetryDelay(policy, 1, absl::ResourceExhaustedError("q"), absl::Milliseconds(42), now,
-                       never, 0),
+  using C = absl::StatusCode;
+  const FailureOrigin server = FailureOrigin::kServer;
+  const FailureOrigin transport = FailureOrigin::kTransport;
+  auto delay = [&](C code, FailureOrigin origin, std::optional<absl::Duration> pushback,
+                   int made = 1) {
+    return RetryDelay(policy, made, code, origin, pushback, now, never, 0);
+  };
+  const absl::Duration first = absl::Milliseconds(100);
+  const absl::Duration third = absl::Milliseconds(400);
+  // UNAVAILABLE: the backoff, whoever made it.
+  EXPECT_EQ(delay(C::kUnavailable, server, std::nullopt), first);
+  EXPECT_EQ(delay(C::kUnavailable, transport, std::nullopt), first);
+  // The transport's INTERNAL, UNKNOWN and RESOURCE_EXHAUSTED: the same backoff.
+  for (C code : {C::kInternal, C::kUnknown, C::kResourceExhausted}) {
+    EXPECT_EQ(delay(code, transport, std::nullopt), first) << code;
+    EXPECT_EQ(delay(code, transport, std::nullopt, 3), third) << code;
+  }
+  // dgmm's own INTERNAL, UNKNOWN and RESOURCE_EXHAUSTED without a pushback: final.
+  for (C code : {C::kInternal, C::kUnknown, C::kResourceExhausted}) {
+    EXPECT_EQ(delay(code, server, std::nullopt), std::nullopt) << code;
+  }
+  // A pushback is waited for, whoever sent it.
+  EXPECT_EQ(delay(C::kResourceExhausted, server, absl::Milliseconds(42)), absl::Milliseconds(42));
+  EXPECT_EQ(delay(C::kResourceExhausted, transport, absl::Milliseconds(42)),
             absl::Milliseconds(42));
-  EXPECT_EQ(RetryDelay(policy, 1, absl::ResourceExhaustedError("q"), std::nullopt, now, never, 0),
+  // Never: the caller's cancellation, the deadline, verdicts on the request.
+  for (C code : {C::kCancelled, C::kDeadlineExceeded, C::kInvalidArgument, C::kNotFound,
+                 C::kUnauthenticated, C::kPermissionDenied, C::kUnimplemented,
+                 C::kFailedPrecondition, C::kAborted, C::kOutOfRange, C::kDataLoss,
+                 C::kAlreadyExists}) {
+    for (FailureOrigin origin : {server, transport}) {
+      EXPECT_EQ(delay(code, origin, std::nullopt), std::nullopt) << code;
+      EXPECT_EQ(delay(code, origin, absl::Milliseconds(5)), std::nullopt) << code;
+    }
+  }
+  // The attempt limit and the deadline bound the transport's retries too.
+  EXPECT_EQ(delay(C::kInternal, transport, std::nullopt, 10), std::nullopt);
+  EXPECT_EQ(RetryDelay(policy, 1, C::kInternal, transport, std::nullopt, now,
+                       now + absl::Milliseconds(50), 0),
             std::nullopt);
-  EXPECT_EQ(RetryDelay(policy, 1, absl::DeadlineExceededError("d"), std::nullopt, now, never, 0),
-            std::nullopt);
-  EXPECT_EQ(RetryDelay(policy, 1, absl::UnavailableError("u"), std::nullopt, now,
+  EXPECT_EQ(RetryDelay(policy, 1, C::kUnavailable, server, std::nullopt, now,
                        now + absl::Milliseconds(50), 0),
             std::nullopt);  // the wait would pass the deadline
 }

@@ -7,8 +7,8 @@ vectors.
 
 For each case it starts `server.replicas` servers (with `server.flags`, on
 loopback ephemeral ports, CPU backend unless the flags say otherwise), puts a
-TCP proxy that resets connections in front of them when the case has
-`inject`, runs `CMD --case FILE --target TARGET`, reads the one JSON line it
+TCP proxy that resets connections (or single HTTP/2 streams) in front of them
+when the case has `inject`, runs `CMD --case FILE --target TARGET`, reads the one JSON line it
 prints and compares it with the case's `expect`. Then it runs
 `CMD --vectors FILE`. It prints a table and exits 1 on any mismatch.
 The runners and the contract: tests/conformance/README.md.
@@ -149,6 +149,46 @@ class Http2MessageCutter:
         return None
 
 
+RST_STREAM, WINDOW_UPDATE = 3, 8
+PROTOCOL_ERROR, CANCEL = 0x1, 0x8
+CLIENT_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def http2_frame(frame_type, flags, stream, payload):
+    """One HTTP/2 frame: 24-bit length, type, flags, 31-bit stream id, payload."""
+    return (len(payload).to_bytes(3, "big") + bytes([frame_type, flags])
+            + (stream & 0x7FFFFFFF).to_bytes(4, "big") + payload)
+
+
+class Http2Frames:
+    """Splits one direction of an HTTP/2 connection into whole frames. The
+    client's direction starts with the 24-byte connection preface, which
+    comes out first as a frame of type None; the server sends none. feed()
+    returns the frames its bytes complete, each (type, stream id, payload
+    length, raw bytes); a frame split across reads waits for its end."""
+
+    def __init__(self, preface):
+        self._buf = b""
+        self._preface_left = len(CLIENT_PREFACE) if preface else 0
+
+    def feed(self, chunk):
+        self._buf += chunk
+        frames = []
+        if self._preface_left:
+            take = min(self._preface_left, len(self._buf))
+            self._preface_left -= take
+            frames.append((None, 0, 0, self._buf[:take]))
+            self._buf = self._buf[take:]
+        while len(self._buf) >= 9:
+            length = int.from_bytes(self._buf[:3], "big")
+            if len(self._buf) < 9 + length:
+                break
+            frames.append((self._buf[3], int.from_bytes(self._buf[5:9], "big") & 0x7FFFFFFF,
+                           length, self._buf[:9 + length]))
+            self._buf = self._buf[9 + length:]
+        return frames
+
+
 def _tcp_queues(local_port, remote_port):
     """(tx_queue, rx_queue) of the loopback IPv4 socket local_port ->
     remote_port from /proc/net/tcp, or None when it is not listed."""
@@ -188,14 +228,38 @@ class ResetProxy:
     With reset_after_result_messages > 0 instead, the cut comes right after
     that many response messages (StreamAccepted, then result blocks) went to
     the client, at the exact message boundary (Http2MessageCutter), whatever
-    went the other way; the same wait precedes it."""
+    went the other way; the same wait precedes it.
+
+    With rst_streams > 0 the proxy resets streams instead of connections, as
+    an HTTP/2 transport does (an RST_STREAM from a proxy or a load balancer,
+    or gRPC's memory quota): it forwards both directions in whole frames, and
+    each of the first `rst_streams` streams (over all its connections) whose
+    DATA payloads forwarded to the client reach rst_after_result_bytes is cut
+    at the end of the frame that reached it. Then the proxy sends the server
+    RST_STREAM CANCEL for the stream, waits (forwarding nothing) until the
+    client has read everything it was sent, as above, and sends the client
+    RST_STREAM with `rst_error` (PROTOCOL_ERROR: the client's gRPC reports
+    INTERNAL "Received RST_STREAM with error code 1"; ENHANCE_YOUR_CALM, 11:
+    RESOURCE_EXHAUSTED). The stream's later DATA frames are dropped, each
+    answered to the server with a connection WINDOW_UPDATE for its length so
+    that the connection's window is not lost; its other frames (trailers)
+    still go to the client after the RST_STREAM, which decodes and discards
+    them, so that the two HPACK tables stay in step. The connection lives
+    on: the client's retry may use it."""
 
     CUT_GRACE_S = 0.3
     DRAIN_LIMIT_S = 10.0
 
     def __init__(self, upstream, reset_after_bytes, resets, reset_after_result_bytes=0,
-                 reset_after_result_messages=0):
+                 reset_after_result_messages=0, rst_after_result_bytes=0, rst_streams=0,
+                 rst_error=PROTOCOL_ERROR):
         self.upstream = upstream
+        self.rst_after_result_bytes = int(rst_after_result_bytes)
+        self.rst_streams = int(rst_streams)
+        self.rst_error = int(rst_error)
+        self.stream_resets_done = 0
+        # The result (DATA payload) bytes each reset stream had forwarded.
+        self.forwarded_at_rst = []
         self.reset_after_bytes = int(reset_after_bytes)
         self.reset_after_result_bytes = int(reset_after_result_bytes)
         self.reset_after_result_messages = int(reset_after_result_messages)
@@ -281,6 +345,9 @@ class ResetProxy:
             return
         for s in (client, server):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.rst_streams > 0:
+            self._pump_frames(client, server)
+            return
         cutting = index < self.resets
         limit = self.reset_after_bytes
         results = Http2DataCounter(self.reset_after_result_bytes)
@@ -335,6 +402,67 @@ class ResetProxy:
                 if s is not None:
                     s.close()
 
+    def _claim_stream_reset(self, forwarded):
+        """True for each of the first rst_streams streams that ask."""
+        with self.lock:
+            if self.stream_resets_done >= self.rst_streams:
+                return False
+            self.stream_resets_done += 1
+            self.forwarded_at_rst.append(forwarded)
+            return True
+
+    def _pump_frames(self, client, server):
+        """Forwards a connection in whole frames and resets streams (the
+        class comment says how). Frames are sent whole, so that the frames
+        the proxy adds go in between them."""
+        from_client, from_server = Http2Frames(preface=True), Http2Frames(preface=False)
+        result_bytes = {}  # stream id -> DATA payload bytes forwarded to the client
+        reset = set()      # the streams cut
+        sel = selectors.DefaultSelector()
+        sel.register(client, selectors.EVENT_READ)
+        sel.register(server, selectors.EVENT_READ)
+        try:
+            while not self.closed:
+                for key, _ in sel.select(timeout=0.5):
+                    source = key.fileobj
+                    data = source.recv(1 << 16)
+                    if not data:
+                        return
+                    if source is client:
+                        server.sendall(b"".join(f[3] for f in from_client.feed(data)))
+                        continue
+                    out, credit = [], 0
+                    for frame_type, stream, length, raw in from_server.feed(data):
+                        if stream in reset:
+                            if frame_type == Http2DataCounter.DATA:
+                                credit += length  # dropped: the server gets its window back
+                            else:
+                                out.append(raw)
+                            continue
+                        out.append(raw)
+                        if frame_type != Http2DataCounter.DATA or stream == 0:
+                            continue
+                        result_bytes[stream] = result_bytes.get(stream, 0) + length
+                        if result_bytes[stream] >= self.rst_after_result_bytes and \
+                                self._claim_stream_reset(result_bytes[stream]):
+                            client.sendall(b"".join(out))
+                            out = []
+                            reset.add(stream)
+                            server.sendall(http2_frame(RST_STREAM, 0, stream,
+                                                       CANCEL.to_bytes(4, "big")))
+                            self._await_client_read(client)
+                            client.sendall(http2_frame(RST_STREAM, 0, stream,
+                                                       self.rst_error.to_bytes(4, "big")))
+                    client.sendall(b"".join(out))
+                    if credit:
+                        server.sendall(http2_frame(WINDOW_UPDATE, 0, 0, credit.to_bytes(4, "big")))
+        except OSError:
+            pass
+        finally:
+            sel.close()
+            client.close()
+            server.close()
+
     def close(self):
         self.closed = True
         self.listener.close()
@@ -358,11 +486,16 @@ def run_case(case_path, runner, server_binary, timeout):
             # A striped case goes through counting proxies too: K parts must
             # arrive on at least K separate connections.
             after, resets, results, messages = (0, 0, 0, 0)
+            rst_after, rst_streams, rst_error = (0, 0, PROTOCOL_ERROR)
             if inject:
-                after, resets = inject.get("reset_after_bytes", 0), inject["resets"]
+                after, resets = inject.get("reset_after_bytes", 0), inject.get("resets", 0)
                 results = inject.get("reset_after_result_bytes", 0)
                 messages = inject.get("reset_after_result_messages", 0)
-            proxies = [ResetProxy(("127.0.0.1", p), after, resets, results, messages) for p in ports]
+                rst_after = inject.get("rst_stream_after_result_bytes", 0)
+                rst_streams = inject.get("rst_streams", 0)
+                rst_error = inject.get("rst_stream_error", PROTOCOL_ERROR)
+            proxies = [ResetProxy(("127.0.0.1", p), after, resets, results, messages,
+                                  rst_after, rst_streams, rst_error) for p in ports]
             ports = [p.port for p in proxies]
         if len(ports) == 1:
             target = "127.0.0.1:%d" % ports[0]
@@ -386,9 +519,18 @@ def run_case(case_path, runner, server_binary, timeout):
         if problems and run.stderr.strip():
             problems.append("runner stderr: " + run.stderr.strip()[-800:])
         cuts = sum(p.resets_done for p in proxies)
-        if inject and result.get("status") == "OK" and cuts != int(inject["resets"]) * len(proxies):
+        if inject and result.get("status") == "OK" and \
+                cuts != int(inject.get("resets", 0)) * len(proxies):
             problems.append("the proxies cut %d connection(s), the case asks for %d each: the case "
-                            "did not test what it says" % (cuts, int(inject["resets"])))
+                            "did not test what it says" % (cuts, int(inject.get("resets", 0))))
+        stream_cuts = sum(p.stream_resets_done for p in proxies)
+        if inject and result.get("status") == "OK" and \
+                stream_cuts != int(inject.get("rst_streams", 0)) * len(proxies):
+            problems.append("the proxies reset %d stream(s), the case asks for %d each: the case "
+                            "did not test what it says" % (stream_cuts,
+                                                           int(inject.get("rst_streams", 0))))
+        if case["expect"].get("placed_once") and result.get("placed_once") is False:
+            problems.append("a result line arrived more than once (placed_once false)")
         connections = sum(p.connections for p in proxies)
         if want_stripes > 1 and result.get("status") == "OK" and connections < want_stripes:
             problems.append("%d parts came over %d connection(s); each part needs its own"

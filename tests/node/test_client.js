@@ -141,6 +141,31 @@ test('retryDelay: the C++ client\'s rules (UNAVAILABLE backs off; pushback only 
   assert.equal(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, 50, 0), null); // past the deadline
 });
 
+test('retryDelay, issue 22: the transport\'s INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED back off; dgmm\'s own are final', () => {
+  const policy = { ...dgmm.DEFAULT_RETRY_POLICY, maxAttempts: 10 };
+  const s = dgmm.grpc.status;
+  for (const code of [s.INTERNAL, s.UNKNOWN, s.RESOURCE_EXHAUSTED]) {
+    assert.equal(dgmm.retryDelay(policy, 1, code, null, 0, Infinity, 0, false), 100);
+    assert.equal(dgmm.retryDelay(policy, 3, code, null, 0, Infinity, 0, false), 400);
+    assert.equal(dgmm.retryDelay(policy, 1, code, null, 0, Infinity, 0, true), null);
+    assert.equal(dgmm.retryDelay(policy, 10, code, null, 0, Infinity, 0, false), null); // no attempts left
+    assert.equal(dgmm.retryDelay(policy, 1, code, null, 0, 50, 0, false), null); // past the deadline
+  }
+  for (const fromServer of [true, false]) {
+    assert.equal(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, Infinity, 0, fromServer), 100);
+    assert.equal(dgmm.retryDelay(policy, 1, s.RESOURCE_EXHAUSTED, 42, 0, Infinity, 0, fromServer), 42);
+    for (const code of [s.CANCELLED, s.DEADLINE_EXCEEDED, s.INVALID_ARGUMENT, s.UNAUTHENTICATED, s.NOT_FOUND, s.UNIMPLEMENTED]) {
+      assert.equal(dgmm.retryDelay(policy, 1, code, null, 0, Infinity, 0, fromServer), null);
+      assert.equal(dgmm.retryDelay(policy, 1, code, 5, 0, Infinity, 0, fromServer), null);
+    }
+  }
+  const trailers = new dgmm.grpc.Metadata();
+  assert.equal(dgmm.madeByServer(trailers), false);
+  trailers.set('dgmm-origin', 'server');
+  assert.equal(dgmm.madeByServer(trailers), true);
+  assert.equal(dgmm.madeByServer(undefined), false);
+});
+
 // A loopback port nothing listens on (bound, read, released).
 function freePort() {
   return new Promise((resolve, reject) => {

@@ -345,6 +345,29 @@ class RetryPolicyTest(unittest.TestCase):
         self.assertIsNone(policy.delay(1, code.INVALID_ARGUMENT, None, 0.0, None, 0))
         self.assertIsNone(policy.delay(1, code.UNAVAILABLE, None, 0.0, 0.05, 0))  # past deadline
 
+    def test_rule_three_by_code_and_origin(self):
+        """Issue 22: INTERNAL, UNKNOWN and RESOURCE_EXHAUSTED without
+        `dgmm-origin: server` are the transport's and get the UNAVAILABLE
+        backoff; with it they are final; CANCELLED and DEADLINE_EXCEEDED
+        never retry."""
+        policy = dgmm.RetryPolicy(max_attempts=10)
+        code = grpc.StatusCode
+        for c in (code.INTERNAL, code.UNKNOWN, code.RESOURCE_EXHAUSTED):
+            self.assertAlmostEqual(policy.delay(1, c, None, 0.0, None, 0, from_server=False), 0.1)
+            self.assertAlmostEqual(policy.delay(3, c, None, 0.0, None, 0, from_server=False), 0.4)
+            self.assertIsNone(policy.delay(1, c, None, 0.0, None, 0, from_server=True))
+            self.assertIsNone(policy.delay(10, c, None, 0.0, None, 0, from_server=False))
+            self.assertIsNone(policy.delay(1, c, None, 0.0, 0.05, 0, from_server=False))
+        for origin in (True, False):
+            self.assertAlmostEqual(policy.delay(1, code.UNAVAILABLE, None, 0.0, None, 0,
+                                                from_server=origin), 0.1)
+            self.assertAlmostEqual(policy.delay(1, code.RESOURCE_EXHAUSTED, 42, 0.0, None, 0,
+                                                from_server=origin), 0.042)
+            for c in (code.CANCELLED, code.DEADLINE_EXCEEDED, code.INVALID_ARGUMENT,
+                      code.UNAUTHENTICATED, code.NOT_FOUND, code.UNIMPLEMENTED):
+                self.assertIsNone(policy.delay(1, c, None, 0.0, None, 0, from_server=origin))
+                self.assertIsNone(policy.delay(1, c, 5, 0.0, None, 0, from_server=origin))
+
     def test_unusable_policy_is_refused(self):
         with self.assertRaisesRegex(ValueError, "max_attempts"):
             dgmm.RetryPolicy(max_attempts=0)

@@ -133,6 +133,8 @@ struct Client::Attempt {
   absl::StatusOr<JobResult> result;
   // False when the failure must not be retried whatever its code.
   bool retryable = true;
+  // Who ended the failed call (FailureOriginOf) and its pushback trailer.
+  FailureOrigin origin = FailureOrigin::kTransport;
   std::optional<absl::Duration> pushback;
   // Result lines received (and placed) from the attempt's first line.
   int64_t lines_received = 0;
@@ -394,10 +396,8 @@ Client::Lane* Client::GetLane(int i, bool striped) {
 
 absl::Time Client::Deadline() const { return absl::Now() + options_.deadline; }
 
-void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline,
-                            bool wait_for_ready) const {
+void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline) const {
   if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
-  if (wait_for_ready) context->set_wait_for_ready(true);
   if (!options_.bearer_token.empty()) {
     context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
   }
@@ -619,9 +619,8 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
     }
     Attempt attempt =
         mode == TransferMode::kUnary
-            ? UnaryAttempt(lane, run, header, part, part_bytes, part_out, made > 1, part_progress)
-            : StreamAttempt(lane, run, header, part, part_bytes, part_out, made > 1,
-                            part_progress);
+            ? UnaryAttempt(lane, run, header, part, part_bytes, part_out, part_progress)
+            : StreamAttempt(lane, run, header, part, part_bytes, part_out, part_progress);
     run->attempts[static_cast<size_t>(index)] = made;
     run->received_bytes += attempt.result_bytes;
     if (attempt.result.ok()) {
@@ -639,8 +638,8 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
     if (run->Failed()) return attempt.result.status();
     std::optional<absl::Duration> wait;
     if (attempt.retryable) {
-      wait = RetryDelay(options_.retry, made, attempt.result.status(), attempt.pushback,
-                        absl::Now(), run->deadline, RandomJitter());
+      wait = RetryDelay(options_.retry, made, attempt.result.status().code(), attempt.origin,
+                        attempt.pushback, absl::Now(), run->deadline, RandomJitter());
     }
     if (!wait.has_value()) {
       const absl::Status& failure = attempt.result.status();
@@ -658,7 +657,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
 
 Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header,
                                      const Job& job, size_t matrix_bytes, void* out,
-                                     bool retried, const ProgressCallback& progress) {
+                                     const ProgressCallback& progress) {
   Attempt attempt;
   JobResult result;
   result.mode = TransferMode::kUnary;
@@ -667,7 +666,11 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
   wire::SliceLoans loans;
   {
     grpc::ClientContext context;
-    PrepareContext(&context, run->deadline, /*wait_for_ready=*/retried);
+    // Fail-fast, retried attempts too: a retried one has already waited for
+    // its connection (AwaitConnection, bounded by max_reconnect_wait), and a
+    // connection lost since then must end it now, not hold it until the
+    // deadline (issue 22: calls sent into a server's drain waited their 60 s).
+    PrepareContext(&context, run->deadline);
     grpc::ByteBuffer request =
         wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
@@ -699,6 +702,7 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
       if (outcome.ok()) attempt.result_bytes = static_cast<int64_t>(matrix_bytes);
     } else {
       outcome = FromGrpcStatus(status);
+      attempt.origin = FailureOriginOf(context);
       attempt.pushback = RetryPushback(context);
     }
   }
@@ -717,7 +721,7 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
 
 Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header,
                                       const Job& job, size_t matrix_bytes, void* out,
-                                      bool retried, const ProgressCallback& progress) {
+                                      const ProgressCallback& progress) {
   Attempt attempt;
   const StreamPlan plan = PlanStream(job.matrix, matrix_bytes, options_.chunk_bytes);
   absl::StatusOr<v1::JobStats> stats;
@@ -725,7 +729,11 @@ Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHead
   wire::SliceLoans loans;
   {
     grpc::ClientContext context;
-    PrepareContext(&context, run->deadline, /*wait_for_ready=*/retried);
+    // Fail-fast, retried attempts too: a retried one has already waited for
+    // its connection (AwaitConnection, bounded by max_reconnect_wait), and a
+    // connection lost since then must end it now, not hold it until the
+    // deadline (issue 22: calls sent into a server's drain waited their 60 s).
+    PrepareContext(&context, run->deadline);
     StreamCall call(header, static_cast<const char*>(job.matrix.data), static_cast<char*>(out),
                     plan, progress, &loans);
     run->Register(&context);
@@ -734,7 +742,12 @@ Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHead
     // The lines received are kept: a retry resumes after them.
     attempt.lines_received = call.LinesReceived();
     attempt.result_bytes = call.BytesReceived();
-    if (!stats.ok()) attempt.pushback = RetryPushback(context);
+    if (!stats.ok()) {
+      attempt.origin = FailureOriginOf(context);
+      attempt.pushback = RetryPushback(context);
+      // The client's own verdict on a server that broke the protocol: final.
+      if (call.BrokeProtocol()) attempt.retryable = false;
+    }
   }
   loans.WaitUntilReturned();
   if (!stats.ok()) {

@@ -168,7 +168,8 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
     std::optional<absl::Duration> pushback = RetryPushback(context);
     std::optional<absl::Duration> wait;
     if (failure.code() == absl::StatusCode::kResourceExhausted && pushback.has_value()) {
-      wait = RetryDelay(policy, made, failure, pushback, absl::Now(), deadline, RandomJitter());
+      wait = RetryDelay(policy, made, failure.code(), FailureOriginOf(context), pushback,
+                        absl::Now(), deadline, RandomJitter());
     }
     if (!wait.has_value()) {
       if (made == 1) return failure;

@@ -22,6 +22,16 @@ absl::Duration Backoff(const RetryPolicy& policy, int attempts_made, double jitt
 
 }  // namespace
 
+FailureOrigin FailureOriginOf(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  const auto found = trailers.find(kOriginTrailer);
+  if (found != trailers.end() &&
+      absl::string_view(found->second.data(), found->second.size()) == kOriginServer) {
+    return FailureOrigin::kServer;
+  }
+  return FailureOrigin::kTransport;
+}
+
 std::optional<absl::Duration> RetryPushback(const grpc::ClientContext& context) {
   const auto& trailers = context.GetServerTrailingMetadata();
   const auto found = trailers.find(kPushbackTrailer);
@@ -35,20 +45,35 @@ std::optional<absl::Duration> RetryPushback(const grpc::ClientContext& context) 
 }
 
 std::optional<absl::Duration> RetryDelay(const RetryPolicy& policy, int attempts_made,
-                                         const absl::Status& failure,
+                                         absl::StatusCode code, FailureOrigin origin,
                                          std::optional<absl::Duration> pushback, absl::Time now,
                                          absl::Time deadline, double jitter) {
   if (attempts_made >= policy.max_attempts) return std::nullopt;
+  const bool transport = origin == FailureOrigin::kTransport;
   std::optional<absl::Duration> wait;
-  switch (failure.code()) {
+  switch (code) {
     case absl::StatusCode::kUnavailable:
       wait = Backoff(policy, attempts_made, jitter);
       break;
     case absl::StatusCode::kResourceExhausted:
-      // Without the trailer the job itself is too large: retrying cannot help.
-      wait = pushback;
+      // The server's queue was full: its hint. Without one, dgmm's own
+      // RESOURCE_EXHAUSTED is a job that can never fit (final), and the
+      // transport's is its memory quota, full for now.
+      if (pushback.has_value()) {
+        wait = pushback;
+      } else if (transport) {
+        wait = Backoff(policy, attempts_made, jitter);
+      }
+      break;
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+      // The transport's: a stream reset or a broken proxy. dgmm's own INTERNAL
+      // (a CUDA error) is final.
+      if (transport) wait = Backoff(policy, attempts_made, jitter);
       break;
     default:
+      // CANCELLED (the caller's decision), DEADLINE_EXCEEDED (the one
+      // deadline is spent) and every verdict on the request: final.
       break;
   }
   if (!wait.has_value() || now + *wait >= deadline) return std::nullopt;

@@ -1,5 +1,5 @@
 // When a failed job is tried again (the rules are in RetryPolicy's comment in
-// dgmm/client.h). Not part of the public API.
+// dgmm/client.h and docs/protocol.md §9, rule 3). Not part of the public API.
 #ifndef DGMM_CLIENT_CPP_SRC_RETRY_H_
 #define DGMM_CLIENT_CPP_SRC_RETRY_H_
 
@@ -13,17 +13,43 @@
 
 namespace dgmm {
 
+// Who ended a failed call. A dgmm server marks every error status it makes
+// with the trailing metadata `dgmm-origin: server`; a status without it was
+// made by gRPC or the network: an RST_STREAM (INTERNAL "Received RST_STREAM
+// with error code 1"), a transport's memory quota (RESOURCE_EXHAUSTED), a
+// connection lost or refused (UNAVAILABLE), a broken proxy (UNKNOWN).
+enum class FailureOrigin { kServer, kTransport };
+
+// The trailer that marks dgmm's own errors, and its value.
+inline constexpr char kOriginTrailer[] = "dgmm-origin";
+inline constexpr char kOriginServer[] = "server";
+
+// kServer when the finished call's trailing metadata has `dgmm-origin:
+// server`, else kTransport.
+FailureOrigin FailureOriginOf(const grpc::ClientContext& context);
+
 // The server's `grpc-retry-pushback-ms` trailer of a finished call, or
 // nullopt when there is none or it is not a non-negative number of ms.
 std::optional<absl::Duration> RetryPushback(const grpc::ClientContext& context);
 
-// How long to wait before attempt number `attempts_made + 1` of a job whose
-// attempt `attempts_made` (1-based) failed with `failure`, or nullopt when the
-// job must not be retried: a code the policy does not retry, no attempts left,
-// or a wait that would end after `deadline`. `pushback` is the failed call's
-// RetryPushback; `jitter` in [-1, 1] moves a backoff wait by up to 20%.
+// Rule 3, as a pure function: how long to wait before attempt number
+// `attempts_made + 1` of a job whose attempt `attempts_made` (1-based) failed
+// with `code` from `origin`, or nullopt when the job must not be retried.
+//  - UNAVAILABLE, from either origin: the backoff (initial_backoff, times
+//    backoff_multiplier per attempt, at most max_backoff, moved by `jitter`
+//    in [-1, 1] by up to 20%).
+//  - RESOURCE_EXHAUSTED with a `pushback` (the grpc-retry-pushback-ms
+//    trailer: the server's queue was full): that long.
+//  - INTERNAL, RESOURCE_EXHAUSTED (without a pushback) and UNKNOWN from the
+//    transport: the backoff, as UNAVAILABLE. The same codes from the server
+//    are dgmm's own verdict on the job (a CUDA error, a job that can never
+//    fit): final.
+//  - Anything else (CANCELLED, DEADLINE_EXCEEDED, INVALID_ARGUMENT, ...):
+//    final.
+// Also nullopt when no attempts are left (attempts_made >= max_attempts) or
+// the wait would not end before `deadline`.
 std::optional<absl::Duration> RetryDelay(const RetryPolicy& policy, int attempts_made,
-                                         const absl::Status& failure,
+                                         absl::StatusCode code, FailureOrigin origin,
                                          std::optional<absl::Duration> pushback, absl::Time now,
                                          absl::Time deadline, double jitter);
 

@@ -149,7 +149,10 @@ void StreamCall::OnDone(const grpc::Status& status) {
 }
 
 absl::StatusOr<v1::JobStats> StreamCall::Outcome() {
-  if (!protocol_error_.ok()) return protocol_error_;
+  if (!protocol_error_.ok()) {
+    broke_protocol_ = true;
+    return protocol_error_;
+  }
   grpc::Status status;
   {
     std::lock_guard lock(done_mu_);
@@ -157,6 +160,7 @@ absl::StatusOr<v1::JobStats> StreamCall::Outcome() {
   }
   if (!status.ok()) return FromGrpcStatus(status);
   if (!stats_.has_value()) {
+    broke_protocol_ = true;
     return ProtocolError(absl::StrCat("the call ended OK after ", next_line_to_receive_, " of ",
                                       plan_.lines, " result lines and no stats"));
   }

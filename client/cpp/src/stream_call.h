@@ -50,6 +50,9 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   int64_t LinesReceived() const { return next_line_to_receive_; }
   // After Run: result payload bytes that arrived, counted per block.
   int64_t BytesReceived() const { return bytes_received_.load(std::memory_order_relaxed); }
+  // After Run: true when Run's error is the client's own verdict that the
+  // server broke the MultiplyStream protocol (INTERNAL, not to be retried).
+  bool BrokeProtocol() const { return broke_protocol_; }
 
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;
@@ -85,6 +88,7 @@ class StreamCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   int64_t next_line_to_receive_ = 0;
   std::optional<v1::JobStats> stats_;
   absl::Status protocol_error_;
+  bool broke_protocol_ = false;  // set by Outcome
 
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};

@@ -152,25 +152,37 @@ class RetryPolicy:
     """Which failed parts of a job are tried again, how often and after how long.
 
     The policy of docs/protocol.md section 9, rule 3, the same in the C++ and
-    Node clients. Each part of a job (the whole job when it is not striped)
+    Node clients (the binding runs the C++ client's; delay() states it in
+    Python). A dgmm server marks every error status it makes with the
+    trailer `dgmm-origin: server`; a status without it comes from gRPC or
+    the network. Each part of a job (the whole job when it is not striped)
     is retried by itself after UNAVAILABLE (nothing listening, the connection
-    lost, a server draining), after a jittered exponential backoff; and after
-    RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms` trailer (the
-    admission queue was full), after the time it names. Other errors are
-    final. A streamed part that fails after some result blocks arrived is
-    resumed: the retry sends only the lines not received yet. A retry goes
-    to the next of the job's channels (another connection, another replica
-    under round_robin). No wait may end past the job's deadline (multiply's
-    timeout), and the first final error cancels the other parts.
+    lost, a server draining), after a jittered exponential backoff; after
+    INTERNAL, UNKNOWN or RESOURCE_EXHAUSTED without `dgmm-origin: server` (a
+    stream reset by the transport, "Received RST_STREAM with error code 1";
+    gRPC's transport memory quota; a broken proxy), after the same backoff;
+    and after RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms`
+    trailer (the admission queue was full), after the time it names. Other
+    errors are final: dgmm's own INTERNAL and RESOURCE_EXHAUSTED without a
+    pushback, CANCELLED, DEADLINE_EXCEEDED, every verdict on the request. A
+    streamed part that fails with a retried error after some result blocks
+    arrived is resumed: the retry sends only the lines not received yet. A
+    retry goes to the next of the job's channels (another connection,
+    another replica under round_robin). No wait may end past the job's
+    deadline (multiply's timeout), and the first final error cancels the
+    other parts.
 
-    The first attempt fails fast when there is no connection. A retried
-    attempt first waits for its channel to connect, up to the deadline and at
-    most max_reconnect_wait seconds (no connection by then ends the job with
-    UNAVAILABLE), and is then sent with wait_for_ready.
+    Every attempt fails fast when there is no connection. A retried attempt
+    first waits for its channel to connect, up to the deadline and at most
+    max_reconnect_wait seconds (no connection by then ends the job with
+    UNAVAILABLE), and is then sent without wait_for_ready too: a connection
+    lost after that wait (a server that exits at the end of its drain) fails
+    the attempt at once instead of holding it until the deadline.
 
     Args (times in seconds):
       max_attempts: attempts per part, the first included; 1 turns retries off.
-      initial_backoff: the wait before the second attempt after UNAVAILABLE;
+      initial_backoff: the wait before the second attempt after UNAVAILABLE
+        (or a transport failure);
         each later one is backoff_multiplier times longer, up to max_backoff,
         and every wait is jittered by +-20%.
       max_reconnect_wait: how long a retried attempt waits for a connection.
@@ -191,21 +203,26 @@ class RetryPolicy:
         self.backoff_multiplier = float(backoff_multiplier)
         self.max_reconnect_wait = float(max_reconnect_wait)
 
-    def delay(self, attempts_made, code, pushback_ms, now, deadline, jitter):
-        """Seconds to wait before attempt attempts_made + 1 of a job whose
-        attempt attempts_made (1-based) failed with grpc.StatusCode `code`, or
-        None when it must not be retried. pushback_ms: the failed call's
-        grpc-retry-pushback-ms (None if absent); now and deadline (None: no
-        deadline) in time.monotonic() seconds; jitter in [-1, 1]."""
+    def delay(self, attempts_made, code, pushback_ms, now, deadline, jitter, from_server=True):
+        """Rule 3: seconds to wait before attempt attempts_made + 1 of a job
+        whose attempt attempts_made (1-based) failed with grpc.StatusCode
+        `code`, or None when it must not be retried. pushback_ms: the failed
+        call's grpc-retry-pushback-ms (None if absent); now and deadline
+        (None: no deadline) in time.monotonic() seconds; jitter in [-1, 1];
+        from_server: whether the status carried `dgmm-origin: server`."""
         if attempts_made >= self.max_attempts:
             return None
-        if code == grpc.StatusCode.UNAVAILABLE:
+        transport_codes = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                           grpc.StatusCode.RESOURCE_EXHAUSTED)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and pushback_ms is not None:
+            wait = pushback_ms / 1000.0  # The server's queue was full.
+        elif code == grpc.StatusCode.UNAVAILABLE or (not from_server and code in transport_codes):
+            # The transport's INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED: a stream
+            # reset, its memory quota, a broken proxy. The same codes from
+            # dgmm (a CUDA error, a job that can never fit) are final.
             base = min(self.initial_backoff * self.backoff_multiplier ** (attempts_made - 1),
                        self.max_backoff)
             wait = base * (1 + self.JITTER_FRACTION * max(-1.0, min(1.0, jitter)))
-        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and pushback_ms is not None:
-            # Without the trailer the job itself is too large: retrying cannot help.
-            wait = pushback_ms / 1000.0
         else:
             return None
         if deadline is not None and now + wait >= deadline:

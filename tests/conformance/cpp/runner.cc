@@ -72,6 +72,10 @@ struct Outcome {
   int stripes = 1;
   int attempts = 0;
   int resumed = 0;
+  // OK jobs: whether every result line arrived exactly once
+  // (JobResult::received_bytes, which counts a line received twice, equals
+  // the matrix bytes).
+  std::optional<bool> placed_once;
   bool checked = false;
   double max_abs_err = 0;
 };
@@ -81,11 +85,14 @@ void Print(const Outcome& o) {
       std::isfinite(o.max_abs_err) ? absl::StrFormat("%.17g", o.max_abs_err) : "1e308";
   std::printf(
       "{\"name\": %s, \"status\": %s, \"mode\": %s, \"stripes\": %d, \"attempts\": %d, "
-      "\"checked\": %s, \"max_abs_err\": %s, \"message\": %s, \"resumed\": %d}\n",
+      "\"checked\": %s, \"max_abs_err\": %s, \"message\": %s, \"resumed\": %d%s}\n",
       Quote(o.name).c_str(), Quote(absl::StatusCodeToString(o.status.code())).c_str(),
       Quote(TransferModeName(o.mode)).c_str(), o.stripes, o.attempts,
       o.checked ? "true" : "false", err.c_str(), Quote(std::string(o.status.message())).c_str(),
-      o.resumed);
+      o.resumed,
+      !o.placed_once.has_value() ? ""
+      : *o.placed_once           ? ", \"placed_once\": true"
+                                 : ", \"placed_once\": false");
   std::fflush(stdout);
 }
 
@@ -163,6 +170,7 @@ void RunTyped(const Struct& c, const std::string& target, Outcome* o) {
   o->stripes = r->stripes;
   o->attempts = r->attempts;
   o->resumed = r->resumed;
+  o->placed_once = r->received_bytes == matrix_bytes;
   // Element by element against float64.
   const double tolerance = elem == 4 ? 1e-6 : 1e-15;
   bool all_ok = true;

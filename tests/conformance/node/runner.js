@@ -57,6 +57,9 @@ async function runCase(file, target) {
     loadBalancingPolicy: 'round_robin',
     retry: opts.max_attempts != null ? { maxAttempts: opts.max_attempts } : undefined,
   });
+  // The lines the client placed, as its progress callback counts them (each
+  // result block adds its lines): the job's lines when none was placed twice.
+  let linesPlaced = 0;
   try {
     const done = await dgmm.multiply(client, a, rows, cols, d, side, {
       layout,
@@ -67,10 +70,12 @@ async function runCase(file, target) {
       maxUnaryMessageBytes: opts.max_unary_message_bytes ?? undefined,
       out: result,
       returnInfo: true,
+      progress: (linesDone) => { linesPlaced = linesDone; },
     });
     const { info } = done;
     Object.assign(out, { mode: info.mode, stripes: info.stripes, attempts: info.attempts, resumed: info.resumed,
-      message: `group ${info.groupId || '-'}, ${info.resumed} resumed` });
+      message: `group ${info.groupId || '-'}, ${info.resumed} resumed`,
+      placed_once: linesPlaced === (layout === 'col' ? cols : rows) });
     if (done.result !== result) throw new Error("the result did not land in the caller's array");
     const rtol = Ctor === Float32Array ? 1e-6 : 1e-15;
     let maxErr = 0;

@@ -21,8 +21,9 @@
 // into K contiguous line ranges ("parts", ClientOptions.stripes), each an
 // ordinary job tagged with JobHeader.group and sent on its own connection
 // (its own channel), all at once; results land in place in the caller's
-// output. A streamed part that fails UNAVAILABLE after some result lines
-// arrived is resumed: only the lines not yet received are sent again.
+// output. A streamed part that fails with a retried error (RetryPolicy)
+// after some result lines arrived is resumed: only the lines not yet
+// received are sent again.
 //
 // Servers: one address ("127.0.0.1:50051"), a DNS name with several replicas
 // ("dns:///dgmm.svc:50051") or a list ("ipv4:127.0.0.1:50051,127.0.0.1:50052")
@@ -65,34 +66,46 @@ size_t ElementSize(v1::DType dtype);
 using ProgressCallback =
     std::function<void(int64_t bytes_sent, int64_t bytes_received, int64_t total_bytes)>;
 
-// Which failed jobs are tried again, how often and after how long. A job is
-// retried after
+// Which failed jobs are tried again, how often and after how long
+// (docs/protocol.md §9, rule 3). A dgmm server marks every error status it
+// makes with the trailing metadata `dgmm-origin: server`; a status without
+// it comes from gRPC or the network. A job is retried after
 //  - UNAVAILABLE (nothing listening, the connection lost, a server draining
 //    for shutdown), after an exponential backoff; with round_robin the next
 //    attempt goes to another server;
+//  - INTERNAL, UNKNOWN or RESOURCE_EXHAUSTED without `dgmm-origin: server`
+//    (a stream reset by the transport, "Received RST_STREAM with error code
+//    1"; gRPC's transport memory quota; a broken proxy), after the same
+//    backoff: the transport failed, not the job (jobs are pure functions of
+//    their inputs, so sending one again is safe);
 //  - RESOURCE_EXHAUSTED that carries the `grpc-retry-pushback-ms` trailer
 //    (the server's admission queue was full), after the time it names.
-// Other errors are final. No wait may end past the job's deadline. The
-// policy applies to each part of a striped job on its own (max_attempts is
-// per part); a retried part goes to the next connection ((part + attempt) %
-// K), and a streamed part that had received some result lines is resumed
-// from the first line it has not received (those lines are neither sent
-// again nor received twice). The first final error of any part cancels the
-// other parts and is the job's status.
+// Other errors are final: dgmm's own INTERNAL (a CUDA error) and
+// RESOURCE_EXHAUSTED without a pushback (a job that can never fit), the
+// caller's CANCELLED, DEADLINE_EXCEEDED, and every verdict on the request.
+// No wait may end past the job's deadline. The policy applies to each part
+// of a striped job on its own (max_attempts is per part); a retried part
+// goes to the next connection ((part + attempt) % K), and a streamed part
+// that had received some result lines is resumed from the first line it has
+// not received (those lines are neither sent again nor received twice). The
+// first final error of any part cancels the other parts and is the job's
+// status.
 //
-// The first attempt fails fast when there is no connection (UNAVAILABLE at
-// once, so that max_attempts = 1 sees a dead server as it is). Retried
-// attempts are wait-for-ready: each first waits for the channel to connect
-// (gRPC reconnects by itself, see ClientOptions' reconnect backoff), up to
-// the job's deadline and at most max_reconnect_wait, and is then sent with
-// wait_for_ready so that it is queued rather than failed while the
-// connection is being made. A server that does not come back within that
-// wait (or the job's deadline) ends the job with UNAVAILABLE ("no connection
-// to the server within ...").
+// Every attempt fails fast when there is no connection (UNAVAILABLE at
+// once, so that max_attempts = 1 sees a dead server as it is). A retried
+// attempt first waits for its channel to connect (gRPC reconnects by itself,
+// see ClientOptions' reconnect backoff), up to the job's deadline and at
+// most max_reconnect_wait, and is then sent fail-fast too, not
+// wait_for_ready: a connection lost after that wait (a server that exits at
+// the end of its drain) fails the attempt at once instead of holding it
+// until the deadline. A server that does not come back within that wait (or
+// the job's deadline) ends the job with UNAVAILABLE ("no connection to the
+// server within ...").
 struct RetryPolicy {
   // Attempts per job, the first included; 1 turns retries off.
   int max_attempts = 4;
-  // The wait before the second attempt after UNAVAILABLE; each later wait is
+  // The wait before the second attempt after UNAVAILABLE (or a transport
+  // failure, as above); each later wait is
   // backoff_multiplier times longer, up to max_backoff. Waits are jittered
   // by +-20% so that clients failed together do not retry together.
   absl::Duration initial_backoff = absl::Milliseconds(100);
@@ -356,22 +369,18 @@ class Client {
   absl::Status RunPart(JobRun* run, int index, LineRange range);
   // The deadline of a call or job starting now.
   absl::Time Deadline() const;
-  // Applies `deadline` and the bearer token to a fresh context, and
-  // wait_for_ready for a retried attempt.
-  void PrepareContext(grpc::ClientContext* context, absl::Time deadline,
-                      bool wait_for_ready = false) const;
+  // Applies `deadline` and the bearer token to a fresh context. Calls are
+  // never wait_for_ready (see RetryPolicy).
+  void PrepareContext(grpc::ClientContext* context, absl::Time deadline) const;
   // Before a retried attempt: waits until `lane` is connected, up to
   // `deadline` and RetryPolicy::max_reconnect_wait. UNAVAILABLE if it is not.
   absl::Status AwaitConnection(Lane* lane, absl::Time deadline);
   // One try of a job: its outcome, and what decides whether to try again.
   struct Attempt;
-  // `retried`: not the job's first attempt (see RetryPolicy).
   Attempt UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header, const Job& job,
-                       size_t matrix_bytes, void* out, bool retried,
-                       const ProgressCallback& progress);
+                       size_t matrix_bytes, void* out, const ProgressCallback& progress);
   Attempt StreamAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header, const Job& job,
-                        size_t matrix_bytes, void* out, bool retried,
-                        const ProgressCallback& progress);
+                        size_t matrix_bytes, void* out, const ProgressCallback& progress);
 
   ClientOptions options_;
   // CheckClientOptions(options_), returned by every call when not OK.
