@@ -133,7 +133,8 @@ void RunTyped(const Struct& c, const std::string& target, Outcome* o) {
   if (shape_ok) {
     o->stripes = ChooseStripes(matrix_bytes, lines, options.stripes);
     o->mode = ChooseTransferMode(matrix_bytes + diag_len * static_cast<int64_t>(elem),
-                                 options.max_unary_message_bytes, options.chunk_bytes);
+                                 options.max_unary_message_bytes, options.chunk_bytes,
+                                 matrix_bytes / lines);
   }
   absl::StatusOr<v1::Backend> backend = ParseBackendName(StringField(c, "backend"));
   if (!backend.ok()) {
@@ -241,7 +242,8 @@ int RunVectors(const std::string& path) {
     const int64_t unary = IntField(v, "unary_limit", int64_t{16} << 20);
     const int64_t chunk = IntField(v, "chunk_bytes", int64_t{4} << 20);
     const int option = static_cast<int>(IntField(v, "stripes_option", 0));
-    const TransferMode mode = ChooseTransferMode(matrix_bytes + diag_bytes, unary, chunk);
+    const TransferMode mode =
+        ChooseTransferMode(matrix_bytes + diag_bytes, unary, chunk, line_bytes);
     const int k = ChooseStripes(matrix_bytes, lines, option);
     const std::vector<LineRange> ranges = SplitLines(lines, k);
     std::vector<std::string> problems;

@@ -29,7 +29,7 @@ function runVectors(file) {
     const u = v.unary_limit ?? dgmm.DEFAULT_MAX_UNARY_MESSAGE_BYTES;
     const c = v.chunk_bytes ?? dgmm.DEFAULT_CHUNK_BYTES;
     const k = dgmm.stripeCount(v.matrix_bytes, v.lines, v.stripes_option);
-    const got = { mode: dgmm.transferMode(v.matrix_bytes, v.diag_bytes, u, c), stripes: k, ranges: dgmm.stripeRanges(v.lines, k) };
+    const got = { mode: dgmm.transferMode(v.matrix_bytes, v.diag_bytes, u, c, v.line_bytes), stripes: k, ranges: dgmm.stripeRanges(v.lines, k) };
     const want = { mode: v.expect_mode, stripes: v.expect_stripes, ranges: v.expect_ranges };
     if ('expect_lines_per_block' in v) {
       got.lines_per_block = dgmm.linesPerBlock(v.line_bytes, c);

@@ -36,7 +36,7 @@ def run_vectors(path):
     for i, v in enumerate(vectors):
         u = v["unary_limit"] or policy.DEFAULT_MAX_UNARY_MESSAGE_BYTES
         c = v["chunk_bytes"] or policy.DEFAULT_CHUNK_BYTES
-        mode = policy.transfer_mode(v["matrix_bytes"], v["diag_bytes"], u, c)
+        mode = policy.transfer_mode(v["matrix_bytes"], v["diag_bytes"], u, c, v["line_bytes"])
         k = policy.stripe_count(v["matrix_bytes"], v["lines"], v["stripes_option"])
         ranges = [list(r) for r in policy.stripe_ranges(v["lines"], k)]
         got = {"mode": mode, "stripes": k, "ranges": ranges}
