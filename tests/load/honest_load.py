@@ -306,7 +306,7 @@ def mixed(env, short):
     w = Watched(env)
     t0 = time.monotonic()
     records, exits = run_workers(env, w.address, clients, duration, concurrency, max_bytes, deadline, seed=1,
-                                 edge_jobs=env.args.edge_jobs)
+                                 edge_jobs=True)
     wall = time.monotonic() - t0
     completed, rejected, queued, running, reserved = w.settled_counters()
     peak = w.peak()
@@ -644,11 +644,6 @@ def parser():
     p.add_argument("--server_flag", action="append", default=[], help="another server flag (repeatable)")
     p.add_argument("--short", action="store_true", help="the ctest form: scaled down, seconds")
     p.add_argument("--proxy", action="store_true", help="fairness: everything through a TCP proxy")
-    # Off until the client policy sends a job whose one line is over the
-    # server's max block but which fits unary as one Multiply (rule 1 streams
-    # it today and the server refuses it: INVALID_ARGUMENT).
-    p.add_argument("--edge_jobs", action="store_true",
-                   help="mixed: each client library first runs the policy's edge jobs (a line over 4 MiB)")
     p.add_argument("--clients", type=int, default=0, help="override the client processes")
     p.add_argument("--duration", type=float, default=0, help="override the seconds of load")
     p.add_argument("--streams", type=int, default=1000, help="fairness: the hostile client's stalled streams")
