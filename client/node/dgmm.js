@@ -257,10 +257,10 @@ function unaryThreshold(maxUnaryMessageBytes = DEFAULT_MAX_UNARY_MESSAGE_BYTES, 
 
 // Rule 1: 'unary' or 'stream' for a job or one part of a striped job. A job
 // whose one line (lineBytes; 0: unknown) is longer than C goes unary up to
-// 7/8 of U: no stream block the server takes could hold that line.
+// U - 64 KiB: no stream block the server takes could hold that line.
 function transferMode(matrixBytes, diagBytes, maxUnaryMessageBytes = DEFAULT_MAX_UNARY_MESSAGE_BYTES,
   chunkBytes = DEFAULT_CHUNK_BYTES, lineBytes = 0) {
-  const threshold = lineBytes > chunkBytes ? Math.floor(maxUnaryMessageBytes / 8) * 7
+  const threshold = lineBytes > chunkBytes ? maxUnaryMessageBytes - 64 * 1024
     : unaryThreshold(maxUnaryMessageBytes, chunkBytes);
   return matrixBytes + diagBytes <= threshold ? 'unary' : 'stream';
 }

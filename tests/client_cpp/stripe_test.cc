@@ -205,10 +205,12 @@ TEST(StripePolicyTest, PureFunctions) {
   EXPECT_EQ(ChooseTransferMode(4 * kMiB + 1, 16 * kMiB, 4 * kMiB), TransferMode::kStream);
   EXPECT_EQ(ChooseTransferMode(3 * kMiB, 2 * kMiB, 4 * kMiB), TransferMode::kStream);
   // A line longer than the chunk fits no block the server takes: unary up
-  // to 7/8 of U (2 x 600000 float64: 9.6 MB in lines of 4.8 MB), else stream.
+  // to U - 64 KiB (2 x 600000 float64: 9.6 MB in lines of 4.8 MB), else stream.
   EXPECT_EQ(ChooseTransferMode(9600016, 16 * kMiB, 4 * kMiB, 4800000), TransferMode::kUnary);
-  EXPECT_EQ(ChooseTransferMode(14 * kMiB, 16 * kMiB, 4 * kMiB, 5 * kMiB), TransferMode::kUnary);
-  EXPECT_EQ(ChooseTransferMode(14 * kMiB + 1, 16 * kMiB, 4 * kMiB, 5 * kMiB), TransferMode::kStream);
+  EXPECT_EQ(ChooseTransferMode(16 * kMiB - 64 * 1024, 16 * kMiB, 4 * kMiB, 5 * kMiB),
+            TransferMode::kUnary);
+  EXPECT_EQ(ChooseTransferMode(16 * kMiB - 64 * 1024 + 1, 16 * kMiB, 4 * kMiB, 5 * kMiB),
+            TransferMode::kStream);
   EXPECT_EQ(ChooseTransferMode(9600016, 16 * kMiB, 4 * kMiB, 4 * kMiB), TransferMode::kStream);
   EXPECT_EQ(*ParseBackendName("auto"), v1::BACKEND_AUTO);
   EXPECT_EQ(*ParseBackendName("cuda-kernel"), v1::BACKEND_CUDA_KERNEL);

@@ -649,6 +649,36 @@ TEST_F(RegionsTest, ClientThatExitsWithoutUnregisteringIsDropped) {
   EXPECT_EQ(RegionStatus("orphan", &listed).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// --trusted_proxies (issue 22): from a listed peer, the first address of
+// x-forwarded-for is the client (here seen through the per-client region
+// limit); from any other peer the header is ignored and the peer's address
+// is the client.
+TEST(RegionsTrustedProxyTest, ForwardedForNamesTheClientOnlyFromATrustedProxy) {
+  for (const bool trusted : {true, false}) {
+    SCOPED_TRACE(trusted ? "trusted" : "not trusted");
+    std::vector<std::string> flags = {"--backend=cpu", "--threads=1", "--allow_regions",
+                                      "--max_regions_per_client=1"};
+    flags.push_back(trusted ? "--trusted_proxies=127.0.0.1, ::1" : "--trusted_proxies=10.9.9.9");
+    ServerProcess server(flags);
+    std::unique_ptr<v1::Dgmm::Stub> stub = Connect(server.address());
+    ShmObject shm(4096);
+    const auto register_as = [&](const std::string& name, const std::string& forwarded) {
+      std::unique_ptr<grpc::ClientContext> ctx = Ctx("");
+      ctx->AddMetadata("x-forwarded-for", forwarded);
+      v1::RegisterRegionResponse response;
+      return stub->RegisterRegion(ctx.get(), ShmRequest(name, shm.key(), 0, 64), &response);
+    };
+    ASSERT_TRUE(register_as("a", "10.0.0.1, 192.168.0.1").ok());
+    // The same client again: over its one region.
+    EXPECT_EQ(register_as("b", "10.0.0.1").error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    // Another forwarded client: its own count only behind a trusted proxy.
+    const grpc::Status other = register_as("b", "10.0.0.2");
+    EXPECT_EQ(other.error_code(),
+              trusted ? grpc::StatusCode::OK : grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << other.error_message();
+  }
+}
+
 TEST(RegionsOffTest, EveryRegionRpcIsFailedPrecondition) {
   ServerProcess off({"--backend=cpu", "--threads=1"});
   std::unique_ptr<v1::Dgmm::Stub> stub = Connect(off.address());

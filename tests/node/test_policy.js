@@ -38,10 +38,10 @@ test('policy functions: thresholds, auto K, ranges', () => {
   assert.equal(dgmm.unaryThreshold(MIB, 4 * MIB), 917504);
   assert.equal(dgmm.transferMode(4 * MIB - 4, 4), 'unary');
   assert.equal(dgmm.transferMode(4 * MIB - 4, 5), 'stream');
-  // A line longer than C: unary up to 7/8 of U.
+  // A line longer than C: unary up to U - 64 KiB.
   assert.equal(dgmm.transferMode(9600000, 16, 16 * MIB, 4 * MIB, 4800000), 'unary');
-  assert.equal(dgmm.transferMode(14 * MIB, 0, 16 * MIB, 4 * MIB, 5 * MIB), 'unary');
-  assert.equal(dgmm.transferMode(14 * MIB + 1, 0, 16 * MIB, 4 * MIB, 5 * MIB), 'stream');
+  assert.equal(dgmm.transferMode(16 * MIB - 65536, 0, 16 * MIB, 4 * MIB, 5 * MIB), 'unary');
+  assert.equal(dgmm.transferMode(16 * MIB - 65535, 0, 16 * MIB, 4 * MIB, 5 * MIB), 'stream');
   assert.equal(dgmm.transferMode(9600000, 16, 16 * MIB, 4 * MIB, 4 * MIB), 'stream');
   assert.equal(dgmm.stripeCount(64 * MIB - 1, 4096), 1);
   assert.equal(dgmm.stripeCount(64 * MIB, 4096), 2);

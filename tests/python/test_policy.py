@@ -75,10 +75,10 @@ class PolicyFunctionsTest(unittest.TestCase):
         self.assertEqual(policy.unary_threshold(1 * MIB, 4 * MIB), 917504)
         self.assertEqual(policy.transfer_mode(4 * MIB - 4, 4), "unary")
         self.assertEqual(policy.transfer_mode(4 * MIB - 4, 5), "stream")
-        # A line longer than C: unary up to 7/8 of U.
+        # A line longer than C: unary up to U - 64 KiB.
         self.assertEqual(policy.transfer_mode(9600000, 16, 16 * MIB, 4 * MIB, 4800000), "unary")
-        self.assertEqual(policy.transfer_mode(14 * MIB, 0, 16 * MIB, 4 * MIB, 5 * MIB), "unary")
-        self.assertEqual(policy.transfer_mode(14 * MIB + 1, 0, 16 * MIB, 4 * MIB, 5 * MIB), "stream")
+        self.assertEqual(policy.transfer_mode(16 * MIB - 65536, 0, 16 * MIB, 4 * MIB, 5 * MIB), "unary")
+        self.assertEqual(policy.transfer_mode(16 * MIB - 65535, 0, 16 * MIB, 4 * MIB, 5 * MIB), "stream")
         self.assertEqual(policy.transfer_mode(9600000, 16, 16 * MIB, 4 * MIB, 4 * MIB), "stream")
 
     def test_auto_stripes_start_at_64_mib_and_stop_at_8_and_at_the_lines(self):

@@ -292,10 +292,15 @@ int AttemptsOf(const absl::Status& status) {
   return attempts;
 }
 
+// Room left in a Multiply message for its framing and header fields when a
+// job goes unary because its line fits no block (rule 1).
+constexpr int64_t kUnaryFramingBytes = int64_t{64} << 10;
+
 TransferMode ChooseTransferMode(int64_t request_bytes, int64_t max_unary_message_bytes,
                                 int64_t chunk_bytes, int64_t line_bytes) {
-  const int64_t unary_most = max_unary_message_bytes / 8 * 7;
-  const int64_t threshold = line_bytes > chunk_bytes ? unary_most : std::min(chunk_bytes, unary_most);
+  const int64_t threshold =
+      line_bytes > chunk_bytes ? max_unary_message_bytes - kUnaryFramingBytes
+                               : std::min(chunk_bytes, max_unary_message_bytes / 8 * 7);
   return request_bytes <= threshold ? TransferMode::kUnary : TransferMode::kStream;
 }
 

@@ -64,7 +64,7 @@ def transfer_mode(matrix_bytes, diag_bytes, max_unary_message_bytes=DEFAULT_MAX_
                   chunk_bytes=DEFAULT_CHUNK_BYTES, line_bytes=0):
     """Rule 1: "unary" or "stream" for a job (or one part of a striped job);
     a job whose one line (line_bytes; 0: unknown) is longer than C goes unary
-    up to 7/8 of U."""
+    up to U - 64 KiB."""
     return _core.choose_transfer_mode(int(matrix_bytes) + int(diag_bytes),
                                       int(max_unary_message_bytes), int(chunk_bytes),
                                       int(line_bytes))

@@ -259,8 +259,9 @@ int AttemptsOf(const absl::Status& status);
 // Rule 1: unary when the request (matrix plus diagonal) is at most
 // min(chunk_bytes, 7/8 of max_unary_message_bytes), or when one line
 // (`line_bytes`; 0: unknown) is longer than chunk_bytes and the request is
-// at most 7/8 of max_unary_message_bytes (no stream block the server takes
-// could hold that line, one Multiply can); else stream.
+// at most max_unary_message_bytes - 64 KiB (no stream block the server takes
+// could hold that line, one Multiply can; 64 KiB leaves room for the
+// message's framing); else stream.
 TransferMode ChooseTransferMode(int64_t request_bytes, int64_t max_unary_message_bytes,
                                 int64_t chunk_bytes, int64_t line_bytes = 0);
 // Rule 2: K for a job of `matrix_bytes` in `lines` lines; `stripes_option`
