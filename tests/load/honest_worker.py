@@ -81,9 +81,14 @@ def draw_job(rng, args):
         dlen = cols if side == "right" else rows
         layout = "col" if rng.random() < 0.5 else "row"
         line = (rows if layout == "col" else cols) * item
-        # A line over the server's block limit cannot be streamed (the client
-        # policy would stream it anyway when over 4 MiB: see --edge_jobs), so
-        # the random mix keeps lines within it.
+        if rows == 1 or cols == 1:
+            # Both C- and Fortran-contiguous: NumPy, the binding and np.save
+            # take it as C order, whatever the layout asked.
+            line = max(rows, cols) * item
+        # A line over the server's block limit cannot be streamed: a job the
+        # mix forces to stream would be refused (INVALID_ARGUMENT, rightly),
+        # so the random mix keeps lines within it; --edge_jobs covers the
+        # policy's own choice for such jobs (unary).
         if rows * cols + dlen <= cap and max(rows, cols) <= args.max_dim and line <= args.max_block:
             break
     if args.mode == "mixed":
