@@ -409,6 +409,70 @@ TEST(Hardening, OneClientsThousandStalledStreamsLeaveAFairShareToAnother) {
   EXPECT_TRUE(WaitUntil([&] { return Reserved(victim.get()) == 0; }, 10000));
 }
 
+// A full queue (issue 22): a newcomer from a connection with fewer jobs
+// waiting takes the place of the newest job of the connection with the most,
+// which ends RESOURCE_EXHAUSTED with a pushback and is counted queue_full.
+// The budget holds one streamed job (33.5 MB); its stream sends a header and
+// then nothing, so it holds the budget while the others wait.
+TEST(Hardening, AFullQueueDisplacesTheNewestJobOfTheConnectionWithTheMostWaiting) {
+  ServerProcess server({"--backend=cpu", "--host_memory_budget=40MiB", "--max_queue=2"});
+  auto hog = v1::Dgmm::NewStub(OwnConnection(server.address()));
+  auto other = v1::Dgmm::NewStub(OwnConnection(server.address()));
+  v1::MultiplyStreamRequest header;
+  v1::JobHeader* h = header.mutable_header();
+  h->set_rows(2048);
+  h->set_cols(2048);
+  h->set_dtype(v1::DTYPE_FLOAT32);
+  h->set_layout(v1::LAYOUT_ROW_MAJOR);
+  h->set_side(v1::SIDE_RIGHT);
+  h->set_diagonal(std::string(4 * 2048, '\1'));
+  struct Call {
+    std::unique_ptr<grpc::ClientContext> ctx = std::make_unique<grpc::ClientContext>();
+    std::unique_ptr<grpc::ClientReaderWriter<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>>
+        stream;
+  };
+  auto start = [&](v1::Dgmm::Stub* stub) {
+    Call c;
+    c.ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    c.stream = stub->MultiplyStream(c.ctx.get());
+    c.stream->Write(header);
+    return c;
+  };
+  auto checker = Connect(server.address());
+  std::vector<Call> hogs;
+  hogs.push_back(start(hog.get()));  // admitted: holds the budget
+  ASSERT_TRUE(WaitUntil([&] { return Reserved(checker.get()) > 0; }, 5000));
+  hogs.push_back(start(hog.get()));
+  ASSERT_TRUE(WaitUntil([&] { return Queued(checker.get()) == 1; }, 5000));
+  hogs.push_back(start(hog.get()));  // the hog's newest waiter
+  ASSERT_TRUE(WaitUntil([&] { return Queued(checker.get()) == 2; }, 5000));
+  Call newcomer = start(other.get());  // the queue is full: it takes hogs[2]'s place
+  v1::MultiplyStreamResponse r;
+  while (hogs[2].stream->Read(&r)) {
+  }
+  const grpc::Status displaced = hogs[2].stream->Finish();
+  EXPECT_EQ(displaced.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << displaced.error_message();
+  EXPECT_NE(displaced.error_message().find("gave way"), std::string::npos)
+      << displaced.error_message();
+  EXPECT_EQ(hogs[2].ctx->GetServerTrailingMetadata().count("grpc-retry-pushback-ms"), 1u);
+  EXPECT_EQ(hogs[2].ctx->GetServerTrailingMetadata().count("dgmm-origin"), 1u);
+  EXPECT_EQ(Queued(checker.get()), 2);
+  EXPECT_EQ(Rejected(checker.get(), "queue_full"), 1);
+  // The hog's connection still has the most waiting: its next job is the one refused.
+  Call again = start(hog.get());
+  while (again.stream->Read(&r)) {
+  }
+  const grpc::Status refused = again.stream->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("has the most"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(Rejected(checker.get(), "queue_full"), 2);
+  for (Call* c : {&hogs[0], &hogs[1], &newcomer}) c->ctx->TryCancel();
+  for (Call* c : {&hogs[0], &hogs[1], &newcomer}) c->stream->Finish().IgnoreError();
+  EXPECT_TRUE(WaitUntil([&] { return Reserved(checker.get()) == 0; }, 10000));
+}
+
 // ------------------------------------------------------------- connections
 
 TEST(Hardening, ListenerSurvivesRunningOutOfFileDescriptors) {
