@@ -129,9 +129,9 @@ class DrainTest(unittest.TestCase):
         self.assertGreaterEqual(in_window_total, CLIENTS * THREADS * ROUNDS)
 
     def run_round(self, round_):
-        # No per-client queue limit: THREADS calls at a time on one connection
-        # would otherwise meet --max_queued_per_client (16) and, after 4
-        # attempts with its pushback, end RESOURCE_EXHAUSTED before the drain.
+        # The defaults since issue 22, written out: no per-connection queue
+        # cap (with the old --max_queued_per_client=16, THREADS calls at a
+        # time on one connection ended RESOURCE_EXHAUSTED before the drain).
         server = ServerProcess(flags=["--threads=2", "--max_queue=1024",
                                       "--max_queued_per_client=0"], prefix="dgmm-py-drain-")
         callers = [Caller(server.address, round_ * CLIENTS + i) for i in range(CLIENTS)]
