@@ -9,6 +9,11 @@
 // rst_stream_*).
 #include "src/retry.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -16,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -282,6 +288,82 @@ TEST_F(RetryTest, PushbackPastTheDeadlineIsNotWaitedFor) {
             absl::StatusCode::kResourceExhausted);
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   EXPECT_EQ(service_.calls(), 1);
+}
+
+// CancelToken: a job waiting out a 10 s pushback (no call in flight) ends
+// CANCELLED as soon as its token is cancelled; a token cancelled before the
+// job starts ends it at once, with no call made.
+TEST_F(RetryTest, ACancelTokenEndsAJobWaitingBetweenAttempts) {
+  Client client(address_, FastRetries());
+  for (TransferMode mode : {TransferMode::kUnary, TransferMode::kStream}) {
+    const int before = service_.calls();
+    service_.FailNext(1, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full"),
+                      "10000");
+    CancelToken cancel;
+    std::thread canceller([&] {
+      while (service_.calls() == before) absl::SleepFor(absl::Milliseconds(1));
+      absl::SleepFor(absl::Milliseconds(100));  // the job is in its 10 s wait now
+      cancel.Cancel();
+    });
+    std::fill(std::begin(c_), std::end(c_), -1.0f);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<JobResult> r =
+        mode == TransferMode::kUnary
+            ? client.MultiplyUnary(MakeJob(), c_, sizeof(c_), nullptr, &cancel)
+            : client.MultiplyStream(MakeJob(), c_, sizeof(c_), nullptr, &cancel);
+    canceller.join();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the wait was not ended";
+    EXPECT_EQ(service_.calls() - before, 1);
+  }
+}
+
+TEST_F(RetryTest, AJobWhoseTokenWasCancelledBeforeItStartsMakesNoCall) {
+  Client client(address_, FastRetries());
+  CancelToken cancel;
+  cancel.Cancel();
+  EXPECT_TRUE(cancel.cancelled());
+  absl::StatusOr<JobResult> r = client.Multiply(MakeJob(), c_, sizeof(c_), nullptr, &cancel);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(service_.calls(), 0);
+}
+
+// A retried attempt waiting for a connection (none: nothing listens) ends
+// as soon as the token is cancelled, not after max_reconnect_wait (30 s).
+TEST(CancelTokenTest, EndsAWaitForAConnection) {
+  ClientOptions options;
+  options.deadline = absl::Seconds(60);
+  options.retry.initial_backoff = absl::Milliseconds(5);
+  options.retry.max_backoff = absl::Milliseconds(20);
+  options.retry.max_reconnect_wait = absl::Seconds(30);
+  // A port nothing listens on: bound, never listened, kept for the test
+  // (connections to it are refused).
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  Client client("127.0.0.1:" + std::to_string(port), options);
+  float a[4] = {1, 2, 3, 4}, d[2] = {1, 2}, c[4];
+  Job job;
+  job.matrix = {a, 2, 2, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR};
+  job.diagonal = d;
+  job.diagonal_bytes = sizeof(d);
+  CancelToken cancel;
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    cancel.Cancel();
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<JobResult> r = client.Multiply(job, c, sizeof(c), nullptr, &cancel);
+  canceller.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << r.status();
+  close(fd);
 }
 
 TEST_F(RetryTest, OtherCodesAreFinal) {

@@ -18,6 +18,7 @@
 #include <vector>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -414,12 +415,18 @@ absl::Status Client::PrepareCall(grpc::ClientContext* context, absl::Time deadli
   return absl::OkStatus();
 }
 
-absl::Status Client::AwaitConnection(Lane* lane, absl::Time deadline) {
+absl::Status Client::AwaitConnection(Lane* lane, JobRun* run) {
   const absl::Time start = absl::Now();
   const absl::Duration wait = options_.retry.max_reconnect_wait;
-  const bool deadline_first = deadline <= start + wait;
-  const absl::Time until = deadline_first ? deadline : start + wait;
-  if (lane->channel->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
+  const bool deadline_first = run->deadline <= start + wait;
+  const absl::Time until = deadline_first ? run->deadline : start + wait;
+  // In slices, so that a cancelled or failed job stops waiting at once.
+  for (;;) {
+    if (run->Failed()) return absl::CancelledError("the job was cancelled or another part failed");
+    const absl::Time slice = std::min(until, absl::Now() + absl::Milliseconds(20));
+    if (lane->channel->WaitForConnected(absl::ToChronoTime(slice))) return absl::OkStatus();
+    if (slice >= until) break;
+  }
   const std::string waited =
       absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
   // UNAVAILABLE either way: the server could not be reached, which is what
@@ -430,9 +437,21 @@ absl::Status Client::AwaitConnection(Lane* lane, absl::Time deadline) {
       deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
 }
 
+void CancelToken::Cancel() {
+  std::lock_guard lock(mu_);
+  cancelled_ = true;
+  if (on_cancel_) on_cancel_();
+}
+
+bool CancelToken::cancelled() const {
+  std::lock_guard lock(mu_);
+  return cancelled_;
+}
+
 absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out_bytes,
-                                           const ProgressCallback& progress) {
-  return RunJob(job, out, out_bytes, progress, std::nullopt);
+                                           const ProgressCallback& progress,
+                                           CancelToken* cancel) {
+  return RunJob(job, out, out_bytes, progress, std::nullopt, cancel);
 }
 
 absl::StatusOr<Client::JobPlan> Client::Plan(const Job& job,
@@ -471,13 +490,15 @@ absl::StatusOr<Client::JobPlan> Client::Plan(const Job& job,
 }
 
 absl::StatusOr<JobResult> Client::MultiplyUnary(const Job& job, void* out, size_t out_bytes,
-                                                const ProgressCallback& progress) {
-  return RunJob(job, out, out_bytes, progress, TransferMode::kUnary);
+                                                const ProgressCallback& progress,
+                                                CancelToken* cancel) {
+  return RunJob(job, out, out_bytes, progress, TransferMode::kUnary, cancel);
 }
 
 absl::StatusOr<JobResult> Client::MultiplyStream(const Job& job, void* out, size_t out_bytes,
-                                                 const ProgressCallback& progress) {
-  return RunJob(job, out, out_bytes, progress, TransferMode::kStream);
+                                                 const ProgressCallback& progress,
+                                                 CancelToken* cancel) {
+  return RunJob(job, out, out_bytes, progress, TransferMode::kStream, cancel);
 }
 
 namespace {
@@ -492,11 +513,23 @@ std::string RandomGroupId() {
 
 absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_bytes,
                                          const ProgressCallback& progress,
-                                         std::optional<TransferMode> mode) {
+                                         std::optional<TransferMode> mode, CancelToken* cancel) {
   if (!options_status_.ok()) return options_status_;
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   JobRun run;
+  // The token fails the run (cancelling its calls and ending its waits)
+  // until the run is over.
+  if (cancel != nullptr) {
+    std::lock_guard lock(cancel->mu_);
+    if (cancel->cancelled_) return absl::CancelledError("the job was cancelled before it started");
+    cancel->on_cancel_ = [&run] { run.Fail(absl::CancelledError("the job was cancelled")); };
+  }
+  absl::Cleanup detach = [cancel] {
+    if (cancel == nullptr) return;
+    std::lock_guard lock(cancel->mu_);
+    cancel->on_cancel_ = nullptr;
+  };
   run.job = &job;
   run.out = static_cast<char*>(out);
   run.deadline = Deadline();
@@ -579,7 +612,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
     if (made > 1) {
       // A retried attempt first waits for a connection; one that finds none
       // has waited its share and is not retried again.
-      if (absl::Status connected = AwaitConnection(lane, run->deadline); !connected.ok()) {
+      if (absl::Status connected = AwaitConnection(lane, run); !connected.ok()) {
         const absl::Status final_status(
             connected.code(), absl::StrCat(connected.message(), " (after ", made, " attempts)"));
         run->Fail(final_status);

@@ -85,10 +85,16 @@ class JobToken {
     live_.erase(std::remove(live_.begin(), live_.end(), context), live_.end());
   }
   void Cancel() {
-    std::lock_guard lock(mu_);
-    cancelled_ = true;
-    for (grpc::ClientContext* c : live_) c->TryCancel();
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+      for (grpc::ClientContext* c : live_) c->TryCancel();
+    }
+    // Also ends a wait between attempts (a backoff, a reconnect), where no
+    // call is in flight.
+    cancel_.Cancel();
   }
+  dgmm::CancelToken* cancel_token() { return &cancel_; }
   bool cancelled() {
     std::lock_guard lock(mu_);
     return cancelled_;
@@ -109,6 +115,7 @@ class JobToken {
   bool cancelled_ = false;                  // guarded by mu_
   std::vector<grpc::ClientContext*> live_;  // guarded by mu_
   std::optional<int64_t> pushback_ms_;      // guarded by mu_
+  dgmm::CancelToken cancel_;
 };
 
 // Jobs in flight, for the interceptor to find a part's job by its matrix.
@@ -497,11 +504,13 @@ class Job {
     }
     absl::StatusOr<dgmm::JobResult> result;
     if (!forced_.has_value()) {
-      result = client_->Multiply(job_, out_.data(), out_.size(), progress);
+      result = client_->Multiply(job_, out_.data(), out_.size(), progress, token_->cancel_token());
     } else if (*forced_ == dgmm::TransferMode::kUnary) {
-      result = client_->MultiplyUnary(job_, out_.data(), out_.size(), progress);
+      result = client_->MultiplyUnary(job_, out_.data(), out_.size(), progress,
+                                      token_->cancel_token());
     } else {
-      result = client_->MultiplyStream(job_, out_.data(), out_.size(), progress);
+      result = client_->MultiplyStream(job_, out_.data(), out_.size(), progress,
+                                       token_->cancel_token());
     }
     t_job = nullptr;
     {

@@ -220,6 +220,23 @@ struct Job {
 
 using HealthState = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
+// Cancels one job from any thread: pass it to Multiply (MultiplyUnary,
+// MultiplyStream), then call Cancel(). Its calls in flight are cancelled, and
+// a wait between attempts (a backoff, or a wait for a connection) ends at
+// once; Multiply returns CANCELLED. A token cancelled before its job starts
+// ends the job as it starts. One job at a time per token; thread-safe.
+class CancelToken {
+ public:
+  void Cancel();
+  bool cancelled() const;
+
+ private:
+  friend class Client;
+  mutable std::mutex mu_;
+  bool cancelled_ = false;              // guarded by mu_
+  std::function<void()> on_cancel_;     // the running job's; guarded by mu_
+};
+
 enum class TransferMode { kUnary, kStream };
 
 // "unary" or "stream".
@@ -301,13 +318,16 @@ class Client {
   // the streaming threshold (see ClientOptions), else MultiplyStream.
   // Retries and resumes as RetryPolicy says. `progress` sums the parts.
   // On error the contents of `out` are unspecified.
+  // `cancel`, when given, cancels the job from another thread (CancelToken).
   absl::StatusOr<JobResult> Multiply(const Job& job, void* out, size_t out_bytes,
-                                     const ProgressCallback& progress = nullptr);
+                                     const ProgressCallback& progress = nullptr,
+                                     CancelToken* cancel = nullptr);
 
   // Runs `job` (each part of it, when striped) in one Multiply message,
   // whatever its size.
   absl::StatusOr<JobResult> MultiplyUnary(const Job& job, void* out, size_t out_bytes,
-                                          const ProgressCallback& progress = nullptr);
+                                          const ProgressCallback& progress = nullptr,
+                                          CancelToken* cancel = nullptr);
 
   // Runs `job` (each part of it, when striped) over MultiplyStream, whatever
   // its size: header, then blocks of whole lines (rows of a row-major
@@ -315,7 +335,8 @@ class Client {
   // result blocks are placed into `out` as they arrive. A resumed part sends
   // only the lines it has not received back.
   absl::StatusOr<JobResult> MultiplyStream(const Job& job, void* out, size_t out_bytes,
-                                           const ProgressCallback& progress = nullptr);
+                                           const ProgressCallback& progress = nullptr,
+                                           CancelToken* cancel = nullptr);
 
   // The server's version, devices, budgets, queue and limits (of the one
   // server the call reached). Not retried.
@@ -365,7 +386,7 @@ class Client {
   // Runs a job striped per the options; `mode`: nullopt picks per part.
   absl::StatusOr<JobResult> RunJob(const Job& job, void* out, size_t out_bytes,
                                    const ProgressCallback& progress,
-                                   std::optional<TransferMode> mode);
+                                   std::optional<TransferMode> mode, CancelToken* cancel);
   // One part with its retries and resumes; the final status.
   absl::Status RunPart(JobRun* run, int index, LineRange range);
   // The deadline of a call or job starting now.
@@ -375,7 +396,8 @@ class Client {
   void PrepareContext(grpc::ClientContext* context, absl::Time deadline) const;
   // Before a retried attempt: waits until `lane` is connected, up to
   // `deadline` and RetryPolicy::max_reconnect_wait. UNAVAILABLE if it is not.
-  absl::Status AwaitConnection(Lane* lane, absl::Time deadline);
+  // Ends early (CANCELLED) when the job has failed or been cancelled.
+  absl::Status AwaitConnection(Lane* lane, JobRun* run);
   // One try of a job: its outcome, and what decides whether to try again.
   struct Attempt;
   Attempt UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeader& header, const Job& job,
