@@ -27,7 +27,7 @@ const dgmm = require(CLIENT_DIR);
 
 const CLIENTS = 4;
 const CONCURRENT = 8; // calls at a time per client, on its connection
-const ROUNDS = 3;
+const ROUNDS = 2;
 const TIMEOUT_MS = 60000;
 const BOUND_MS = dgmm.DEFAULT_RETRY_POLICY.maxReconnectWaitMs + 2000;
 const now = () => performance.now();

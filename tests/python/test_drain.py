@@ -44,7 +44,7 @@ import dgmm  # noqa: E402
 
 CLIENTS = 4
 THREADS = 16      # per client, sharing its connection
-ROUNDS = 3
+ROUNDS = 2
 TIMEOUT = 60.0    # each call's deadline
 BOUND = dgmm.RetryPolicy().max_reconnect_wait + 2.0
 
