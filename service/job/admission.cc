@@ -68,11 +68,11 @@ Reservation Admission::TakeLocked(const Waiter& w) {
   pools_[0].reserved += n.host_bytes;
   if (n.device_pool != 0) pools_[n.device_pool].reserved += n.device_bytes;
   pools_[n.device_pool].running++;
-  for (ClientState* c : {&clients_[w.client], &hosts_[w.host]}) {
-    c->running++;
-    c->reserved[0] += n.host_bytes;
-    if (n.device_pool != 0) c->reserved[n.device_pool] += n.device_bytes;
-  }
+  clients_[w.client].running++;
+  ClientState& host = hosts_[w.host];
+  host.running++;
+  host.reserved[0] += n.host_bytes;
+  if (n.device_pool != 0) host.reserved[n.device_pool] += n.device_bytes;
   Reservation r;
   r.owner_ = this;
   r.host_bytes_ = n.host_bytes;
@@ -335,11 +335,14 @@ void Admission::Return(int64_t host_bytes, int device_pool, int64_t device_bytes
     pools_[0].reserved -= host_bytes;
     if (device_pool != 0) pools_[device_pool].reserved -= device_bytes;
     pools_[device_pool].running--;
+    if (auto h = hosts_.find(host); h != hosts_.end()) {
+      h->second.reserved[0] -= host_bytes;
+      if (device_pool != 0) h->second.reserved[device_pool] -= device_bytes;
+    }
     for (auto [map, key] : {std::pair{&clients_, &client}, std::pair{&hosts_, &host}}) {
-      if (auto c = map->find(*key); c != map->end()) {
-        c->second.reserved[0] -= host_bytes;
-        if (device_pool != 0) c->second.reserved[device_pool] -= device_bytes;
-        if (--c->second.running == 0 && c->second.queued == 0) map->erase(c);
+      if (auto c = map->find(*key); c != map->end() &&
+                                     --c->second.running == 0 && c->second.queued == 0) {
+        map->erase(c);
       }
     }
     PumpLocked(&fired);

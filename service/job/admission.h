@@ -219,7 +219,7 @@ class Admission {
   struct ClientState {  // a connection, or a host
     int running = 0;
     int queued = 0;
-    std::map<int, int64_t> reserved;  // bytes held, by pool
+    std::map<int, int64_t> reserved;  // a host's bytes held, by pool (the share's ceiling)
   };
   struct PoolState {
     Pool config;

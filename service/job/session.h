@@ -38,7 +38,9 @@ struct CallInfo {
   // ... and over which connection (the unit that takes turns in the queue).
   // Empty: the client has one.
   std::string connection;
-  ClientId id() const { return {connection.empty() ? client : connection, client}; }
+  // The connection's key, or the client's when it has one connection.
+  const std::string& connection_key() const { return connection.empty() ? client : connection; }
+  ClientId id() const { return {connection_key(), client}; }
   absl::Time arrived;
   absl::Time deadline = absl::InfiniteFuture();
 };

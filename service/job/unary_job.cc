@@ -17,7 +17,7 @@ void UnaryJob::Begin() {
   absl::Status refused;
   {
     std::lock_guard lock(mu_);  // OnGate and OnCancel see the ticket
-    auto acquired = gate_->Acquire(session_->call().id().connection, max_message,
+    auto acquired = gate_->Acquire(session_->call().connection_key(), max_message,
                                    [self = shared_from_this()](absl::Status s) { self->OnGate(s); });
     if (!acquired.ok()) {
       refused = acquired.status();
@@ -76,7 +76,7 @@ void UnaryJob::OnRequest(std::unique_ptr<UnaryRequest> request, bool call_cancel
     // Hold what the message really takes until the job is admitted.
     std::lock_guard lock(mu_);
     const int64_t hold = std::min(gate_hold_, size);
-    gate_->Shrink(session_->call().id().connection, gate_hold_, hold);
+    gate_->Shrink(session_->call().connection_key(), gate_hold_, hold);
     gate_hold_ = hold;
   }
   JobDraft draft;
@@ -198,7 +198,7 @@ void UnaryJob::ReleaseGate() {
     std::lock_guard lock(mu_);
     std::swap(hold, gate_hold_);
   }
-  if (hold > 0) gate_->Shrink(session_->call().id().connection, hold, 0);
+  if (hold > 0) gate_->Shrink(session_->call().connection_key(), hold, 0);
 }
 
 void UnaryJob::Refuse(const absl::Status& s) {

@@ -9,11 +9,6 @@
 // rst_stream_*).
 #include "src/retry.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -30,6 +25,7 @@
 #include "dgmm/v1/dgmm.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/server_process.h"
 
 namespace dgmm {
 namespace {
@@ -336,17 +332,7 @@ TEST(CancelTokenTest, EndsAWaitForAConnection) {
   options.retry.initial_backoff = absl::Milliseconds(5);
   options.retry.max_backoff = absl::Milliseconds(20);
   options.retry.max_reconnect_wait = absl::Seconds(30);
-  // A port nothing listens on: bound, never listened, kept for the test
-  // (connections to it are refused).
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
+  const int port = testing::FreeLoopbackPort();  // nothing listens there
   Client client("127.0.0.1:" + std::to_string(port), options);
   float a[4] = {1, 2, 3, 4}, d[2] = {1, 2}, c[4];
   Job job;
@@ -363,7 +349,6 @@ TEST(CancelTokenTest, EndsAWaitForAConnection) {
   canceller.join();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << r.status();
-  close(fd);
 }
 
 TEST_F(RetryTest, OtherCodesAreFinal) {

@@ -49,6 +49,20 @@ std::shared_ptr<grpc::Channel> OwnConnection(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
+// The first message of a streamed 2048 x 2048 float32 job (33.5 MB of
+// streaming window on the host): its header alone.
+v1::MultiplyStreamRequest StreamHeader2048() {
+  v1::MultiplyStreamRequest header;
+  v1::JobHeader* h = header.mutable_header();
+  h->set_rows(2048);
+  h->set_cols(2048);
+  h->set_dtype(v1::DTYPE_FLOAT32);
+  h->set_layout(v1::LAYOUT_ROW_MAJOR);
+  h->set_side(v1::SIDE_RIGHT);
+  h->set_diagonal(std::string(4 * 2048, '\1'));
+  return header;
+}
+
 long RssBytes(pid_t pid) {
   std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/statm").c_str(), "r");
   if (f == nullptr) return -1;
@@ -358,14 +372,7 @@ TEST(Hardening, OneClientsThousandStalledStreamsLeaveAFairShareToAnother) {
   };
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<Stalled> stalled;
-  v1::MultiplyStreamRequest header;
-  v1::JobHeader* h = header.mutable_header();
-  h->set_rows(2048);
-  h->set_cols(2048);
-  h->set_dtype(v1::DTYPE_FLOAT32);
-  h->set_layout(v1::LAYOUT_ROW_MAJOR);
-  h->set_side(v1::SIDE_RIGHT);
-  h->set_diagonal(std::string(4 * 2048, '\1'));
+  const v1::MultiplyStreamRequest header = StreamHeader2048();
   for (int c = 0; c < kConnections; ++c) {
     channels.push_back(OwnConnection("127.0.0.1:" + port));
     auto stub = v1::Dgmm::NewStub(channels.back());
@@ -418,14 +425,7 @@ TEST(Hardening, AFullQueueDisplacesTheNewestJobOfTheConnectionWithTheMostWaiting
   ServerProcess server({"--backend=cpu", "--host_memory_budget=40MiB", "--max_queue=2"});
   auto hog = v1::Dgmm::NewStub(OwnConnection(server.address()));
   auto other = v1::Dgmm::NewStub(OwnConnection(server.address()));
-  v1::MultiplyStreamRequest header;
-  v1::JobHeader* h = header.mutable_header();
-  h->set_rows(2048);
-  h->set_cols(2048);
-  h->set_dtype(v1::DTYPE_FLOAT32);
-  h->set_layout(v1::LAYOUT_ROW_MAJOR);
-  h->set_side(v1::SIDE_RIGHT);
-  h->set_diagonal(std::string(4 * 2048, '\1'));
+  const v1::MultiplyStreamRequest header = StreamHeader2048();
   struct Call {
     std::unique_ptr<grpc::ClientContext> ctx = std::make_unique<grpc::ClientContext>();
     std::unique_ptr<grpc::ClientReaderWriter<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>>
