@@ -113,6 +113,13 @@ class Device {
   virtual absl::StatusOr<IpcMapping> OpenIpcMemory(absl::string_view handle) {
     return absl::FailedPreconditionError("the CPU cannot open CUDA IPC memory");
   }
+  // Imports a CUDA VMM allocation of `allocation_bytes` that another process
+  // exported as a POSIX file descriptor (cuMemExportToShareableHandle),
+  // maps it on this GPU with read and write access: its base, its size and
+  // what unmaps and releases it. `fd` stays the caller's to close.
+  virtual absl::StatusOr<IpcMapping> ImportVmmMemory(int fd, int64_t allocation_bytes) {
+    return absl::FailedPreconditionError("the CPU cannot import CUDA VMM memory");
+  }
 };
 
 // Bytes of returned block buffers a device's pool keeps for reuse.

@@ -58,6 +58,9 @@ struct RegionMemoryOps {
     std::function<void()> close;
   };
   std::function<absl::StatusOr<IpcMemory>(int device, absl::string_view handle)> open_ipc;
+  // Imports a CUDA VMM allocation passed as a POSIX fd (borrowed: the caller
+  // closes it) on the GPU of ordinal `device`; errors as for open_ipc.
+  std::function<absl::StatusOr<IpcMemory>(int device, int fd, int64_t allocation_bytes)> open_vmm;
 };
 
 // One registered region's memory. Jobs hold a shared_ptr while they use it,
