@@ -152,11 +152,26 @@ ABSL_FLAG(bool, enable_bench_echo, false,
           "returns each block unchanged (the transport floor bench/stream_bench.sh compares "
           "jobs with). Leave off in production.");
 ABSL_FLAG(bool, allow_regions, false,
-          "Serve the region RPCs (RegisterRegion, MultiplyRegion...): clients on this host "
-          "register POSIX shared-memory objects or CUDA IPC handles and run jobs on them with "
-          "no payload on the socket. The server opens the named /dev/shm objects with its own "
-          "permissions: allow it only for clients you trust with them. Off: region RPCs are "
-          "FAILED_PRECONDITION.");
+          "Serve the region RPCs (RegisterRegion, MultiplyRegion...) and the local socket "
+          "(--local_socket): clients on this host pass the descriptors of their own memory "
+          "(memfd, shm_open, CUDA VMM) or CUDA IPC handles, and run jobs on them with no "
+          "payload on the gRPC socket. The server maps only memory a client passed it, so a "
+          "client reaches nothing it could not open itself; regions belong to the client's "
+          "uid (docs/protocol.md \"Regions\"). Off: region RPCs are FAILED_PRECONDITION.");
+ABSL_FLAG(std::string, local_socket, "auto",
+          "With --allow_regions: path of the Unix socket where clients on this host get a "
+          "region session and pass their memory's descriptors. 'auto': "
+          "/run/dgmm/dgmm-<port>.sock when /run/dgmm can be used (root), else "
+          "$XDG_RUNTIME_DIR/dgmm-<port>.sock, else /tmp/dgmm-<uid>/dgmm-<port>.sock. "
+          "GetServerInfo reports it (limits.local_socket). In containers, share its directory "
+          "through a volume.");
+ABSL_FLAG(std::string, local_socket_mode, "0666",
+          "Permission bits (octal) of the --local_socket file: who on this host may connect. "
+          "Anyone is safe (a client registers only memory it could open itself, and its regions "
+          "are its uid's alone); 0660 with a group limits regions to that group.");
+ABSL_FLAG(int, max_local_connections, 1024,
+          "Most connections the local socket holds at once (one per client process using "
+          "regions); one uid may hold a quarter of them.");
 ABSL_FLAG(dgmm::Budget, region_memory_budget, dgmm::Budget::Percent(25),
           "Most bytes all registered regions may hold at once (host regions are mapped and, "
           "on a GPU server, pinned: pinned memory is scarce): bytes (e.g. 8GiB) or a "
@@ -169,12 +184,12 @@ ABSL_FLAG(std::string, region_pin, "reuse",
           "running a first job at N=10000 took 67 ms with 'reuse' and 212 ms with 'register' "
           "(bench/results/regions/first_job_h200).");
 ABSL_FLAG(int, max_regions_per_client, 64,
-          "Most regions one client (bearer token, or peer address without tokens) may have "
-          "registered at once.");
+          "Most regions one owner (a uid, with its bearer token when the server has several) "
+          "may have registered at once.");
 ABSL_FLAG(int, region_idle_timeout_s, 600,
-          "A region no job has used for this many seconds is unregistered by the server (a "
-          "client that exited without unregistering); 0 = never. A shared-memory region whose "
-          "object was unlinked is dropped within a second once no job uses it.");
+          "A region no job has used for this many seconds is unregistered by the server; 0 = "
+          "never. A region is also unregistered when the local-socket connection it was "
+          "registered through closes (its client exited).");
 
 namespace dgmm {
 namespace {
@@ -205,6 +220,8 @@ absl::Status CheckFlagRanges() {
       CheckFlagRange("max_client_share_percent", absl::GetFlag(FLAGS_max_client_share_percent),
                      1, 100),
       CheckFlagRange("max_connections", absl::GetFlag(FLAGS_max_connections), 1),
+      CheckFlagRange("max_local_connections", absl::GetFlag(FLAGS_max_local_connections), 1,
+                     1 << 20),
       CheckFlagRange("max_regions_per_client", absl::GetFlag(FLAGS_max_regions_per_client), 1,
                      1024),
       CheckFlagRange("region_idle_timeout_s", absl::GetFlag(FLAGS_region_idle_timeout_s), 0,
@@ -371,6 +388,19 @@ int Main(int argc, char** argv) {
   so.region_memory_budget = absl::GetFlag(FLAGS_region_memory_budget);
   so.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
   so.region_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_region_idle_timeout_s));
+  so.local_socket = absl::GetFlag(FLAGS_local_socket);
+  {
+    const std::string mode = absl::GetFlag(FLAGS_local_socket_mode);
+    char* end = nullptr;
+    const long bits = std::strtol(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || bits < 0 || bits > 0777) {
+      std::fprintf(stderr, "dgmm-server: --local_socket_mode must be octal permission bits "
+                           "such as 0666 or 0660, got '%s'\n", mode.c_str());
+      return 1;
+    }
+    so.local_socket_mode = static_cast<mode_t>(bits);
+  }
+  so.max_local_connections = absl::GetFlag(FLAGS_max_local_connections);
   auto server = Server::Start(so, std::move(*engine));
   if (!server.ok()) {
     std::fprintf(stderr, "dgmm-server: %s\n", std::string(server.status().message()).c_str());

@@ -144,6 +144,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
   }
+  if (options.allow_regions) {
+    LocalSocketOptions local;
+    if (options.local_socket == "auto") {
+      auto path = DefaultLocalSocketPath(s->port_);
+      if (!path.ok()) return path.status();
+      local.path = *path;
+    } else {
+      local.path = options.local_socket;
+    }
+    local.mode = options.local_socket_mode;
+    local.max_connections = options.max_local_connections;
+    local.max_connections_per_uid = std::max(1, options.max_local_connections / 4);
+    local.instance_id = s->regions_->instance_id();
+    if (absl::Status st = s->regions_->StartLocalSocket(std::move(local)); !st.ok()) return st;
+    LogInfo("regions: local socket ", s->regions_->local_socket_path());
+  }
   {
     std::lock_guard lock(s->serving_mu_);
     s->health_ = s->grpc_->GetHealthCheckService();

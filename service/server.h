@@ -75,6 +75,12 @@ struct ServerOptions {
   bool pin_regions_on_register = false;
   // A region no job used for this long is dropped; zero: never.
   absl::Duration region_idle_timeout = absl::Seconds(600);
+  // The local socket of region sessions (service/regions/local_socket.h):
+  // its path ("auto": DefaultLocalSocketPath of the bound port), the mode
+  // of its file, and how many connections it takes.
+  std::string local_socket = "auto";
+  mode_t local_socket_mode = 0666;
+  int max_local_connections = 1024;
 };
 
 class Server {

@@ -8,12 +8,14 @@ namespace dgmm {
 
 v1::GetServerInfoResponse DescribeServer(const Engine& engine, const RegionRegistry* regions) {
   v1::GetServerInfoResponse info = engine.Info();
+  if (regions != nullptr) info.set_instance_id(regions->instance_id());
   if (regions != nullptr && regions->enabled()) {
     v1::Limits* l = info.mutable_limits();
     l->set_regions_enabled(true);
     l->set_region_budget_bytes(regions->options().budget_bytes);
     l->set_max_regions_per_client(regions->options().max_per_client);
     l->set_region_idle_timeout_s(absl::ToInt64Seconds(regions->options().idle_timeout));
+    l->set_local_socket(regions->local_socket_path());
   }
   return info;
 }

@@ -100,7 +100,7 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
   const Region& m = **matrix;
   const absl::Status mixed = absl::InvalidArgumentError(
       "the matrix, result and diagonal regions of one job must be of one kind (and, for "
-      "CUDA IPC, on one GPU)");
+      "GPU memory, on one GPU)");
   if ((*result)->kind() != m.kind() || (*result)->device() != m.device()) return mixed;
   std::shared_ptr<Region> diagonal_region;
   if (r.has_diagonal()) {
@@ -109,14 +109,15 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
     diagonal_region = *diagonal;
     if ((*diagonal)->kind() != v1::REGION_KIND_SYSTEM_SHM) {
       return absl::InvalidArgumentError(
-          "a diagonal in a CUDA IPC region is not supported: send it inline (header.diagonal)");
+          "a diagonal in GPU memory (a CUDA IPC or VMM region) is not supported: send it inline "
+          "(header.diagonal)");
     }
     if (m.kind() != v1::REGION_KIND_SYSTEM_SHM) return mixed;
   }
   out->matrix = *matrix;
   out->result = *result;
   out->diagonal_region = std::move(diagonal_region);
-  if (m.kind() == v1::REGION_KIND_CUDA_IPC) {
+  if (m.on_gpu()) {
     out->mode = JobMode::kDeviceRegion;
     out->job.gpu = m.device();
   } else {

@@ -32,12 +32,14 @@ namespace dgmm {
 
 // What the RPC layer knows of a call.
 struct CallInfo {
-  // Who asked: a token or the peer's address (the fair share's host, and
-  // the owner of regions) ...
+  // Who asked: a token or the peer's address (the fair share's host) ...
   std::string client;
   // ... and over which connection (the unit that takes turns in the queue).
   // Empty: the client has one.
   std::string connection;
+  // The bearer token's name ("token2") when the server has several tokens;
+  // empty otherwise. With a session's uid, the owner of regions.
+  std::string token;
   // The connection's key, or the client's when it has one connection.
   const std::string& connection_key() const { return connection.empty() ? client : connection; }
   ClientId id() const { return {connection_key(), client}; }

@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -26,6 +29,16 @@ constexpr size_t kIpcHandleBytes = 64;
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
+std::string RandomId() {
+  unsigned char raw[16];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    const ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(raw), sizeof raw));
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ Region
@@ -41,11 +54,13 @@ Region::~Region() {
 
 absl::Status Region::CheckIntact() const {
   if (kind_ != v1::REGION_KIND_SYSTEM_SHM) return absl::OkStatus();
+  // A sealed object cannot shrink (F_SEAL_SHRINK): nothing to check.
+  if (sealed_ && !SigbusGuard::poisoned(guard_slot_)) return absl::OkStatus();
   struct stat st;
   const bool poisoned = SigbusGuard::poisoned(guard_slot_);
   if (poisoned || fstat(fd_, &st) != 0 || st.st_size < offset_ + byte_size_) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "region '%s': the shared-memory object %s shrank below the registered range [%d, %d) "
+        "region '%s': the memory passed (%s) shrank below the registered range [%d, %d) "
         "while the server had it mapped; the job's data is lost. Unregister the region, "
         "restore the object's size and register it again",
         name_, key_, offset_, offset_ + byte_size_));
@@ -65,6 +80,8 @@ v1::RegionStatus Region::Describe() const {
   s.set_jobs_in_use(jobs_in_use_.load());
   s.set_jobs_total(jobs_total_.load());
   s.set_register_ns(absl::ToInt64Nanoseconds(register_time_));
+  s.set_sealed(sealed_);
+  s.set_owner_uid(owner_uid_);
   return s;
 }
 
@@ -85,6 +102,7 @@ Region::Use::~Use() {
 RegionRegistry::RegionRegistry(RegionOptions options, RegionMemoryOps ops)
     : options_(options),
       ops_(std::move(ops)),
+      instance_id_(RandomId()),
       pinner_(std::make_unique<ThreadPool>(1)),
       workers_(std::make_unique<ThreadPool>(2)) {
   if (options_.enabled) sweeper_ = std::thread([this] { Loop(); });
@@ -133,6 +151,7 @@ void RegionRegistry::StopPinning() {
 }
 
 RegionRegistry::~RegionRegistry() {
+  local_socket_.reset();  // its sessions end: their regions are dropped
   StopPinning();
   {
     std::lock_guard lock(mu_);
@@ -173,61 +192,76 @@ absl::Status RegionRegistry::CheckKey(absl::string_view key) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapShm(
-    const std::string& owner, const std::string& name, const v1::SystemShmRegion& shm) {
-  if (auto st = CheckKey(shm.key()); !st.ok()) return st;
-  if (shm.offset() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("region offset must be >= 0, got ", shm.offset()));
+absl::Status RegionRegistry::CheckRequest(const v1::RegisterRegionRequest& request) {
+  if (auto st = CheckName(request.name()); !st.ok()) return st;
+  const auto range = [](int64_t offset, int64_t byte_size) -> absl::Status {
+    if (offset < 0 || byte_size <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a region needs offset >= 0 and byte_size > 0, got offset %d, byte_size %d", offset,
+          byte_size));
+    }
+    if (offset > std::numeric_limits<int64_t>::max() - byte_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "region offset %d + byte_size %d overflows a 64-bit byte count", offset, byte_size));
+    }
+    return absl::OkStatus();
+  };
+  switch (request.kind_case()) {
+    case v1::RegisterRegionRequest::kLocalFd:
+      if (request.local_fd().ticket().empty()) {
+        return absl::InvalidArgumentError(
+            "LocalFdRegion needs the ticket the local socket gave for the descriptor");
+      }
+      return range(request.local_fd().offset(), request.local_fd().byte_size());
+    case v1::RegisterRegionRequest::kCudaIpc:
+      if (request.cuda_ipc().handle().size() != kIpcHandleBytes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "a CUDA IPC handle is the %d raw bytes of a cudaIpcMemHandle_t, got %d bytes",
+            kIpcHandleBytes, request.cuda_ipc().handle().size()));
+      }
+      return range(request.cuda_ipc().offset(), request.cuda_ipc().byte_size());
+    case v1::RegisterRegionRequest::kSystemShm:
+      return absl::InvalidArgumentError(
+          "registering a shared-memory object by its key (system_shm) was removed: the server "
+          "maps only memory its client opened. Pass the object's descriptor through the local "
+          "socket (LocalPassFd, or LocalOpenShm for an object you own) and register the "
+          "ticket (local_fd); docs/protocol.md \"The local socket\"");
+    default:
+      return absl::InvalidArgumentError(
+          "RegisterRegionRequest needs one of local_fd and cuda_ipc");
   }
-  if (shm.byte_size() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("region byte_size must be > 0, got ", shm.byte_size()));
-  }
+}
+
+absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapHost(PassedMemory memory,
+                                                                const v1::LocalFdRegion& at) {
   std::shared_ptr<Region> r(new Region());
-  r->name_ = name;
-  r->owner_ = owner;
   r->kind_ = v1::REGION_KIND_SYSTEM_SHM;
-  r->key_ = shm.key();
-  r->offset_ = shm.offset();
-  r->byte_size_ = shm.byte_size();
-  r->fd_ = shm_open(shm.key().c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
-  if (r->fd_ < 0) {
-    const int err = errno;
-    if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat(
-          "no shared-memory object ", shm.key(),
-          " on the server's host: regions work only for a client on the same host (or "
-          "sharing its /dev/shm); stream the job instead"));
-    }
-    if (err == EACCES || err == EPERM) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "the server (uid ", getuid(), ") may not open the shared-memory object ", shm.key(),
-          " for reading and writing: ", ErrnoText(err)));
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot open shared-memory object ", shm.key(), ": ", ErrnoText(err)));
-  }
+  r->key_ = memory.describe;
+  r->offset_ = at.offset();
+  r->byte_size_ = at.byte_size();
+  r->sealed_ = memory.sealed;
+  r->fd_ = memory.fd.Release();
   struct stat st;
-  if (fstat(r->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shared-memory object ", shm.key(), " is not a regular object"));
+  if (fstat(r->fd_, &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot fstat ", r->key_, ": ", ErrnoText(errno)));
   }
-  if (shm.offset() > st.st_size || shm.byte_size() > st.st_size - shm.offset()) {
+  if (at.offset() > st.st_size || at.byte_size() > st.st_size - at.offset()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "region [%d, %d) lies past the end of shared-memory object %s, which has %d bytes",
-        shm.offset(), shm.offset() + std::min<int64_t>(shm.byte_size(), INT64_MAX - shm.offset()),
-        shm.key(), st.st_size));
+        "region [%d, %d) lies past the end of the memory passed (%s), which has %d bytes",
+        at.offset(), at.offset() + at.byte_size(), r->key_, st.st_size));
   }
   const int64_t page = sysconf(_SC_PAGESIZE);
-  const int64_t map_offset = shm.offset() / page * page;
-  const int64_t delta = shm.offset() - map_offset;
-  r->map_bytes_ = static_cast<size_t>(delta + shm.byte_size());
+  const int64_t map_offset = at.offset() / page * page;
+  const int64_t delta = at.offset() - map_offset;
+  r->map_bytes_ = static_cast<size_t>(delta + at.byte_size());
   void* m = mmap(nullptr, r->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, map_offset);
   if (m == MAP_FAILED) {
+    const int err = errno;
     r->map_ = nullptr;
-    return absl::ResourceExhaustedError(absl::StrCat("cannot map shared-memory object ",
-                                                     shm.key(), ": ", ErrnoText(errno)));
+    return (err == EACCES || err == EPERM ? absl::InvalidArgumentError
+                                          : absl::ResourceExhaustedError)(
+        absl::StrCat("cannot map the memory passed (", r->key_, ") for reading and writing: ",
+                     ErrnoText(err)));
   }
   r->map_ = m;
   r->guard_slot_ = SigbusGuard::Guard(m, r->map_bytes_);
@@ -236,7 +270,7 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapShm(
   }
   r->data_ = static_cast<std::byte*>(m) + delta;
   r->identity_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-  r->object_offset_ = shm.offset();
+  r->object_offset_ = at.offset();
   if (options_.pin_on_register && ops_.pin_host) {
     r->pin_requested_ = true;
     if (!Pin(*r)) return absl::ResourceExhaustedError("cannot pin the region for the GPUs");
@@ -246,30 +280,48 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapShm(
   return r;
 }
 
-absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::OpenIpc(const std::string& owner,
-                                                                const std::string& name,
-                                                                const v1::CudaIpcRegion& ipc) {
-  if (ipc.handle().size() != kIpcHandleBytes) {
+absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::ImportVmm(PassedMemory memory,
+                                                                  const v1::LocalFdRegion& at) {
+  if (at.offset() > memory.allocation_bytes ||
+      at.byte_size() > memory.allocation_bytes - at.offset()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "a CUDA IPC handle is the %d raw bytes of a cudaIpcMemHandle_t, got %d bytes",
-        kIpcHandleBytes, ipc.handle().size()));
+        "CUDA VMM region [%d, %d) lies past the end of its allocation, which has %d bytes",
+        at.offset(), at.offset() + at.byte_size(), memory.allocation_bytes));
   }
-  if (ipc.offset() < 0 || ipc.byte_size() <= 0) {
+  if (!ops_.open_vmm) {
+    return absl::FailedPreconditionError(
+        "this server has no GPU in use, so it cannot import CUDA VMM memory; use host memory "
+        "or stream the job");
+  }
+  auto mem = ops_.open_vmm(memory.device, memory.fd.get(), memory.allocation_bytes);
+  if (!mem.ok()) return mem.status();
+  std::shared_ptr<Region> r(new Region());
+  r->close_ipc_ = std::move(mem->close);
+  r->kind_ = v1::REGION_KIND_CUDA_VMM;
+  r->offset_ = at.offset();
+  r->byte_size_ = at.byte_size();
+  r->device_ = memory.device;
+  if (at.offset() > mem->bytes || at.byte_size() > mem->bytes - at.offset()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA IPC region needs offset >= 0 and byte_size > 0, got offset %d, byte_size %d",
-        ipc.offset(), ipc.byte_size()));
+        "CUDA VMM region [%d, %d) lies past the end of its allocation, which has %d bytes",
+        at.offset(), at.offset() + at.byte_size(), mem->bytes));
   }
+  r->data_ = mem->base + at.offset();
+  r->identity_ = {~uint64_t{0}, reinterpret_cast<uint64_t>(mem->base)};
+  r->object_offset_ = at.offset();
+  return r;
+}
+
+absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::OpenIpc(const v1::CudaIpcRegion& ipc) {
   if (!ops_.open_ipc) {
     return absl::FailedPreconditionError(
-        "this server has no GPU in use, so it cannot open CUDA IPC regions; use shared-memory "
-        "(system) regions or stream the job");
+        "this server has no GPU in use, so it cannot open CUDA IPC regions; use host memory "
+        "or stream the job");
   }
   auto mem = ops_.open_ipc(ipc.device(), ipc.handle());
   if (!mem.ok()) return mem.status();
   std::shared_ptr<Region> r(new Region());
   r->close_ipc_ = std::move(mem->close);
-  r->name_ = name;
-  r->owner_ = owner;
   r->kind_ = v1::REGION_KIND_CUDA_IPC;
   r->offset_ = ipc.offset();
   r->byte_size_ = ipc.byte_size();
@@ -277,8 +329,7 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::OpenIpc(const std::strin
   if (ipc.offset() > mem->bytes || ipc.byte_size() > mem->bytes - ipc.offset()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "CUDA IPC region [%d, %d) lies past the end of its allocation, which has %d bytes",
-        ipc.offset(), ipc.offset() + std::min<int64_t>(ipc.byte_size(), INT64_MAX - ipc.offset()),
-        mem->bytes));
+        ipc.offset(), ipc.offset() + ipc.byte_size(), mem->bytes));
   }
   r->data_ = mem->base + ipc.offset();
   r->identity_ = {~uint64_t{0}, reinterpret_cast<uint64_t>(mem->base)};
@@ -286,66 +337,140 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::OpenIpc(const std::strin
   return r;
 }
 
-absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(
-    const std::string& owner, const v1::RegisterRegionRequest& request) {
-  if (auto st = CheckName(request.name()); !st.ok()) return st;
+absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(const Caller& caller,
+                                                          const v1::RegisterRegionRequest& request,
+                                                          const TakeTicket& take_ticket) {
+  // 1. The request's own arguments, before anything is taken or counted.
+  if (auto st = CheckRequest(request); !st.ok()) return st;
+  // 2. The ticket (used up from here on), and the range against the memory.
+  std::optional<PassedMemory> memory;
   int64_t bytes = 0;
-  if (request.has_system_shm()) {
-    bytes = request.system_shm().byte_size();
-  } else if (request.has_cuda_ipc()) {
-    bytes = request.cuda_ipc().byte_size();
+  if (request.has_local_fd()) {
+    const v1::LocalFdRegion& at = request.local_fd();
+    auto taken = take_ticket(at.ticket());
+    if (!taken.ok()) return taken.status();
+    memory = std::move(*taken);
+    const int64_t size = memory->kind == v1::LOCAL_FD_KIND_CUDA_VMM ? memory->allocation_bytes
+                                                                    : memory->object_bytes;
+    if (at.offset() > size || at.byte_size() > size - at.offset()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "region [%d, %d) lies past the end of the memory passed (%s), which has %d bytes",
+          at.offset(), at.offset() + at.byte_size(), memory->describe, size));
+    }
+    bytes = at.byte_size();
   } else {
-    return absl::InvalidArgumentError(
-        "RegisterRegionRequest needs one of system_shm and cuda_ipc");
+    bytes = request.cuda_ipc().byte_size();
   }
+  // 3. The owner's count and the budget.
   {
     std::lock_guard lock(mu_);
-    auto& mine = regions_[owner];
+    auto& mine = regions_[caller.owner];
     if (mine.count(request.name()) != 0) {
       return absl::AlreadyExistsError(
-          absl::StrCat("this client already has a region named '", request.name(),
+          absl::StrCat("this owner already has a region named '", request.name(),
                        "'; unregister it first or pick another name"));
     }
     if (static_cast<int>(mine.size()) >= options_.max_per_client) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "this client already has %d regions registered, the most one client may have "
+          "this owner already has %d regions registered, the most one may have "
           "(--max_regions_per_client); unregister some first",
           mine.size()));
     }
-    // Only host regions take the server's memory; count IPC regions too, so
+    // Only host regions take the server's memory; count GPU regions too, so
     // that the budget bounds what one server holds open for its clients.
     const int64_t now = registered_bytes_->load();
-    if (bytes > 0 && bytes > options_.budget_bytes - now) {
+    if (bytes > options_.budget_bytes - now) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "registering %d bytes would exceed the region budget: %d of %d bytes are registered "
-          "(--region_memory_budget); unregister regions or stream the job",
+          "(--region_memory_budget counts the registered ranges, whether their pages exist "
+          "yet or not); unregister regions or stream the job",
           bytes, now, options_.budget_bytes));
     }
-    if (bytes > 0) registered_bytes_->fetch_add(bytes);  // held while mapping
+    registered_bytes_->fetch_add(bytes);  // held while mapping
   }
+  // 4. Map, import or open.
   const absl::Time t0 = absl::Now();
   absl::StatusOr<std::shared_ptr<Region>> r =
-      request.has_system_shm() ? MapShm(owner, request.name(), request.system_shm())
-                               : OpenIpc(owner, request.name(), request.cuda_ipc());
+      !memory.has_value() ? OpenIpc(request.cuda_ipc())
+      : memory->kind == v1::LOCAL_FD_KIND_CUDA_VMM
+          ? ImportVmm(std::move(*memory), request.local_fd())
+          : MapHost(std::move(*memory), request.local_fd());
   if (!r.ok()) {
-    if (bytes > 0) registered_bytes_->fetch_sub(bytes);
+    registered_bytes_->fetch_sub(bytes);
     return r.status();
   }
+  (*r)->name_ = request.name();
+  (*r)->owner_ = caller.owner;
+  (*r)->owner_uid_ = caller.peer.uid;
+  (*r)->session_id_ = caller.peer.session_id;
   (*r)->register_time_ = absl::Now() - t0;
   (*r)->registered_bytes_ = registered_bytes_;  // the Region gives the bytes back now
   (*r)->last_used_ns_.store(absl::ToUnixNanos(absl::Now()));
   std::lock_guard lock(mu_);
-  auto& mine = regions_[owner];
+  auto& mine = regions_[caller.owner];
   if (mine.count(request.name()) != 0) {  // a concurrent registration won
     return absl::AlreadyExistsError(
-        absl::StrCat("this client already has a region named '", request.name(), "'"));
+        absl::StrCat("this owner already has a region named '", request.name(), "'"));
   }
   mine[request.name()] = *r;
-  LogInfo("region registered: '", request.name(), "' of ", owner, ", ",
-          (*r)->kind() == v1::REGION_KIND_SYSTEM_SHM ? (*r)->key_ : "cuda ipc", ", ",
-          (*r)->byte_size(), " bytes", (*r)->pinned_ ? ", pinned" : "", ", in ",
-          absl::FormatDuration((*r)->register_time_));
+  LogInfo("region registered: '", request.name(), "' of ", caller.owner, " (pid ",
+          caller.peer.pid, "), ", (*r)->key_.empty() ? "gpu memory" : (*r)->key_, ", ",
+          (*r)->byte_size(), " bytes", (*r)->pinned_ ? ", pinned" : "",
+          (*r)->sealed_ ? ", sealed" : "", ", in ", absl::FormatDuration((*r)->register_time_));
   return (*r)->Describe();
+}
+
+absl::Status RegionRegistry::StartLocalSocket(LocalSocketOptions options) {
+  auto socket = LocalSocket::Start(std::move(options),
+                                   [this](uint64_t session_id) { DropSession(session_id); });
+  if (!socket.ok()) return socket.status();
+  local_socket_ = std::move(*socket);
+  return absl::OkStatus();
+}
+
+std::string RegionRegistry::local_socket_path() const {
+  return local_socket_ == nullptr ? std::string() : local_socket_->path();
+}
+
+absl::StatusOr<RegionRegistry::Caller> RegionRegistry::Identify(absl::string_view session,
+                                                                const std::string& token) const {
+  if (local_socket_ == nullptr) {
+    return absl::FailedPreconditionError("this server has no local socket, so no region sessions");
+  }
+  auto peer = local_socket_->FindSession(session);
+  if (!peer.ok()) return peer.status();
+  Caller caller;
+  caller.peer = *peer;
+  caller.owner = absl::StrCat("uid ", peer->uid, token.empty() ? "" : " with ", token);
+  return caller;
+}
+
+absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(
+    const Caller& caller, const v1::RegisterRegionRequest& request) {
+  return Register(caller, request, [this, &caller](absl::string_view ticket) {
+    return local_socket_->TakeTicket(caller.peer.session_id, ticket);
+  });
+}
+
+void RegionRegistry::DropSession(uint64_t session_id) {
+  std::vector<std::shared_ptr<Region>> dropped;  // released outside the lock
+  {
+    std::lock_guard lock(mu_);
+    for (auto owner = regions_.begin(); owner != regions_.end();) {
+      for (auto it = owner->second.begin(); it != owner->second.end();) {
+        if (it->second->session_id_ == session_id) {
+          dropped.push_back(std::move(it->second));
+          it = owner->second.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      owner = owner->second.empty() ? regions_.erase(owner) : std::next(owner);
+    }
+  }
+  if (!dropped.empty()) {
+    LogInfo("session ", session_id, " closed: ", dropped.size(), " region(s) unregistered");
+  }
 }
 
 absl::StatusOr<int> RegionRegistry::Unregister(const std::string& owner, const std::string& name) {
@@ -416,15 +541,9 @@ void RegionRegistry::Sweep(absl::Time now) {
       for (auto it = owner->second.begin(); it != owner->second.end();) {
         Region& r = *it->second;
         const char* why = nullptr;
-        if (r.jobs_in_use_.load() == 0) {
-          struct stat st;
-          if (r.kind_ == v1::REGION_KIND_SYSTEM_SHM && fstat(r.fd_, &st) == 0 &&
-              st.st_nlink == 0) {
-            why = "its shared-memory object was unlinked";
-          } else if (options_.idle_timeout > absl::ZeroDuration() &&
-                     now - absl::FromUnixNanos(r.last_used_ns_.load()) > options_.idle_timeout) {
-            why = "it was idle past --region_idle_timeout_s";
-          }
+        if (r.jobs_in_use_.load() == 0 && options_.idle_timeout > absl::ZeroDuration() &&
+            now - absl::FromUnixNanos(r.last_used_ns_.load()) > options_.idle_timeout) {
+          why = "it was idle past --region_idle_timeout_s";
         }
         if (why != nullptr) {
           LogInfo("region dropped: '", r.name_, "' of ", r.owner_, ": ", why);

@@ -25,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
+#include "service/regions/local_socket.h"
 #include "util/thread_pool.h"
 
 namespace dgmm {
@@ -73,8 +74,9 @@ class Region {
 
   const std::string& name() const { return name_; }
   v1::RegionKind kind() const { return kind_; }
-  // -1 for host memory, else the GPU ordinal of a CUDA IPC region.
+  // -1 for host memory, else the GPU ordinal of GPU memory (CUDA IPC or VMM).
   int device() const { return device_; }
+  bool on_gpu() const { return device_ >= 0; }
   int64_t byte_size() const { return byte_size_; }
   // The region's first byte: host memory, or device memory for CUDA IPC.
   std::byte* data() const { return data_; }
@@ -108,6 +110,9 @@ class Region {
 
   std::string name_;
   std::string owner_;
+  int64_t owner_uid_ = -1;
+  uint64_t session_id_ = 0;  // the local-socket session that registered it
+  bool sealed_ = false;
   v1::RegionKind kind_ = v1::REGION_KIND_UNSPECIFIED;
   std::string key_;
   int64_t offset_ = 0;
@@ -122,6 +127,7 @@ class Region {
   std::atomic<bool> pinned_{false};
   absl::Duration register_time_;
   // Host memory: the object's descriptor, the mapping and its guard slot.
+  // (CUDA VMM memory keeps no descriptor: the import holds the allocation.)
   int fd_ = -1;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
@@ -140,11 +146,39 @@ class RegionRegistry {
   ~RegionRegistry();
 
   const RegionOptions& options() const { return options_; }
+  // Random, fixed for the registry's life (GetServerInfoResponse.instance_id,
+  // and every hello of the local socket).
+  const std::string& instance_id() const { return instance_id_; }
   bool enabled() const { return options_.enabled; }
 
-  // RegisterRegion for `owner` (see the status table in dgmm.proto).
-  absl::StatusOr<v1::RegionStatus> Register(const std::string& owner,
+  // Who registers: the owner key (the session's uid, with the bearer
+  // token's client when the server has tokens) and the session.
+  struct Caller {
+    std::string owner;
+    LocalPeer peer;
+  };
+  // Starts the local socket (before any region call); its sessions name
+  // the callers, and a session's regions go when its connection closes.
+  absl::Status StartLocalSocket(LocalSocketOptions options);
+  // The socket's path; empty when it is not started.
+  std::string local_socket_path() const;
+  const LocalSocket* local_socket() const { return local_socket_.get(); }
+  // The caller of a region RPC: the open session `session` (the metadata
+  // dgmm-session; UNAUTHENTICATED otherwise) and `token`, the bearer
+  // token's name when the server has several ("" otherwise).
+  absl::StatusOr<Caller> Identify(absl::string_view session, const std::string& token) const;
+  // Takes a ticket of the caller's session (LocalSocket::TakeTicket).
+  using TakeTicket = std::function<absl::StatusOr<PassedMemory>(absl::string_view ticket)>;
+  // Register with the local socket's tickets.
+  absl::StatusOr<v1::RegionStatus> Register(const Caller& caller,
                                             const v1::RegisterRegionRequest& request);
+  // RegisterRegion (see the status table in dgmm.proto, in its order).
+  absl::StatusOr<v1::RegionStatus> Register(const Caller& caller,
+                                            const v1::RegisterRegionRequest& request,
+                                            const TakeTicket& take_ticket);
+  // The regions registered through session `session_id` are dropped (those
+  // a job uses stay mapped until it ends): its connection closed.
+  void DropSession(uint64_t session_id);
   // Drops `name` (every region of `owner` when empty); returns how many.
   absl::StatusOr<int> Unregister(const std::string& owner, const std::string& name);
   absl::StatusOr<v1::GetRegionStatusResponse> Status(const std::string& owner,
@@ -170,27 +204,28 @@ class RegionRegistry {
   int64_t registered_bytes() const { return registered_bytes_->load(); }
   // Regions in the table now.
   int64_t count() const;
-  // Drops regions idle past the timeout and shared-memory regions whose
-  // object was unlinked, when no job uses them. Runs on its own thread
-  // every sweep_interval; public for tests.
+  // Drops regions idle past the timeout, when no job uses them. Runs on
+  // its own thread every sweep_interval; public for tests.
   void Sweep(absl::Time now);
 
   static absl::Status CheckName(absl::string_view name);
   static absl::Status CheckKey(absl::string_view key);
+  // The checks of RegisterRegion that need no ticket and no memory:
+  // INVALID_ARGUMENT for a bad name, kind, offset, size or overflow.
+  static absl::Status CheckRequest(const v1::RegisterRegionRequest& request);
 
  private:
-  absl::StatusOr<std::shared_ptr<Region>> MapShm(const std::string& owner,
-                                                 const std::string& name,
-                                                 const v1::SystemShmRegion& shm);
-  absl::StatusOr<std::shared_ptr<Region>> OpenIpc(const std::string& owner,
-                                                  const std::string& name,
-                                                  const v1::CudaIpcRegion& ipc);
+  absl::StatusOr<std::shared_ptr<Region>> MapHost(PassedMemory memory, const v1::LocalFdRegion& at);
+  absl::StatusOr<std::shared_ptr<Region>> ImportVmm(PassedMemory memory,
+                                                    const v1::LocalFdRegion& at);
+  absl::StatusOr<std::shared_ptr<Region>> OpenIpc(const v1::CudaIpcRegion& ipc);
   void Loop();
   // Pins host region `r` for the GPUs; false when it stays unpinned.
   bool Pin(Region& r);
 
   const RegionOptions options_;
   const RegionMemoryOps ops_;
+  const std::string instance_id_;
   std::shared_ptr<std::atomic<int64_t>> registered_bytes_ =
       std::make_shared<std::atomic<int64_t>>(0);
   mutable std::mutex mu_;
@@ -203,7 +238,8 @@ class RegionRegistry {
   std::mutex pin_mu_;
   std::atomic<bool> pin_stopped_{false};
   std::unique_ptr<ThreadPool> pinner_ ABSL_GUARDED_BY(pin_mu_);  // null once stopped
-  std::unique_ptr<ThreadPool> workers_;  // last: joined before the table goes
+  std::unique_ptr<ThreadPool> workers_;  // joined before the table goes
+  std::unique_ptr<LocalSocket> local_socket_;  // last: closed first (DropSession)
 };
 
 }  // namespace dgmm

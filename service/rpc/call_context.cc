@@ -22,7 +22,7 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
 // Who a call comes from, for the fair share of the queue
 // (docs/admission.md): the peer's address without its port ("127.0.0.1",
 // "::1"), with the index of its bearer token when several are configured,
-// is the client (the share's ceiling, and the owner of regions); the peer
+// is the client (the share's ceiling); the peer
 // with its port is its connection, the unit that takes turns. From a
 // trusted proxy, the first address of `x-forwarded-for` is both.
 void ClientKeys(const grpc::CallbackServerContext* context, int token_index,
@@ -53,7 +53,8 @@ void ClientKeys(const grpc::CallbackServerContext* context, int token_index,
       }
     }
   }
-  const std::string prefix = token_index > 0 ? absl::StrCat("token", token_index, "@") : "";
+  info->token = token_index > 0 ? absl::StrCat("token", token_index) : "";
+  const std::string prefix = token_index > 0 ? absl::StrCat(info->token, "@") : "";
   info->client = absl::StrCat(prefix, host);
   info->connection = absl::StrCat(prefix, connection);
 }

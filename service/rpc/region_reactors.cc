@@ -11,6 +11,17 @@
 namespace dgmm {
 namespace {
 
+// The caller of a region RPC: its session (metadata dgmm-session) and token.
+absl::StatusOr<RegionRegistry::Caller> Identify(const RegionRegistry* registry,
+                                                const CallContext& call) {
+  if (registry == nullptr || !registry->enabled()) return RegionsOffError();
+  const auto& metadata = call.grpc()->client_metadata();
+  auto it = metadata.find("dgmm-session");
+  const absl::string_view session =
+      it == metadata.end() ? absl::string_view() : absl::string_view(it->second.data(), it->second.size());
+  return registry->Identify(session, call.info().token);
+}
+
 template <typename Request>
 absl::StatusOr<Request> Parse(const grpc::ByteBuffer& buffer, const char* name) {
   Request r;
@@ -30,6 +41,15 @@ class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public Regi
       grpc::ServerUnaryReactor::Finish(call_.Status(call_.auth()));
       return;
     }
+    // Regions off is answered by the intake, like for any job.
+    absl::StatusOr<RegionRegistry::Caller> caller;
+    if (services.regions != nullptr && services.regions->enabled()) {
+      caller = Identify(services.regions, call_);
+      if (!caller.ok()) {
+        grpc::ServerUnaryReactor::Finish(call_.Status(caller.status()));
+        return;
+      }
+    }
     job_ = std::make_shared<RegionJob>(std::make_shared<JobSession>(services.engine, call_.info()),
                                        services.intake, services.regions, this);
     const bool parsed = wire::ParseMessage(*request, &request_);
@@ -37,7 +57,7 @@ class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public Regi
                 parsed ? absl::OkStatus()
                        : absl::InvalidArgumentError(
                              "request does not parse as a dgmm.v1.MultiplyRegionRequest"),
-                call_.info().client);
+                caller.ok() ? caller->owner : std::string());
   }
 
   void OnCancel() override {
@@ -67,13 +87,15 @@ class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public Regi
 
 // RegisterRegion, UnregisterRegion or GetRegionStatus for client `owner`:
 // the call's status, with `response` filled when OK.
-absl::Status Serve(RegionMethod method, RegionRegistry* registry, const std::string& owner,
-                   const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
+absl::Status Serve(RegionMethod method, RegionRegistry* registry,
+                   const RegionRegistry::Caller& caller, const grpc::ByteBuffer& request,
+                   grpc::ByteBuffer* response) {
+  const std::string& owner = caller.owner;
   switch (method) {
     case RegionMethod::kRegister: {
       auto req = Parse<v1::RegisterRegionRequest>(request, "RegisterRegionRequest");
       if (!req.ok()) return req.status();
-      auto status = registry->Register(owner, *req);
+      auto status = registry->Register(caller, *req);
       if (!status.ok()) return status.status();
       v1::RegisterRegionResponse reply;
       *reply.mutable_region() = *status;
@@ -110,13 +132,13 @@ class RegionCallReactor final : public grpc::ServerUnaryReactor {
       : call_(context, policy) {
     if (!call_.auth().ok()) {
       Finish(call_.Status(call_.auth()));
-    } else if (registry == nullptr || !registry->enabled()) {
-      Finish(call_.Status(RegionsOffError()));
+    } else if (auto caller = Identify(registry, call_); !caller.ok()) {
+      Finish(call_.Status(caller.status()));
     } else {
       // gRPC keeps the request and response alive until Finish; the reactor
       // lives until OnDone, which comes after it.
-      registry->Post([this, registry, method, request, response] {
-        Finish(call_.Status(Serve(method, registry, call_.info().client, *request, response)));
+      registry->Post([this, registry, method, request, response, caller = *std::move(caller)] {
+        Finish(call_.Status(Serve(method, registry, caller, *request, response)));
       });
     }
   }
