@@ -30,7 +30,7 @@ class SessionTest : public ::testing::Test {
 
   std::shared_ptr<JobSession> NewSession(absl::Duration deadline_in = absl::Seconds(30)) {
     return std::make_shared<JobSession>(
-        engine_.get(), CallInfo{.client = "test", .connection = "test:1", .arrived = absl::Now(),
+        engine_.get(), CallInfo{.client = "test", .connection = "test:1", .token = "", .arrived = absl::Now(),
                                 .deadline = absl::Now() + deadline_in});
   }
 

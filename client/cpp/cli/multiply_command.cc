@@ -41,9 +41,10 @@ ABSL_FLAG(bool, check, false,
           "Compare C with a float64 reference computed locally; exit 3 if the largest "
           "relative error exceeds --tolerance.");
 ABSL_FLAG(std::string, shm, "off",
-          "Move A and C through a POSIX shared-memory region instead of the socket (the "
-          "server must be on this host and run with --allow_regions): off; auto (else stream, "
-          "and say why on stderr); on (else fail). --mode applies when streamed.");
+          "Move A and C through a host-memory region (a sealed memfd passed to the server over "
+          "its local socket) instead of the gRPC socket; the server must be on this host and "
+          "run with --allow_regions: off; auto (else stream, and say why on stderr); on (else "
+          "fail). --mode applies when streamed.");
 ABSL_FLAG(double, tolerance, 0,
           "Largest relative error --check accepts; 0 means 1e-6 for f32, 1e-14 for f64.");
 
@@ -255,12 +256,9 @@ std::optional<std::string> ShmFallbackReason(const absl::Status& status) {
     case absl::StatusCode::kDeadlineExceeded:
     case absl::StatusCode::kCancelled:
       return std::nullopt;
-    case absl::StatusCode::kNotFound:
-      return absl::StrCat("the server cannot open this host's shared memory: it is remote or "
-                          "does not share this host's /dev/shm (", detail, ")");
     case absl::StatusCode::kFailedPrecondition:
-      return absl::StrCat("regions are off on the server: it runs without --allow_regions (",
-                          detail, ")");
+      // Regions off, or the local socket out of reach (a remote server).
+      return detail;
     case absl::StatusCode::kUnimplemented:
       return absl::StrCat("the server has no regions (", detail, ")");
     default:

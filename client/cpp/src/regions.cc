@@ -1,8 +1,11 @@
 #include "dgmm/regions.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,22 +52,65 @@ absl::Status ErrnoStatus(int error, absl::string_view what) {
   return absl::Status(code, absl::StrCat(what, ": ", std::strerror(error)));
 }
 
-// "/dgmm-<pid>-<n>-<random>": unique among this process's regions (n) and
-// unlikely to meet a stale object of an earlier process with the same pid.
-std::string UniqueKey() {
+// "dgmm-<pid>-<n>": a memfd's name, unique among this process's regions.
+std::string UniqueName() {
   static std::atomic<uint64_t> counter{0};
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return absl::StrFormat("/dgmm-%d-%d-%08x", static_cast<int>(getpid()), counter.fetch_add(1),
-                         static_cast<uint32_t>(rng()));
+  return absl::StrFormat("dgmm-%d-%d", static_cast<int>(getpid()), counter.fetch_add(1));
+}
+
+// Sends all of `data`, with `pass_fd` (>= 0) as SCM_RIGHTS on its first bytes.
+absl::Status SendFrame(int sock, const std::string& data, int pass_fd) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    iovec iov{const_cast<char*>(data.data()) + sent, data.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (sent == 0 && pass_fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* h = CMSG_FIRSTHDR(&msg);
+      h->cmsg_level = SOL_SOCKET;
+      h->cmsg_type = SCM_RIGHTS;
+      h->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(h), &pass_fd, sizeof(int));
+    }
+    const ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(
+          absl::StrCat("the server's local socket closed: ", std::strerror(errno)));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecvAll(int sock, char* p, size_t bytes) {
+  while (bytes > 0) {
+    const ssize_t n = recv(sock, p, bytes, 0);
+    if (n == 0) return absl::UnavailableError("the server closed its local socket");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(
+          absl::StrCat("reading the server's local socket: ", std::strerror(errno)));
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 // The destructor of a SharedMemoryRegion waits at most this long for its
 // UnregisterRegion call (a server that is gone must not hang it).
 constexpr absl::Duration kDestructorUnregisterWait = absl::Seconds(5);
 
+absl::Status PrepareRegionCall(Client& client, grpc::ClientContext* context, absl::Time deadline);
+
 absl::StatusOr<int> Unregister(Client& client, const std::string& name, absl::Time deadline) {
   grpc::ClientContext context;
-  if (absl::Status ok = client.PrepareCall(&context, deadline); !ok.ok()) return ok;
+  if (absl::Status ok = PrepareRegionCall(client, &context, deadline); !ok.ok()) return ok;
   v1::UnregisterRegionRequest request;
   request.set_name(name);
   v1::UnregisterRegionResponse response;
@@ -73,9 +119,20 @@ absl::StatusOr<int> Unregister(Client& client, const std::string& name, absl::Ti
   return response.unregistered();
 }
 
+// PrepareCall, and the region session's metadata.
+absl::Status PrepareRegionCall(Client& client, grpc::ClientContext* context, absl::Time deadline) {
+  if (absl::Status ok = client.PrepareCall(context, deadline); !ok.ok()) return ok;
+  auto session = client.RegionSession();
+  if (!session.ok()) return session.status();
+  context->AddMetadata("dgmm-session", (*session)->hello().session());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::RegionStatus> Register(Client& client, const v1::RegisterRegionRequest& request) {
   grpc::ClientContext context;
-  if (absl::Status ok = client.PrepareCall(&context, DeadlineFromNow(client)); !ok.ok()) return ok;
+  if (absl::Status ok = PrepareRegionCall(client, &context, DeadlineFromNow(client)); !ok.ok()) {
+    return ok;
+  }
   v1::RegisterRegionResponse response;
   grpc::Status status = client.stub()->RegisterRegion(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -84,15 +141,162 @@ absl::StatusOr<v1::RegionStatus> Register(Client& client, const v1::RegisterRegi
 
 }  // namespace
 
+// ---------------------------------------------------------------- session
+
+absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Open(const std::string& path,
+                                                                 const std::string& instance_id) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the server reports no usable local socket ('", path,
+        "'): it runs without --allow_regions, or is too old for descriptor regions"));
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus(errno, "socket(AF_UNIX)");
+  std::unique_ptr<LocalSession> session(new LocalSession(fd));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int error = errno;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot reach the server's local socket ", path, ": ", std::strerror(error),
+        ". Regions need a client on the server's host that can open that path (in a "
+        "container, mount its directory and set ClientOptions.local_socket); otherwise "
+        "stream the job"));
+  }
+  v1::LocalRequest hello;
+  hello.mutable_hello();
+  auto reply = session->Call(hello, -1);
+  if (!reply.ok()) return reply.status();
+  if (reply->code() != 0 || !reply->has_hello()) {
+    return absl::Status(static_cast<absl::StatusCode>(reply->code()),
+                        absl::StrCat("local socket hello: ", reply->message()));
+  }
+  session->hello_ = reply->hello();
+  if (!instance_id.empty() && session->hello_.instance_id() != instance_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the local socket ", path, " belongs to another server (instance ",
+        session->hello_.instance_id(), ", not ", instance_id, ")"));
+  }
+  return session;
+}
+
+LocalSession::~LocalSession() { close(fd_); }
+
+bool LocalSession::open() const {
+  pollfd p{fd_, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return true;  // nothing to read: still open
+  if ((p.revents & (POLLHUP | POLLERR)) != 0) return false;
+  char byte;
+  return recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != 0;
+}
+
+absl::StatusOr<v1::LocalResponse> LocalSession::Call(const v1::LocalRequest& request,
+                                                     int pass_fd) {
+  const std::string body = request.SerializeAsString();
+  std::string frame(4, '\0');
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
+  frame += body;
+  std::lock_guard lock(mu_);
+  if (absl::Status sent = SendFrame(fd_, frame, pass_fd); !sent.ok()) return sent;
+  unsigned char head[4];
+  if (absl::Status got = RecvAll(fd_, reinterpret_cast<char*>(head), 4); !got.ok()) return got;
+  const uint32_t len = head[0] | (head[1] << 8) | (head[2] << 16) | (uint32_t{head[3]} << 24);
+  if (len > 4096) return absl::InternalError("the local socket sent a frame over 4096 bytes");
+  std::string reply(len, '\0');
+  if (absl::Status got = RecvAll(fd_, reply.data(), len); !got.ok()) return got;
+  v1::LocalResponse response;
+  if (!response.ParseFromString(reply)) {
+    return absl::InternalError("the local socket's reply does not parse as a LocalResponse");
+  }
+  return response;
+}
+
+absl::StatusOr<v1::LocalTicket> LocalSession::PassFd(int fd, v1::LocalFdKind kind, int device,
+                                                     int64_t allocation_bytes) {
+  v1::LocalRequest request;
+  request.mutable_pass_fd()->set_kind(kind);
+  request.mutable_pass_fd()->set_device(device);
+  request.mutable_pass_fd()->set_allocation_bytes(allocation_bytes);
+  auto reply = Call(request, fd);
+  if (!reply.ok()) return reply.status();
+  if (reply->code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply->code()), reply->message());
+  }
+  return reply->ticket();
+}
+
+absl::StatusOr<v1::LocalTicket> LocalSession::OpenShm(const std::string& key) {
+  v1::LocalRequest request;
+  request.mutable_open_shm()->set_key(key);
+  auto reply = Call(request, -1);
+  if (!reply.ok()) return reply.status();
+  if (reply->code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply->code()), reply->message());
+  }
+  return reply->ticket();
+}
+
+absl::StatusOr<std::shared_ptr<LocalSession>> Client::RegionSession() {
+  std::lock_guard lock(session_mu_);
+  if (session_ != nullptr && session_->open()) return session_;
+  session_ = nullptr;
+  absl::StatusOr<v1::GetServerInfoResponse> info = GetServerInfo();
+  if (!info.ok()) return info.status();
+  if (!info->limits().regions_enabled()) {
+    return absl::FailedPreconditionError(
+        "this server does not take regions (it runs without --allow_regions); stream the job");
+  }
+  const std::string& path =
+      options_.local_socket.empty() ? info->limits().local_socket() : options_.local_socket;
+  auto opened = LocalSession::Open(path, info->instance_id());
+  if (!opened.ok()) return opened.status();
+  session_ = std::move(*opened);
+  return session_;
+}
+
+// ---------------------------------------------------------------- register
+
+absl::StatusOr<v1::RegionStatus> RegisterFdRegion(Client& client, const std::string& name,
+                                                  int fd, int64_t offset, int64_t byte_size) {
+  auto session = client.RegionSession();
+  if (!session.ok()) return session.status();
+  auto ticket = (*session)->PassFd(fd);
+  if (!ticket.ok()) return ticket.status();
+  v1::RegisterRegionRequest request;
+  request.set_name(name);
+  v1::LocalFdRegion* at = request.mutable_local_fd();
+  at->set_ticket(ticket->ticket());
+  at->set_offset(offset);
+  at->set_byte_size(byte_size);
+  return Register(client, request);
+}
+
 absl::StatusOr<v1::RegionStatus> RegisterShmRegion(Client& client, const std::string& name,
                                                    const std::string& key, int64_t offset,
                                                    int64_t byte_size) {
+  const int fd = shm_open(key.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open(", key, ")"));
+  absl::StatusOr<v1::RegionStatus> registered =
+      RegisterFdRegion(client, name, fd, offset, byte_size);
+  close(fd);
+  return registered;
+}
+
+absl::StatusOr<v1::RegionStatus> RegisterCudaVmmRegion(Client& client, const std::string& name,
+                                                       int fd, int device,
+                                                       int64_t allocation_bytes, int64_t offset,
+                                                       int64_t byte_size) {
+  auto session = client.RegionSession();
+  if (!session.ok()) return session.status();
+  auto ticket = (*session)->PassFd(fd, v1::LOCAL_FD_KIND_CUDA_VMM, device, allocation_bytes);
+  if (!ticket.ok()) return ticket.status();
   v1::RegisterRegionRequest request;
   request.set_name(name);
-  v1::SystemShmRegion* shm = request.mutable_system_shm();
-  shm->set_key(key);
-  shm->set_offset(offset);
-  shm->set_byte_size(byte_size);
+  v1::LocalFdRegion* at = request.mutable_local_fd();
+  at->set_ticket(ticket->ticket());
+  at->set_offset(offset);
+  at->set_byte_size(byte_size);
   return Register(client, request);
 }
 
@@ -116,7 +320,9 @@ absl::StatusOr<int> UnregisterRegion(Client& client, const std::string& name) {
 absl::StatusOr<v1::GetRegionStatusResponse> GetRegionStatus(Client& client,
                                                             const std::string& name) {
   grpc::ClientContext context;
-  if (absl::Status ok = client.PrepareCall(&context, DeadlineFromNow(client)); !ok.ok()) return ok;
+  if (absl::Status ok = PrepareRegionCall(client, &context, DeadlineFromNow(client)); !ok.ok()) {
+    return ok;
+  }
   v1::GetRegionStatusRequest request;
   request.set_name(name);
   v1::GetRegionStatusResponse response;
@@ -152,7 +358,7 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
   const absl::Time deadline = DeadlineFromNow(client);
   for (int made = 1;; ++made) {
     grpc::ClientContext context;
-    if (absl::Status ok = client.PrepareCall(&context, deadline); !ok.ok()) return ok;
+    if (absl::Status ok = PrepareRegionCall(client, &context, deadline); !ok.ok()) return ok;
     v1::MultiplyRegionResponse response;
     grpc::Status status = client.stub()->MultiplyRegion(&context, request, &response);
     if (status.ok()) {
@@ -184,31 +390,31 @@ absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> SharedMemoryRegion::Create(
     Client& client, size_t byte_size, const std::string& name) {
   if (byte_size == 0 || byte_size > static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a shared-memory region needs 1 to 2^63-1 bytes, not ", byte_size));
+        absl::StrCat("a host-memory region needs 1 to 2^63-1 bytes, not ", byte_size));
   }
-  const std::string key = UniqueKey();
-  const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open(", key, ")"));
-  // From here on every failure unlinks the object.
-  if (ftruncate(fd, static_cast<off_t>(byte_size)) != 0) {
+  const std::string key = UniqueName();
+  const int fd = memfd_create(key.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("memfd_create(", key, ")"));
+  // From here on every failure closes the memfd.
+  if (ftruncate(fd, static_cast<off_t>(byte_size)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     const int error = errno;
     close(fd);
-    shm_unlink(key.c_str());
-    return ErrnoStatus(error, absl::StrCat("ftruncate(", key, ", ", byte_size, ")"));
+    return ErrnoStatus(error, absl::StrCat("sizing and sealing memfd ", key, " (", byte_size,
+                                           " bytes)"));
   }
   void* data = mmap(nullptr, byte_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int mmap_error = errno;
-  close(fd);  // the mapping keeps the object open
   if (data == MAP_FAILED) {
-    shm_unlink(key.c_str());
-    return ErrnoStatus(mmap_error, absl::StrCat("mmap(", key, ", ", byte_size, ")"));
+    const int error = errno;
+    close(fd);
+    return ErrnoStatus(error, absl::StrCat("mmap(", key, ", ", byte_size, ")"));
   }
-  const std::string region_name = name.empty() ? key.substr(1) : name;
-  // Owns the mapping and the object from here (the destructor unlinks them).
+  const std::string region_name = name.empty() ? key : name;
+  // Owns the mapping and the memfd from here (the destructor releases them).
   std::unique_ptr<SharedMemoryRegion> region(
-      new SharedMemoryRegion(&client, region_name, key, data, byte_size));
+      new SharedMemoryRegion(&client, region_name, key, fd, data, byte_size));
   absl::StatusOr<v1::RegionStatus> registered =
-      RegisterShmRegion(client, region_name, key, 0, static_cast<int64_t>(byte_size));
+      RegisterFdRegion(client, region_name, fd, 0, static_cast<int64_t>(byte_size));
   if (!registered.ok()) return registered.status();
   region->registered_ = true;
   region->registration_ = *std::move(registered);
@@ -216,12 +422,15 @@ absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> SharedMemoryRegion::Create(
 }
 
 SharedMemoryRegion::SharedMemoryRegion(Client* client, std::string name, std::string key,
-                                       void* data, size_t size)
-    : client_(client), name_(std::move(name)), key_(std::move(key)), data_(data), size_(size) {}
+                                       int fd, void* data, size_t size)
+    : client_(client),
+      name_(std::move(name)),
+      key_(std::move(key)),
+      fd_(fd),
+      data_(data),
+      size_(size) {}
 
 SharedMemoryRegion::~SharedMemoryRegion() {
-  // Unregister before unlinking: the server also drops a region whose object
-  // is unlinked, but only at its next sweep.
   if (registered_) {
     registered_ = false;
     (void)dgmm::Unregister(*client_, name_,
@@ -229,7 +438,7 @@ SharedMemoryRegion::~SharedMemoryRegion() {
                                     absl::Now() + kDestructorUnregisterWait));
   }
   munmap(data_, size_);
-  shm_unlink(key_.c_str());
+  close(fd_);
 }
 
 absl::Status SharedMemoryRegion::Unregister() {

@@ -186,6 +186,10 @@ struct ClientOptions {
   absl::Duration initial_reconnect_backoff = absl::Milliseconds(100);
   absl::Duration min_reconnect_backoff = absl::Seconds(2);
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
+  // Regions (dgmm/regions.h): the server's local socket as this process
+  // sees it. Empty: the path GetServerInfo reports (limits.local_socket);
+  // set it when the socket is mounted elsewhere (another container).
+  std::string local_socket;
 };
 
 // OK when `options` can be used: positive sizes, a sane retry policy and
@@ -295,6 +299,8 @@ std::vector<LineRange> SplitLines(int64_t lines, int stripes);
 // (BACKEND_AUTO, ...); INVALID_ARGUMENT for anything else.
 absl::StatusOr<v1::Backend> ParseBackendName(absl::string_view name);
 
+class LocalSession;  // dgmm/regions.h
+
 class Client {
  public:
   // A client of `target` (see the top of this file); INVALID_ARGUMENT when
@@ -371,6 +377,10 @@ class Client {
   // CheckClientOptions rejects.
   v1::Dgmm::Stub* stub() const { return stub_.get(); }
   absl::Status PrepareCall(grpc::ClientContext* context, absl::Time deadline) const;
+  // The region calls' session on the server's local socket (dgmm/regions.h),
+  // opened on first use and again when the server closed it; kept for the
+  // client's life.
+  absl::StatusOr<std::shared_ptr<LocalSession>> RegionSession();
 
  private:
   // One connection: a channel and the generic stub on it.
@@ -420,6 +430,8 @@ class Client {
   std::mutex lanes_mu_;
   std::vector<std::unique_ptr<Lane>> lanes_;         // channel_'s; guarded by lanes_mu_
   std::vector<std::unique_ptr<Lane>> stripe_lanes_;  // guarded by lanes_mu_
+  std::mutex session_mu_;
+  std::shared_ptr<LocalSession> session_;  // guarded by session_mu_
 };
 
 // For a short-lived program (a command-line tool, a batch job): call first

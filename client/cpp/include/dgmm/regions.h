@@ -1,35 +1,45 @@
 // Regions: the same-host data plane of dgmm (proto/dgmm/v1/dgmm.proto,
-// "regions"; docs/protocol.md "Regions").
+// "regions"; docs/protocol.md "Regions" and "The local socket").
 //
 // A client on the server's host puts its matrix in memory the server can
 // reach, registers that memory once under a name, and then runs jobs whose
 // matrix, result and (optionally) diagonal live there: requests and responses
 // carry only the header and the stats, no payload bytes.
 //
-//  - SharedMemoryRegion (host memory): creates a POSIX shared-memory object
-//    under a unique key, sizes and maps it, and registers it with a Client;
-//    its destructor unregisters it, unmaps it and unlinks the object.
-//  - RegisterCudaIpcRegion (GPU memory): registers the 64 bytes of a
-//    cudaIpcMemHandle_t the caller got from cudaIpcGetMemHandle. The handle is
-//    opaque here: this library does not use CUDA.
+// The server never opens memory by name for a client: the client passes the
+// descriptor of memory it opened itself through the server's local socket
+// (a Unix socket; the kernel tells the server the client's uid), and
+// registers the ticket it gets back. Each Client keeps one session on that
+// socket (Client::RegionSession), opened at its first region call; every
+// region call carries it. Regions belong to this process's uid (and bearer
+// token, when the server has several) and are unregistered by the server
+// when the session closes (this Client is destroyed or the process exits).
+//
+//  - SharedMemoryRegion (host memory): a memfd of this process, sealed
+//    against shrinking and growing, mapped here and registered; its
+//    destructor unregisters it and unmaps it.
+//  - RegisterFdRegion / RegisterShmRegion: memory the caller made (any memfd
+//    or POSIX shared-memory object it can open for reading and writing).
+//  - RegisterCudaIpcRegion, RegisterCudaVmmRegion (GPU memory): a
+//    cudaIpcMemHandle_t, or the POSIX descriptor of a cuMemCreate allocation.
+//    Opaque here: this library does not use CUDA.
 //  - MultiplyRegion: one job on registered regions.
 //
 // The server must run with --allow_regions (else every region RPC is
-// FAILED_PRECONDITION) and see this host's /dev/shm (else RegisterRegion is
-// NOT_FOUND: the server is remote, or in another IPC namespace). Regions
-// belong to the client that registered them: its bearer token when the server
-// has tokens, else its address.
+// FAILED_PRECONDITION) on this host: for a remote server the local socket
+// cannot be reached, and the first region call says so (FAILED_PRECONDITION).
 //
 // Errors are absl::Status with the call's gRPC code and the server's message
-// (the status table above the region messages in dgmm.proto); problems of the
-// local shared-memory object (shm_open, ftruncate, mmap) are the errno's
-// code with the call named.
+// (the status table above the region messages in dgmm.proto); problems of
+// local memory (memfd_create, ftruncate, mmap) are the errno's code with the
+// call named.
 #ifndef DGMM_CLIENT_CPP_INCLUDE_DGMM_REGIONS_H_
 #define DGMM_CLIENT_CPP_INCLUDE_DGMM_REGIONS_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -41,11 +51,67 @@
 
 namespace dgmm {
 
-// Registers byte_size bytes at `offset` of the shared-memory object `key`
-// (created by the caller: shm_open, ftruncate) as region `name`.
+// A session on the server's local socket (docs/protocol.md "The local
+// socket"): the connection, its hello, and the requests that pass memory.
+// Thread-safe. Closing it (destroying it) ends the session: the server
+// unregisters the regions registered through it.
+class LocalSession {
+ public:
+  // Connects to `path`, says hello and checks that the socket belongs to
+  // the server with GetServerInfo's `instance_id` (when not empty).
+  // FAILED_PRECONDITION when the path cannot be reached (the server is on
+  // another host, or its socket is not mounted here) or another server
+  // listens there.
+  static absl::StatusOr<std::unique_ptr<LocalSession>> Open(const std::string& path,
+                                                            const std::string& instance_id);
+  ~LocalSession();
+  LocalSession(const LocalSession&) = delete;
+  LocalSession& operator=(const LocalSession&) = delete;
+
+  // The metadata value of `dgmm-session`, and the rest of the hello (the
+  // uid and pid the server saw).
+  const v1::LocalHelloReply& hello() const { return hello_; }
+  // False once the server has closed the connection.
+  bool open() const;
+
+  // Passes `fd` (borrowed: the caller keeps and closes it) for a ticket.
+  absl::StatusOr<v1::LocalTicket> PassFd(int fd, v1::LocalFdKind kind = v1::LOCAL_FD_KIND_MEMORY,
+                                         int device = -1, int64_t allocation_bytes = 0);
+  // Asks the server to open POSIX shared-memory object `key` (one this uid
+  // owns and nobody else may write) for a ticket; for clients that cannot
+  // pass descriptors.
+  absl::StatusOr<v1::LocalTicket> OpenShm(const std::string& key);
+
+ private:
+  explicit LocalSession(int fd) : fd_(fd) {}
+  absl::StatusOr<v1::LocalResponse> Call(const v1::LocalRequest& request, int pass_fd);
+
+  const int fd_;
+  v1::LocalHelloReply hello_;
+  std::mutex mu_;  // one request at a time
+};
+
+// Registers byte_size bytes at `offset` of the host memory `fd` (a memfd or
+// a POSIX shared-memory object, open for reading and writing; borrowed) as
+// region `name`.
+absl::StatusOr<v1::RegionStatus> RegisterFdRegion(Client& client, const std::string& name,
+                                                  int fd, int64_t offset, int64_t byte_size);
+
+// Registers byte_size bytes at `offset` of the POSIX shared-memory object
+// `key` (created by the caller: shm_open, ftruncate): this process opens it
+// and passes its descriptor (RegisterFdRegion).
 absl::StatusOr<v1::RegionStatus> RegisterShmRegion(Client& client, const std::string& name,
                                                    const std::string& key, int64_t offset,
                                                    int64_t byte_size);
+
+// Registers GPU memory made with cuMemCreate (requested handle type
+// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) and exported with
+// cuMemExportToShareableHandle as `fd` (borrowed): byte_size bytes at `offset`
+// of the allocation of `allocation_bytes` on CUDA device `device`.
+absl::StatusOr<v1::RegionStatus> RegisterCudaVmmRegion(Client& client, const std::string& name,
+                                                       int fd, int device,
+                                                       int64_t allocation_bytes, int64_t offset,
+                                                       int64_t byte_size);
 
 // Registers GPU memory: byte_size bytes at `offset` from the base of the
 // allocation whose cudaIpcMemHandle_t is `handle` (its 64 raw bytes, e.g.
@@ -98,28 +164,26 @@ struct RegionJob {
 // one server, which another replica or a restarted server does not know.
 absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job);
 
-// A POSIX shared-memory object of this process, mapped here and registered
-// with a Client as one region (offset 0, its whole size). Write the matrix
-// (and diagonal) into bytes(), run MultiplyRegion with Ref(offset)s, read C
-// from bytes().
+// Host memory of this process, mapped here and registered with a Client as
+// one region (offset 0, its whole size). Write the matrix (and diagonal) into
+// bytes(), run MultiplyRegion with Ref(offset)s, read C from bytes().
 //
-// The object is created with shm_open(key, O_CREAT | O_EXCL | O_RDWR, 0600)
-// under a key unique to this process ("/dgmm-<pid>-<n>-<random>"), sized with
-// ftruncate (its pages are allocated as they are first written) and mapped
-// MAP_SHARED. Destroying the SharedMemoryRegion unregisters it (waiting at
-// most 5 s, or less under ClientOptions.deadline; errors are ignored: use
-// Unregister() to see them), unmaps it and unlinks the object.
-// A process that dies without that leaves the object in /dev/shm; the server
-// drops the region once the object is unlinked or after
-// --region_idle_timeout_s.
+// The memory is a memfd (memfd_create "dgmm-<pid>-<n>", nothing in
+// /dev/shm), sized with ftruncate (its pages are allocated as they are first
+// written), sealed with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL (so nobody
+// can shrink it under the server), mapped MAP_SHARED and passed to the
+// server. Destroying the SharedMemoryRegion unregisters it (waiting at most
+// 5 s, or less under ClientOptions.deadline; errors are ignored: use
+// Unregister() to see them) and unmaps it. A process that dies without that
+// leaves nothing behind: its session closes and the server drops the region.
 //
 // The Client must outlive the region. Not thread-safe to destroy while
 // another thread uses it; jobs on it may run from several threads.
 class SharedMemoryRegion {
  public:
   // Creates, maps and registers `byte_size` (> 0) bytes as region `name`
-  // (empty: the key without its leading "/", which is a valid name). On any
-  // error nothing is left behind: the object is unlinked and unmapped.
+  // (empty: the memfd's name, "dgmm-<pid>-<n>"). On any error nothing is
+  // left behind: the memfd is unmapped and closed.
   static absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> Create(Client& client,
                                                                     size_t byte_size,
                                                                     const std::string& name = "");
@@ -132,9 +196,11 @@ class SharedMemoryRegion {
   char* bytes() { return static_cast<char*>(data_); }
   const char* bytes() const { return static_cast<const char*>(data_); }
   size_t size() const { return size_; }
-  // The region's name on the server and the object's shm_open key.
+  // The region's name on the server, and the memfd's name.
   const std::string& name() const { return name_; }
   const std::string& key() const { return key_; }
+  // The memfd (owned; valid while the region lives).
+  int fd() const { return fd_; }
   // What RegisterRegion answered (register_ns, pinned, ...).
   const v1::RegionStatus& registration() const { return registration_; }
   // A RegionRef `offset` bytes into this region.
@@ -146,11 +212,13 @@ class SharedMemoryRegion {
   absl::Status Unregister();
 
  private:
-  SharedMemoryRegion(Client* client, std::string name, std::string key, void* data, size_t size);
+  SharedMemoryRegion(Client* client, std::string name, std::string key, int fd, void* data,
+                     size_t size);
 
   Client* client_;
   std::string name_;
   std::string key_;
+  int fd_;
   void* data_;
   size_t size_;
   bool registered_ = false;
