@@ -114,6 +114,8 @@ const RETRY_POLICY = Symbol('dgmm.retryPolicy');
 const STRIPES = Symbol('dgmm.stripes');
 // Marks a DgmmError of one attempt that must not be retried.
 const FINAL = Symbol('dgmm.final');
+// createClient's localSocket option (read by regions.js).
+const LOCAL_SOCKET = Symbol('dgmm.localSocket');
 
 function checkRetryPolicy(policy) {
   const p = { ...DEFAULT_RETRY_POLICY, ...policy };
@@ -184,6 +186,10 @@ function pushbackMs(metadata) {
 //   loadBalancingPolicy: e.g. 'round_robin' (with an 'ipv4:h:p1,h:p2' or DNS
 //     target: jobs and the parts of striped jobs spread over the replicas).
 //   channelOptions: more grpc-js channel options; they override these.
+//   localSocket: the path of the server's local socket as this process sees
+//     it, for regions (regions.js); default: what GetServerInfo reports
+//     (limits.localSocket), which is the server's own path. Set it in a
+//     container that mounts the socket's directory elsewhere.
 // Each client has its own connection (grpc.use_local_subchannel_pool) rather
 // than sharing one with other clients of the same server in this process. A
 // job striped into K parts uses K connections: the client itself and K - 1
@@ -192,7 +198,7 @@ function pushbackMs(metadata) {
 // until client.close().
 function createClient(address, credentials = grpc.credentials.createInsecure(), {
   token, retry, initialReconnectBackoffMs = 100, minReconnectBackoffMs = 2000, maxReconnectBackoffMs = 1000,
-  loadBalancingPolicy, channelOptions = {},
+  loadBalancingPolicy, channelOptions = {}, localSocket,
 } = {}) {
   if (!(initialReconnectBackoffMs > 0 && maxReconnectBackoffMs >= initialReconnectBackoffMs && minReconnectBackoffMs > 0)) {
     throw new RangeError('dgmm: reconnect backoffs must be positive and maxReconnectBackoffMs >= initialReconnectBackoffMs');
@@ -220,6 +226,10 @@ function createClient(address, credentials = grpc.credentials.createInsecure(), 
   }
   const client = new dgmmProto.Dgmm(address, credentials, options);
   client[RETRY_POLICY] = policy;
+  if (localSocket !== undefined && localSocket !== null) {
+    if (typeof localSocket !== 'string' || localSocket === '') throw new TypeError('dgmm: localSocket must be a path');
+    client[LOCAL_SOCKET] = localSocket;
+  }
   const stripes = {
     list: [client],
     closed: false,
@@ -698,4 +708,5 @@ module.exports = {
   DEFAULT_MAX_UNARY_MESSAGE_BYTES, DEFAULT_CHUNK_BYTES, BACKEND_NAMES,
   unaryThreshold, transferMode, linesPerBlock, stripeCount, stripeRanges, backendEnumName,
   describeJob,  // for regions.js: one set of input checks
+  LOCAL_SOCKET, PROTO_DIR, LOADER_OPTIONS,  // for regions.js and local_socket.js
 };

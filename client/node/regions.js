@@ -2,13 +2,26 @@
 // Shared-memory regions for the Node.js client (docs/protocol.md "Regions"),
 // without a native addon: Node cannot map memory, but a POSIX shared-memory
 // object on Linux is a file in /dev/shm (glibc's shm_open(key) opens
-// /dev/shm/<key>), so this module creates that file, writes the matrix into
-// it with one pwrite, has the server compute in it, and reads the result
-// back with one pread. The object's pages are the very memory the server maps
-// (and pins on a GPU server): no matrix byte crosses the socket and nothing
-// is serialized, but the client makes two kernel copies per job (in and out)
-// that a mapping would avoid. CUDA IPC is not offered: it needs the CUDA
-// runtime in this process, i.e. a native addon.
+// /dev/shm/<key>), so this module creates that file (mode 0600), writes the
+// matrix into it with one pwrite, has the server compute in it, and reads the
+// result back with one pread. The object's pages are the very memory the
+// server maps (and pins on a GPU server): no matrix byte crosses the socket
+// and nothing is serialized, but the client makes two kernel copies per job
+// (in and out) that a mapping would avoid.
+//
+// The server maps only memory its client could open itself (issue 24). A
+// client gets a session on the server's local socket (local_socket.js), and
+// there passes its memory's descriptor (SCM_RIGHTS) for a ticket. Node.js
+// cannot send a descriptor without a native addon, so this module asks the
+// server to open the object by key instead (open_shm), which the server does
+// only for an object owned by this process's uid and writable by it alone,
+// and registers the ticket it gets. Every region call carries the session
+// (metadata `dgmm-session`); the session is opened on the client's first
+// region call (GetServerInfo names the socket and the server's instance id,
+// which the socket's hello must repeat) and closed by client.close(). When
+// the session's connection closes (client.close(), this process exits, the
+// server restarts), the server unregisters the regions registered through
+// it. Memfds, CUDA IPC and CUDA VMM need a native addon and are not offered.
 //
 //   const dgmm = require('./dgmm');
 //   const regions = require('./regions');
@@ -17,17 +30,24 @@
 //   await shm.register(client, 'work');
 //   const { result, stats } = await shm.multiply(client, a, rows, cols, d, 'right');
 //   await shm.close();   // unregisters, closes and unlinks the object
+//   client.close();      // ends the session
 //
-// The server must run with --allow_regions on this host. Region calls are
-// not retried (a job in place must not run twice).
+// The server must run with --allow_regions on this host, and this process
+// must see the server's /dev/shm (same host and IPC namespace, or /dev/shm
+// shared) and its local socket (createClient's localSocket option names the
+// path when this process sees it elsewhere). Region calls are not retried (a
+// job in place must not run twice).
 
 const crypto = require('node:crypto');
 const fs = require('node:fs');
-const { DgmmError, describeJob } = require('./dgmm');
+const { DgmmError, describeJob, serverInfo, grpc, LOCAL_SOCKET } = require('./dgmm');
+const { LocalSession } = require('./local_socket');
 
 const SHM_DIR = '/dev/shm';
 const KEY = /^\/[A-Za-z0-9._-]{1,200}$/;
 const NAME = /^[A-Za-z0-9._-]{1,64}$/;
+// The client's region session: { promise, session, clientClosed }.
+const SESSION = Symbol('dgmm.regionSession');
 
 function checkName(name) {
   if (typeof name !== 'string' || !NAME.test(name)) {
@@ -43,23 +63,84 @@ function checkKey(key) {
   return key;
 }
 
-// One unary region RPC on the dgmm client's channel; rejects with DgmmError.
-function call(client, method, request, options = {}) {
+// The client's LocalSession, opened on first use and kept until
+// client.close() (or until its connection breaks: the next call opens a new
+// one). Rejects with FAILED_PRECONDITION when the server has regions off or
+// its socket belongs to another server, UNAVAILABLE when the socket cannot
+// be reached.
+function regionSession(client, { timeoutMs } = {}) {
+  let state = client[SESSION];
+  if (!state) {
+    state = { promise: null, session: null, clientClosed: false };
+    client[SESSION] = state;
+    const closeBefore = client.close;
+    client.close = function close(...args) {
+      state.clientClosed = true;
+      if (state.session) state.session.close();
+      state.session = null;
+      return closeBefore.apply(this, args);
+    };
+  }
+  if (state.clientClosed) return Promise.reject(new DgmmError(grpc.status.CANCELLED, 'dgmm: the client is closed'));
+  if (!state.promise) {
+    const opening = openSession(client, timeoutMs).then((session) => {
+      if (state.clientClosed) {
+        session.close();
+        throw new DgmmError(grpc.status.CANCELLED, 'dgmm: the client is closed');
+      }
+      state.session = session;
+      session.closed.then(() => {
+        if (state.session === session) {
+          state.session = null;
+          state.promise = null;
+        }
+      });
+      return session;
+    });
+    opening.catch(() => {
+      if (state.promise === opening) state.promise = null; // The next call tries again.
+    });
+    state.promise = opening;
+  }
+  return state.promise;
+}
+
+async function openSession(client, timeoutMs) {
+  const info = await serverInfo(client, { timeoutMs });
+  if (!info.limits || !info.limits.regionsEnabled) {
+    throw new DgmmError(grpc.status.FAILED_PRECONDITION, 'dgmm: regions are off on this server (it runs without --allow_regions)');
+  }
+  const socketPath = client[LOCAL_SOCKET] || info.limits.localSocket;
+  if (!socketPath) {
+    throw new DgmmError(grpc.status.FAILED_PRECONDITION, 'dgmm: the server reports no local socket, so no region session');
+  }
+  return LocalSession.open(socketPath, { expectedInstanceId: info.instanceId, timeoutMs });
+}
+
+// One unary region RPC on the dgmm client's channel with the session's
+// `dgmm-session` metadata; rejects with DgmmError.
+function callIn(client, session, method, request, options = {}) {
   const deadline = options.timeoutMs === undefined ? undefined : new Date(Date.now() + options.timeoutMs);
+  const metadata = new grpc.Metadata();
+  metadata.set('dgmm-session', session.session);
   return new Promise((resolve, reject) => {
-    client[method](request, { deadline },
+    client[method](request, metadata, { deadline },
       (err, response) => (err ? reject(DgmmError.fromServiceError(err)) : resolve(response)));
   });
 }
 
-// RegionStatus of the client's regions (or the one named), and the bytes all
-// clients registered against the budget: GetRegionStatusResponse.
+async function call(client, method, request, options = {}) {
+  return callIn(client, await regionSession(client, options), method, request, options);
+}
+
+// RegionStatus of the regions of this process's uid (or the one named), and
+// the bytes all clients registered against the budget: GetRegionStatusResponse.
 function regionStatus(client, name = '', options = {}) {
   return call(client, 'GetRegionStatus', { name }, options);
 }
 
-// Unregisters one region by name, or every region of this client ('').
-// Resolves to how many were unregistered.
+// Unregisters one region by name, or every region of this uid (''; other
+// processes' of the same uid too). Resolves to how many were unregistered.
 async function unregisterRegion(client, name = '', options = {}) {
   return (await call(client, 'UnregisterRegion', { name }, options)).unregistered;
 }
@@ -72,10 +153,11 @@ async function multiplyRegion(client, { header, matrix, result, diagonal }, opti
   return (await call(client, 'MultiplyRegion', request, options)).stats;
 }
 
-// A POSIX shared-memory object this process creates (owner read/write only)
-// and sizes. key: "/" + 1-200 of [A-Za-z0-9._-]; default a fresh
-// "/dgmm-node-<pid>-<random>". It is unlinked by close() and, failing that,
-// when the process exits normally.
+// A POSIX shared-memory object this process creates (exclusively, mode 0600:
+// owner read/write only, as the server's open_shm requires) and sizes. key:
+// "/" + 1-200 of [A-Za-z0-9._-]; default a fresh "/dgmm-node-<pid>-<random>".
+// It is unlinked by close() and, failing that, when the process exits
+// normally.
 class SharedMemoryRegion {
   constructor(byteSize, key) {
     if (!Number.isSafeInteger(byteSize) || byteSize <= 0) throw new RangeError('dgmm: byteSize must be a positive integer');
@@ -85,6 +167,7 @@ class SharedMemoryRegion {
     this.fd = fs.openSync(this.path, fs.constants.O_RDWR | fs.constants.O_CREAT | fs.constants.O_EXCL, 0o600);
     this.client = null;
     this.name = null;
+    this.session = null;
     this.status = null;
     this.unlinkAtExit = () => { try { fs.unlinkSync(this.path); } catch { /* gone already */ } };
     process.once('exit', this.unlinkAtExit);
@@ -97,22 +180,41 @@ class SharedMemoryRegion {
   }
 
   // Registers bytes [offset, offset + byteSize) of the object (default: all)
-  // with `client` under `name`; resolves to the server's RegionStatus.
+  // with `client` under `name`: the client's session asks the server to open
+  // the object (open_shm) for a ticket, and RegisterRegion names the ticket.
+  // Resolves to the server's RegionStatus. The region lives until
+  // unregister()/close(), or until the client's session ends.
   async register(client, name, { offset = 0, byteSize = this.byteSize - offset, timeoutMs } = {}) {
     checkName(name);
     if (this.client) throw new Error(`dgmm: region is already registered as ${this.name}`);
-    const response = await call(client, 'RegisterRegion',
-      { name, systemShm: { key: this.key, offset, byteSize } }, { timeoutMs });
-    Object.assign(this, { client, name, status: response.region, registeredOffset: offset });
+    // Checked here: a request the server refuses after open_shm leaves an
+    // unclaimed ticket behind until it expires.
+    if (!Number.isSafeInteger(byteSize) || byteSize <= 0) throw new RangeError('dgmm: byteSize must be a positive integer');
+    this.checkRange(offset, byteSize);
+    const session = await regionSession(client, { timeoutMs });
+    const { ticket } = await session.openShm(this.key, { timeoutMs });
+    const response = await callIn(client, session, 'RegisterRegion',
+      { name, localFd: { ticket, offset, byteSize } }, { timeoutMs });
+    Object.assign(this, { client, name, session, status: response.region, registeredOffset: offset });
     return response.region;
   }
 
+  // Whether the region is registered and its session still open (a closed
+  // session took the region with it).
+  get registered() {
+    return this.client !== null && !this.session.isClosed;
+  }
+
+  // Unregisters the region; resolves to whether the server had it. Nothing
+  // is sent once its session has closed: the server dropped it then, and the
+  // name may since belong to another region of this uid.
   async unregister(options = {}) {
     if (!this.client) return false;
-    const { client, name } = this;
-    this.client = this.name = null;
+    const { client, name, session } = this;
+    this.client = this.name = this.session = null;
+    if (session.isClosed) return false;
     try {
-      return (await unregisterRegion(client, name, options)) > 0;
+      return (await callIn(client, session, 'UnregisterRegion', { name }, options)).unregistered > 0;
     } catch (err) {
       if (err instanceof DgmmError && err.codeName === 'NOT_FOUND') return false;
       throw err;
@@ -154,14 +256,15 @@ class SharedMemoryRegion {
   async multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
     if (!this.client) throw new Error('dgmm: register the region first');
     if (client !== this.client) throw new Error('dgmm: the region is registered with another client');
+    if (this.session.isClosed) {
+      throw new DgmmError(grpc.status.FAILED_PRECONDITION,
+        `dgmm: the session region ${this.name} was registered through has closed, and the server dropped the region: register it again`);
+    }
     const job = describeJob(a, rows, cols, diag, side, options);
     const at = this.registeredOffset;
     this.write(a, at);
-    const stats = await multiplyRegion(client, {
-      header: job.header,
-      matrix: this.ref(0),
-      result: this.ref(0),
-    }, options);
+    const request = { header: job.header, matrix: this.ref(0), result: this.ref(0) };
+    const { stats } = await callIn(client, this.session, 'MultiplyRegion', request, options);
     return { result: this.read(new a.constructor(a.length), at), stats };
   }
 
@@ -179,13 +282,14 @@ class SharedMemoryRegion {
     process.removeListener('exit', this.unlinkAtExit);
   }
 
-  // Unregisters (errors ignored: the server drops the region of an unlinked
-  // object by itself), closes and unlinks the object.
+  // Unregisters (errors ignored), closes and unlinks the object. The server
+  // keeps an unlinked object mapped while it is registered: a region that
+  // could not be unregistered here goes when the client's session ends.
   async close(options = {}) {
     try {
       await this.unregister(options);
     } catch {
-      // The server may be gone; the unlink below makes it drop the region.
+      // The server may be gone, and with it the region.
     }
     this.closeFile();
   }
@@ -197,4 +301,5 @@ function createSharedMemoryRegion(byteSize, { key } = {}) {
 
 module.exports = {
   createSharedMemoryRegion, SharedMemoryRegion, multiplyRegion, regionStatus, unregisterRegion,
+  regionSession, LocalSession,
 };
