@@ -340,8 +340,15 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::OpenIpc(const v1::CudaIp
 absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(const Caller& caller,
                                                           const v1::RegisterRegionRequest& request,
                                                           const TakeTicket& take_ticket) {
-  // 1. The request's own arguments, before anything is taken or counted.
-  if (auto st = CheckRequest(request); !st.ok()) return st;
+  // 1. The request's own arguments, before the budget is counted. A ticket
+  // named by a bad request is used up all the same (its descriptor closed),
+  // so that refusals do not pile up unclaimed tickets.
+  if (auto st = CheckRequest(request); !st.ok()) {
+    if (request.has_local_fd() && !request.local_fd().ticket().empty()) {
+      (void)take_ticket(request.local_fd().ticket());
+    }
+    return st;
+  }
   // 2. The ticket (used up from here on), and the range against the memory.
   std::optional<PassedMemory> memory;
   int64_t bytes = 0;

@@ -19,15 +19,11 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
   return absl::FromChrono(d);
 }
 
-// Who a call comes from, for the fair share of the queue
-// (docs/admission.md): the peer's address without its port ("127.0.0.1",
-// "::1"), with the index of its bearer token when several are configured,
-// is the client (the share's ceiling); the peer
-// with its port is its connection, the unit that takes turns. From a
-// trusted proxy, the first address of `x-forwarded-for` is both.
-void ClientKeys(const grpc::CallbackServerContext* context, int token_index,
-                const std::vector<std::string>& trusted_proxies, CallInfo* info) {
-  const std::string peer = context->peer();  // "ipv4:1.2.3.4:5", "ipv6:[::1]:5", "unix:..."
+}  // namespace
+
+void ClientKeys(absl::string_view peer, int token_index,
+                const std::vector<std::string>& trusted_proxies,
+                std::optional<absl::string_view> forwarded_for, CallInfo* info) {
   absl::string_view host(peer);
   absl::string_view connection(peer);
   if (const size_t colon = host.find(':'); colon != absl::string_view::npos) {
@@ -42,15 +38,13 @@ void ClientKeys(const grpc::CallbackServerContext* context, int token_index,
       }
     }
   }
-  if (std::find(trusted_proxies.begin(), trusted_proxies.end(), host) != trusted_proxies.end()) {
-    const auto& metadata = context->client_metadata();
-    if (auto it = metadata.find("x-forwarded-for"); it != metadata.end()) {
-      absl::string_view forwarded(it->second.data(), it->second.size());
-      forwarded = absl::StripAsciiWhitespace(forwarded.substr(0, forwarded.find(',')));
-      if (!forwarded.empty() && forwarded.size() <= 64) {
-        host = forwarded;
-        connection = forwarded;
-      }
+  if (forwarded_for.has_value() &&
+      std::find(trusted_proxies.begin(), trusted_proxies.end(), host) != trusted_proxies.end()) {
+    absl::string_view forwarded = *forwarded_for;
+    forwarded = absl::StripAsciiWhitespace(forwarded.substr(0, forwarded.find(',')));
+    if (!forwarded.empty() && forwarded.size() <= 64) {
+      host = forwarded;
+      connection = forwarded;
     }
   }
   info->token = token_index > 0 ? absl::StrCat("token", token_index) : "";
@@ -58,8 +52,6 @@ void ClientKeys(const grpc::CallbackServerContext* context, int token_index,
   info->client = absl::StrCat(prefix, host);
   info->connection = absl::StrCat(prefix, connection);
 }
-
-}  // namespace
 
 CallContext::CallContext(grpc::CallbackServerContext* context, CallPolicy* policy)
     : context_(context), policy_(policy) {
@@ -75,7 +67,12 @@ CallContext::CallContext(grpc::CallbackServerContext* context, CallPolicy* polic
   }
   info_.arrived = absl::Now();
   info_.deadline = DeadlineOf(context);
-  ClientKeys(context, token, policy_->trusted_proxies, &info_);
+  std::optional<absl::string_view> forwarded;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find("x-forwarded-for"); it != metadata.end()) {
+    forwarded = absl::string_view(it->second.data(), it->second.size());
+  }
+  ClientKeys(context->peer(), token, policy_->trusted_proxies, forwarded, &info_);
 }
 
 grpc::Status CallContext::Status(const absl::Status& s) const { return ToGrpcStatus(s, context_); }

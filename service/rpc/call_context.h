@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "service/job/session.h"
 #include "service/rpc/auth.h"
@@ -27,6 +28,18 @@ struct CallPolicy {
   std::vector<std::string> trusted_proxies;
   std::atomic<int64_t> calls{0};
 };
+
+// Who a call comes from, for the fair share of the queue
+// (docs/admission.md): the peer's address without its port ("127.0.0.1",
+// "::1"), with the name of its bearer token when several are configured
+// (`token_index` > 0), is the client (the share's ceiling); the peer with its
+// port is its connection, the unit that takes turns. From a trusted proxy,
+// the first address of `x-forwarded-for` (`forwarded_for`) is both. `peer`
+// is gRPC's: "ipv4:1.2.3.4:5", "ipv6:[::1]:5", "unix:...". Fills client,
+// connection and token of `info`.
+void ClientKeys(absl::string_view peer, int token_index,
+                const std::vector<std::string>& trusted_proxies,
+                std::optional<absl::string_view> forwarded_for, CallInfo* info);
 
 class CallContext {
  public:

@@ -18,102 +18,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/support/local_peer.h"
 
 namespace dgmm {
 namespace {
 
-// A client of the socket, written from the protocol (docs/protocol.md).
-class Peer {
- public:
-  explicit Peer(const std::string& path) {
-    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  }
-  ~Peer() { Close(); }
-  void Close() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  bool connected() const { return connected_; }
-
-  static std::string Frame(const v1::LocalRequest& r) {
-    const std::string body = r.SerializeAsString();
-    std::string f(4, '\0');
-    for (int i = 0; i < 4; ++i) f[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
-    return f + body;
-  }
-  // Sends raw bytes, with `fds` attached.
-  bool Send(const std::string& bytes, const std::vector<int>& fds = {}) {
-    iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
-    if (!fds.empty()) {
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* h = CMSG_FIRSTHDR(&msg);
-      h->cmsg_level = SOL_SOCKET;
-      h->cmsg_type = SCM_RIGHTS;
-      h->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(h), fds.data(), sizeof(int) * fds.size());
-    }
-    return sendmsg(fd_, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
-  }
-  // The next reply, or nullopt when the server closed the connection (or
-  // said nothing within 5 s).
-  std::optional<v1::LocalResponse> Read() {
-    std::string in;
-    const absl::Time until = absl::Now() + absl::Seconds(5);
-    for (;;) {
-      if (in.size() >= 4) {
-        uint32_t len = 0;
-        for (int i = 3; i >= 0; --i) len = (len << 8) | static_cast<uint8_t>(in[i]);
-        if (in.size() >= 4 + len) {
-          v1::LocalResponse r;
-          EXPECT_TRUE(r.ParseFromArray(in.data() + 4, static_cast<int>(len)));
-          return r;
-        }
-      }
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(until - absl::Now()))) <= 0) {
-        return std::nullopt;
-      }
-      char buf[4096];
-      const ssize_t n = recv(fd_, buf, sizeof buf, 0);
-      if (n <= 0) return std::nullopt;
-      in.append(buf, static_cast<size_t>(n));
-    }
-  }
-  std::optional<v1::LocalResponse> Call(const v1::LocalRequest& r, const std::vector<int>& fds = {}) {
-    if (!Send(Frame(r), fds)) return std::nullopt;
-    return Read();
-  }
-  std::optional<v1::LocalResponse> Hello() {
-    v1::LocalRequest r;
-    r.mutable_hello();
-    return Call(r);
-  }
-  std::optional<v1::LocalResponse> Pass(int fd) {
-    v1::LocalRequest r;
-    r.mutable_pass_fd()->set_kind(v1::LOCAL_FD_KIND_MEMORY);
-    return Call(r, {fd});
-  }
-  // True once the server has closed the connection.
-  bool ClosedByServer() {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 5000) <= 0) return false;
-    char c;
-    return recv(fd_, &c, 1, 0) == 0;
-  }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-};
+using Peer = testing::SocketPeer;
 
 class LocalSocketTest : public ::testing::Test {
  protected:
@@ -311,7 +221,7 @@ TEST_F(LocalSocketTest, ProtocolErrorsCloseTheConnection) {
     ASSERT_TRUE(peer.Hello().has_value());
     v1::LocalRequest r;
     r.mutable_open_shm()->set_key("/dgmm-none");
-    EXPECT_TRUE(peer.Send(Peer::Frame(r), {mem}));
+    EXPECT_TRUE(peer.Send(testing::SocketPeer::Frame(r), {mem}));
     auto reply = peer.Read();  // the open_shm is answered...
     EXPECT_TRUE(reply.has_value());
     EXPECT_TRUE(peer.ClosedByServer());  // ...then the stray descriptor ends it
