@@ -460,8 +460,8 @@ absl::StatusOr<Device::IpcMapping> CudaDevice::ImportVmmMemory(int fd,
     api.MemRelease(handle);
     if (IsDeviceProblem(r)) return device_error(r, "cuMemMap");
     return absl::InvalidArgumentError(absl::StrFormat(
-        "cannot map %d bytes of the CUDA VMM allocation (%s): allocation_bytes must not "
-        "exceed the size given to cuMemCreate",
+        "cannot map %d bytes of the CUDA VMM allocation (%s): allocation_bytes must be "
+        "the size given to cuMemCreate",
         allocation_bytes, DriverErrorString(api, r)));
   }
   CUmemAccessDesc access{};

@@ -116,8 +116,9 @@ class CudaDevice final : public Device {
   // all `allocation_bytes` of it and grants this GPU read and write access.
   // INVALID_ARGUMENT when `allocation_bytes` is not a positive multiple of
   // the granularity, when `fd` does not import (not a descriptor the CUDA
-  // driver exported), names memory on another GPU, or the allocation is
-  // smaller than `allocation_bytes`; FAILED_PRECONDITION when the driver or
+  // driver exported), names memory on another GPU, or does not map at
+  // `allocation_bytes` (on an H200 with driver 580 a size larger or smaller
+  // than cuMemCreate's did not map); FAILED_PRECONDITION when the driver or
   // the device cannot do it (no VMM, address space exhausted). `close`
   // unmaps, frees the range and releases the handle; call it once no job
   // uses the memory.
