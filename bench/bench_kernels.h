@@ -13,6 +13,14 @@ namespace dgmm::bench {
 template <typename T>
 cudaError_t FillRandom(T* out, int64_t n, uint64_t seed, cudaStream_t stream);
 
+// Reads bytes [0, 16·vectors) of `in` once, 16 bytes per access (a read-only
+// pass: the read half of a copy).
+cudaError_t ReadOnce(const void* in, int64_t vectors, int multiprocessors, cudaStream_t stream);
+
+// Writes 16·vectors bytes of `out` once, 16 bytes per access, values that
+// vary with the position (the write half of a copy).
+cudaError_t WriteOnce(void* out, int64_t vectors, int multiprocessors, cudaStream_t stream);
+
 }  // namespace dgmm::bench
 
 #endif  // DGMM_BENCH_BENCH_KERNELS_H_

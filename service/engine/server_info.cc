@@ -25,18 +25,31 @@ RegionMemoryOps GpuRegionOps(Engine& engine) {
   if (engine.gpu_count() == 0) return ops;
   Device* first = &engine.gpu(0);
   ops.pin_host = [first](void* p, int64_t bytes) { return first->PinHostMemory(p, bytes); };
-  ops.open_ipc = [&engine](int device, absl::string_view handle)
-      -> absl::StatusOr<RegionMemoryOps::IpcMemory> {
+  // The GPU of CUDA ordinal `device`, or FAILED_PRECONDITION.
+  auto gpu = [&engine](int device) -> absl::StatusOr<Device*> {
     for (int i = 0; i < engine.gpu_count(); ++i) {
-      Device& g = engine.gpu(i);
-      if (g.index() != device) continue;
-      auto m = g.OpenIpcMemory(handle);
-      if (!m.ok()) return m.status();
-      return RegionMemoryOps::IpcMemory{
-          .base = m->base, .bytes = m->bytes, .close = std::move(m->close)};
+      if (engine.gpu(i).index() == device) return &engine.gpu(i);
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "this server has no GPU ", device, " in use (GetServerInfo lists its GPUs)"));
+  };
+  auto as_region_memory = [](absl::StatusOr<Device::IpcMapping> m)
+      -> absl::StatusOr<RegionMemoryOps::IpcMemory> {
+    if (!m.ok()) return m.status();
+    return RegionMemoryOps::IpcMemory{
+        .base = m->base, .bytes = m->bytes, .close = std::move(m->close)};
+  };
+  ops.open_ipc = [gpu, as_region_memory](int device, absl::string_view handle)
+      -> absl::StatusOr<RegionMemoryOps::IpcMemory> {
+    auto g = gpu(device);
+    if (!g.ok()) return g.status();
+    return as_region_memory((*g)->OpenIpcMemory(handle));
+  };
+  ops.open_vmm = [gpu, as_region_memory](int device, int fd, int64_t allocation_bytes)
+      -> absl::StatusOr<RegionMemoryOps::IpcMemory> {
+    auto g = gpu(device);
+    if (!g.ok()) return g.status();
+    return as_region_memory((*g)->ImportVmmMemory(fd, allocation_bytes));
   };
   return ops;
 }

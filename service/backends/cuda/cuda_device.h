@@ -111,6 +111,18 @@ class CudaDevice final : public Device {
   HostBufferPool& block_buffers() override { return *blocks_; }
   absl::StatusOr<std::function<void()>> PinHostMemory(void* p, int64_t bytes) override;
   absl::StatusOr<IpcMapping> OpenIpcMemory(absl::string_view handle) override;
+  // Imports the allocation behind `fd` (cuMemImportFromShareableHandle),
+  // reserves an address range aligned to the allocation granularity, maps
+  // all `allocation_bytes` of it and grants this GPU read and write access.
+  // INVALID_ARGUMENT when `allocation_bytes` is not a positive multiple of
+  // the granularity, when `fd` does not import (not a descriptor the CUDA
+  // driver exported), names memory on another GPU, or does not map at
+  // `allocation_bytes` (on an H200 with driver 580 a size larger or smaller
+  // than cuMemCreate's did not map); FAILED_PRECONDITION when the driver or
+  // the device cannot do it (no VMM, address space exhausted). `close`
+  // unmaps, frees the range and releases the handle; call it once no job
+  // uses the memory.
+  absl::StatusOr<IpcMapping> ImportVmmMemory(int fd, int64_t allocation_bytes) override;
 
   // Beyond Device, for tests and the benchmark.
   int64_t tile_bytes() const { return tile_bytes_; }
