@@ -199,6 +199,9 @@ void Server::SetServing(bool serving) {
 
 bool Server::Drain(absl::Duration timeout) {
   SetServing(false);
+  // No new region sessions: the socket file goes now (the process exits
+  // without destructors after draining, main.cc).
+  if (regions_ != nullptr && regions_->local_socket() != nullptr) regions_->local_socket()->Unlink();
   const bool clean = engine_->Drain(timeout);
   // Replies of finished jobs may still be on their way out, and calls that
   // arrive now are refused with UNAVAILABLE by the handlers: wait until no

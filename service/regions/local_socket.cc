@@ -196,9 +196,13 @@ LocalSocket::~LocalSocket() {
   conns_.clear();
   if (listen_fd_ >= 0) {
     close(listen_fd_);
-    unlink(options_.path.c_str());
+    Unlink();
   }
   if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void LocalSocket::Unlink() {
+  if (!unlinked_.exchange(true)) unlink(options_.path.c_str());
 }
 
 int64_t LocalSocket::tickets() const {

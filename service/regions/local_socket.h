@@ -125,6 +125,9 @@ class LocalSocket {
   LocalSocket& operator=(const LocalSocket&) = delete;
 
   const std::string& path() const { return options_.path; }
+  // Removes the socket file (once): no new client finds it. Sessions already
+  // open go on. For a server that drains before it exits.
+  void Unlink();
 
   // The open session whose secret is `session` (the metadata
   // `dgmm-session`), or UNAUTHENTICATED.
@@ -153,6 +156,7 @@ class LocalSocket {
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: stop
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> unlinked_{false};
   std::atomic<int64_t> connections_{0};
   std::thread thread_;
 

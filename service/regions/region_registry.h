@@ -162,7 +162,7 @@ class RegionRegistry {
   absl::Status StartLocalSocket(LocalSocketOptions options);
   // The socket's path; empty when it is not started.
   std::string local_socket_path() const;
-  const LocalSocket* local_socket() const { return local_socket_.get(); }
+  LocalSocket* local_socket() const { return local_socket_.get(); }
   // The caller of a region RPC: the open session `session` (the metadata
   // dgmm-session; UNAUTHENTICATED otherwise) and `token`, the bearer
   // token's name when the server has several ("" otherwise).
