@@ -1,8 +1,8 @@
 // The C++ region API (dgmm/regions.h) and `dgmm-cli multiply --shm` against
 // real dgmm-servers on loopback (CPU backend): one with --allow_regions, one
-// without, and one in a mount namespace of its own whose /dev/shm is not this
-// host's (a server that cannot see the client's shared memory, as a remote
-// one). Results are checked against a float64 reference computed here, in
+// without, and one in a mount namespace of its own whose local socket lives
+// in a /dev/shm that is not this host's (a server whose local socket this
+// process cannot reach, as a remote one's). Results are checked against a float64 reference computed here, in
 // outputs poisoned with NaN first.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -46,9 +46,9 @@ ServerProcess& RegionsOffServer() {
   return server;
 }
 
-// A server with regions on whose /dev/shm is a tmpfs of its own (unshare -m),
-// so RegisterRegion of this process's objects is NOT_FOUND, as from a remote
-// server; nullptr where this process may not make mount namespaces.
+// A server with regions on whose local socket is in a /dev/shm of its own
+// (unshare -m, a fresh tmpfs), so this process cannot reach it, as for a
+// remote server; nullptr where this process may not make mount namespaces.
 ServerProcess* ElsewhereServer() {
   static ServerProcess* server = []() -> ServerProcess* {
     std::string output;
@@ -66,14 +66,16 @@ ServerProcess* ElsewhereServer() {
     const std::string real = testing::ServerBinary();
     setenv("DGMM_SERVER_BIN", tmpl, 1);
     // Static, so that its destructor stops the server at exit.
-    static ServerProcess started({"--backend=cpu", "--threads=1", "--allow_regions"});
+    static ServerProcess started({"--backend=cpu", "--threads=1", "--allow_regions",
+                                  "--local_socket=/dev/shm/dgmm-elsewhere.sock"});
     setenv("DGMM_SERVER_BIN", real.c_str(), 1);
     return &started;
   }();
   return server;
 }
 
-// Objects of this process in /dev/shm made by SharedMemoryRegion.
+// Objects of this process in /dev/shm named as SharedMemoryRegion names its
+// memfds: there must be none (a memfd has no name in /dev/shm).
 int OwnShmObjects() {
   const std::string prefix = "dgmm-" + std::to_string(getpid()) + "-";
   int count = 0;
@@ -115,7 +117,7 @@ std::vector<T> ReadBack(const SharedMemoryRegion& region, int64_t at, size_t n) 
   return out;
 }
 
-TEST(SharedMemoryRegionTest, RoundTripThenDestructorUnregistersAndUnlinks) {
+TEST(SharedMemoryRegionTest, RoundTripThenDestructorUnregisters) {
   Client client(RegionsServer().address());
   Operands<float> ops(200, 150, v1::LAYOUT_COL_MAJOR, v1::SIDE_LEFT, 11);
   const size_t bytes = ops.a.size() * sizeof(float);
@@ -127,11 +129,17 @@ TEST(SharedMemoryRegionTest, RoundTripThenDestructorUnregistersAndUnlinks) {
     SharedMemoryRegion& shm = **region;
     key = shm.key();
     EXPECT_EQ(shm.size(), 2 * bytes);
-    EXPECT_EQ(shm.name(), key.substr(1));
+    EXPECT_EQ(shm.name(), key);
     EXPECT_EQ(shm.registration().name(), shm.name());
     EXPECT_EQ(shm.registration().byte_size(), static_cast<int64_t>(2 * bytes));
     EXPECT_EQ(shm.registration().kind(), v1::REGION_KIND_SYSTEM_SHM);
-    EXPECT_EQ(OwnShmObjects(), 1);
+    EXPECT_TRUE(shm.registration().sealed());
+    EXPECT_EQ(shm.registration().owner_uid(), static_cast<int64_t>(getuid()));
+    EXPECT_THAT(shm.registration().key(), HasSubstr("memfd:" + key));
+    EXPECT_EQ(OwnShmObjects(), 0);
+    // Sealed: nobody, not even this process, can shrink it under the server.
+    EXPECT_EQ(ftruncate(shm.fd(), 0), -1);
+    EXPECT_EQ(errno, EPERM);
     std::memcpy(shm.bytes(), ops.a.data(), bytes);
     std::vector<float> poison = ops.NanOutput();
     std::memcpy(shm.bytes() + bytes, poison.data(), bytes);
@@ -151,8 +159,30 @@ TEST(SharedMemoryRegionTest, RoundTripThenDestructorUnregistersAndUnlinks) {
   }
   EXPECT_EQ(RegisteredBytes(client), 0);
   EXPECT_EQ(OwnShmObjects(), 0);
-  EXPECT_LT(shm_open(key.c_str(), O_RDONLY, 0), 0);
-  EXPECT_EQ(errno, ENOENT);
+}
+
+// A region lives as long as the Client's session: a second Client (another
+// session of the same uid) sees it while the first lives, not after.
+TEST(SharedMemoryRegionTest, ARegionEndsWithItsClientsSession) {
+  auto first = std::make_unique<Client>(RegionsServer().address());
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
+      SharedMemoryRegion::Create(*first, 1 << 16, "session-bound");
+  ASSERT_TRUE(region.ok()) << region.status();
+  Client second(RegionsServer().address());
+  ASSERT_TRUE(GetRegionStatus(second, "session-bound").ok());
+  // The first client goes without unregistering (the region object
+  // outlives it here; its destructor's Unregister then fails quietly).
+  absl::StatusOr<std::shared_ptr<LocalSession>> session = first->RegionSession();
+  ASSERT_TRUE(session.ok());
+  session->reset();
+  first.reset();
+  for (int i = 0; i < 250 && GetRegionStatus(second, "session-bound").ok(); ++i) {
+    usleep(20000);
+  }
+  EXPECT_EQ(GetRegionStatus(second, "session-bound").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(RegisteredBytes(second), 0);
+  region->release();  // its Client is gone: leak the mapping rather than use it
 }
 
 TEST(SharedMemoryRegionTest, InPlaceWithTheDiagonalInTheRegion) {
@@ -206,13 +236,12 @@ TEST(SharedMemoryRegionTest, ErrorsCarryTheServersCodeAndLeaveNothingBehind) {
   EXPECT_EQ(RegisteredBytes(client), 0);
 }
 
-TEST(SharedMemoryRegionTest, DestructorWithTheServerGoneReturnsAndUnlinks) {
+TEST(SharedMemoryRegionTest, DestructorWithTheServerGoneReturns) {
   ServerProcess server({"--backend=cpu", "--threads=1", "--allow_regions"});
   Client client(server.address());
   absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
       SharedMemoryRegion::Create(client, 1 << 16);
   ASSERT_TRUE(region.ok()) << region.status();
-  EXPECT_EQ(OwnShmObjects(), 1);
   server.Signal(SIGKILL, /*wait=*/true);
   const auto start = std::chrono::steady_clock::now();
   region->reset();
@@ -220,14 +249,21 @@ TEST(SharedMemoryRegionTest, DestructorWithTheServerGoneReturnsAndUnlinks) {
   EXPECT_EQ(OwnShmObjects(), 0);
 }
 
-TEST(SharedMemoryRegionTest, RemoteServerIsNotFound) {
+TEST(SharedMemoryRegionTest, ServerWhoseSocketIsOutOfReachIsFailedPrecondition) {
   ServerProcess* elsewhere = ElsewhereServer();
   if (elsewhere == nullptr) GTEST_SKIP() << "no mount namespaces here (unshare -m failed)";
   Client client(elsewhere->address());
   absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
       SharedMemoryRegion::Create(client, 4096);
-  EXPECT_EQ(region.status().code(), absl::StatusCode::kNotFound) << region.status();
-  EXPECT_EQ(OwnShmObjects(), 0);
+  EXPECT_EQ(region.status().code(), absl::StatusCode::kFailedPrecondition) << region.status();
+  EXPECT_THAT(region.status().message(), HasSubstr("cannot reach the server's local socket"));
+  // The socket's path given by hand, as a client in another container
+  // would: a wrong one fails the same way.
+  ClientOptions options;
+  options.local_socket = "/nonexistent/dgmm.sock";
+  Client by_hand(RegionsServer().address(), options);
+  EXPECT_EQ(SharedMemoryRegion::Create(by_hand, 4096).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // dgmm-cli against `server`: output (stdout and stderr) and exit code.
@@ -266,8 +302,8 @@ TEST(CliShmTest, AutoUsesSharedMemoryWhenItCan) {
 TEST(CliShmTest, AutoFallsBackToStreamingAndSaysWhy) {
   CliRun run = Cli("multiply --shm=auto --random=300 --check", RegionsOffServer());
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: regions are off"));
-  EXPECT_THAT(run.output, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: FAILED_PRECONDITION: "
+                                    "this server does not take regions"));
   EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
   EXPECT_THAT(run.output, HasSubstr("): OK"));
 
@@ -284,9 +320,8 @@ TEST(CliShmTest, AutoFallsBackToStreamingAndSaysWhy) {
   if (elsewhere == nullptr) GTEST_SKIP() << "no mount namespaces here (unshare -m failed)";
   run = Cli("multiply --shm=auto --random=300 --mode=stream --check", *elsewhere);
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: the server cannot open "
-                                    "this host's shared memory"));
-  EXPECT_THAT(run.output, HasSubstr("NOT_FOUND"));
+  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: FAILED_PRECONDITION: "
+                                    "cannot reach the server's local socket"));
   EXPECT_THAT(run.output, HasSubstr("mode:       stream"));
 }
 

@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token (surrounding whitespace ignored), sent as "
           "'authorization: Bearer <token>' with every call (server --auth_token_file). Use "
           "with TLS: without it the token crosses the network in clear text.");
+ABSL_FLAG(std::string, local_socket, "",
+          "With --shm: the server's local socket as this process sees it (default: the path "
+          "GetServerInfo reports). Set it in a container that mounts the socket's directory "
+          "elsewhere.");
 ABSL_FLAG(bool, quiet, false, "Print only errors (and what a subcommand exists to print).");
 
 namespace dgmm::cli {
@@ -124,6 +128,7 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes) {
     return s;
   }
   options.load_balancing_policy = absl::GetFlag(FLAGS_load_balancing_policy);
+  options.local_socket = absl::GetFlag(FLAGS_local_socket);
   options.retry.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   if (options.retry.max_attempts < 1) {
     return absl::InvalidArgumentError("--max_attempts must be at least 1 (1: no retries)");

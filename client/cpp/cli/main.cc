@@ -90,6 +90,9 @@ Common flags:
                        max_block_bytes, see `info`). Accepts 4194304, 4MiB, 1GiB.
   --max_unary_message_bytes=BYTES
                        The server's unary message limit (default 16MiB).
+  --local_socket=PATH  With --shm: the server's local socket as seen here (default:
+                       the path the server reports; set it in a container that
+                       mounts the socket's directory elsewhere).
   --load_balancing_policy=NAME
                        gRPC load-balancing policy: round_robin spreads jobs over
                        every address of --server (a DNS name with several
