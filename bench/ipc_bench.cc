@@ -11,10 +11,12 @@
 // with NaN before the checked job, the result compared with a float64
 // reference of A·diag(d) on the host.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -28,6 +30,7 @@
 #include "dgmm/client.h"
 #include "dgmm/regions.h"
 #include "service/backends/cuda/dgmm_kernel.h"
+#include "service/backends/cuda/vmm_export.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dgmm-server address (--allow_regions)");
 ABSL_FLAG(std::string, n, "4000,10000,20000", "square sizes N, float32");
@@ -35,6 +38,9 @@ ABSL_FLAG(std::string, backend, "auto", "backend hint of the jobs: auto, cuda-ke
 ABSL_FLAG(std::string, import_child, "",
           "internal: N,<hex handle of A>,<hex handle of C>: open both in this (second) process "
           "and time dgmm's kernel on them, as the server would run it");
+ABSL_FLAG(std::string, kind, "ipc",
+          "how the client shares its GPU memory: ipc (cudaMalloc + cudaIpcGetMemHandle) or vmm "
+          "(cuMemCreate, its POSIX descriptor passed through the server's local socket)");
 ABSL_FLAG(int, reps, 50, "timed jobs per N (after 5 warm-ups); medians are reported");
 
 namespace {
@@ -165,16 +171,34 @@ int main(int argc, char** argv) {
     std::vector<float> a(elems), d(static_cast<size_t>(n)), c(elems);
     for (float& x : a) x = u(rng);
     for (float& x : d) x = u(rng);
+    const bool vmm = absl::GetFlag(FLAGS_kind) == "vmm";
     float *da = nullptr, *dc = nullptr, *dd = nullptr;
-    CHECK_CUDA(cudaMalloc(&da, bytes));
-    CHECK_CUDA(cudaMalloc(&dc, bytes));
     CHECK_CUDA(cudaMalloc(&dd, d.size() * sizeof(float)));
+    std::unique_ptr<dgmm::cuda::VmmAllocation> va, vc;
+    if (vmm) {
+      auto a_alloc = dgmm::cuda::VmmAllocation::Create(0, static_cast<int64_t>(bytes));
+      auto c_alloc = dgmm::cuda::VmmAllocation::Create(0, static_cast<int64_t>(bytes));
+      if (!a_alloc.ok() || !c_alloc.ok()) {
+        std::fprintf(stderr, "cuMemCreate: %s %s\n", a_alloc.status().ToString().c_str(),
+                     c_alloc.status().ToString().c_str());
+        return 1;
+      }
+      va = std::move(*a_alloc);
+      vc = std::move(*c_alloc);
+      da = reinterpret_cast<float*>(va->data());
+      dc = reinterpret_cast<float*>(vc->data());
+    } else {
+      CHECK_CUDA(cudaMalloc(&da, bytes));
+      CHECK_CUDA(cudaMalloc(&dc, bytes));
+    }
     CHECK_CUDA(cudaMemcpy(da, a.data(), bytes, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dd, d.data(), d.size() * sizeof(float), cudaMemcpyHostToDevice));
 
-    cudaIpcMemHandle_t ha, hc;
-    CHECK_CUDA(cudaIpcGetMemHandle(&ha, da));
-    CHECK_CUDA(cudaIpcGetMemHandle(&hc, dc));
+    cudaIpcMemHandle_t ha{}, hc{};
+    if (!vmm) {
+      CHECK_CUDA(cudaIpcGetMemHandle(&ha, da));
+      CHECK_CUDA(cudaIpcGetMemHandle(&hc, dc));
+    }
     // The kernel alone, on this process's buffers, timed with events.
     dgmm::cuda::DeviceTile<float> tile{.in = da, .out = dc, .diag = dd, .lines = n,
                                        .line_len = n, .per_line = false};
@@ -186,7 +210,7 @@ int main(int argc, char** argv) {
     // The same kernel in a second process on the imported memory (the
     // server's situation without the server).
     double child_ms = -1;
-    {
+    if (!vmm) {  // (bench/ipc_vmm_bench times the VMM import without a server)
       const std::string cmd = self + " --reps=" + std::to_string(reps) + " --import_child=" +
                               std::to_string(n) + "," + Hex(ha) + "," + Hex(hc);
       if (FILE* p = popen(cmd.c_str(), "r")) {
@@ -195,12 +219,23 @@ int main(int argc, char** argv) {
       }
     }
     const std::string na = "ipc-a-" + std::to_string(n), nc = "ipc-c-" + std::to_string(n);
-    auto ra = dgmm::RegisterCudaIpcRegion(**client, na,
-                                          absl::string_view(ha.reserved, sizeof(ha)), 0, 0,
-                                          static_cast<int64_t>(bytes));
-    auto rc = dgmm::RegisterCudaIpcRegion(**client, nc,
-                                          absl::string_view(hc.reserved, sizeof(hc)), 0, 0,
-                                          static_cast<int64_t>(bytes));
+    const auto register_one = [&](const std::string& name, const cudaIpcMemHandle_t& h,
+                                  const dgmm::cuda::VmmAllocation* alloc)
+        -> absl::StatusOr<dgmm::v1::RegionStatus> {
+      if (alloc == nullptr) {
+        return dgmm::RegisterCudaIpcRegion(**client, name,
+                                           absl::string_view(h.reserved, sizeof(h)), 0, 0,
+                                           static_cast<int64_t>(bytes));
+      }
+      absl::StatusOr<int> fd = alloc->ExportFd();
+      if (!fd.ok()) return fd.status();
+      auto r = dgmm::RegisterCudaVmmRegion(**client, name, *fd, 0, alloc->bytes(), 0,
+                                           static_cast<int64_t>(bytes));
+      close(*fd);
+      return r;
+    };
+    auto ra = register_one(na, ha, va.get());
+    auto rc = register_one(nc, hc, vc.get());
     if (!ra.ok() || !rc.ok()) {
       std::fprintf(stderr, "register: %s %s\n", ra.status().ToString().c_str(),
                    rc.status().ToString().c_str());
@@ -235,7 +270,9 @@ int main(int argc, char** argv) {
         max_rel = std::max(max_rel, std::abs(ref) < 1e-30 ? std::abs(got) : rel);
       }
     }
-    std::printf("(N=%lld: the server ran backend %s)\n", static_cast<long long>(n),
+    std::printf("(N=%lld: %s memory, region kind %s; the server ran backend %s)\n",
+                static_cast<long long>(n), vmm ? "cuMemCreate" : "cudaMalloc",
+                dgmm::v1::RegionKind_Name(ra->kind()).c_str(),
                 dgmm::v1::Backend_Name(first->stats.backend()).c_str());
     std::vector<double> job_ms, server_ms, compute_ms;
     for (int i = 0; i < reps + 5; ++i) {
@@ -261,8 +298,12 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     dgmm::UnregisterRegion(**client, na).IgnoreError();
     dgmm::UnregisterRegion(**client, nc).IgnoreError();
-    cudaFree(da);
-    cudaFree(dc);
+    if (!vmm) {
+      cudaFree(da);
+      cudaFree(dc);
+    }
+    va.reset();
+    vc.reset();
     cudaFree(dd);
   }
   return all_met ? 0 : 3;
