@@ -10,7 +10,7 @@
 // Needs root (it switches uids); skipped otherwise. The victim and the
 // attacker are this binary again, exec'd as the other uid:
 //   dgmm_regions_attack_test --victim ADDRESS KEY      (registers, waits on stdin)
-//   dgmm_regions_attack_test --attacker ADDRESS KEY    (one line per attempt)
+//   dgmm_regions_attack_test --attacker ADDRESS KEY TICKET  (one line per attempt)
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/mman.h>
@@ -98,7 +98,10 @@ int Victim(const std::string& address, const std::string& key) {
     std::fprintf(stderr, "victim: RegisterRegion: %s\n", st.error_message().c_str());
     return 4;
   }
-  std::printf("ready\n");
+  // A ticket the victim holds and has not used yet: the attacker gets its
+  // value (as if it leaked) and tries to register it.
+  const std::string unused_ticket = session->Ticket(fd);
+  std::printf("ready %s\n", unused_ticket.c_str());
   std::fflush(stdout);
   std::string line;
   std::getline(std::cin, line);  // until the parent says the attack is over
@@ -119,7 +122,7 @@ int Victim(const std::string& address, const std::string& key) {
 
 // -------------------------------------------------------------- attacker
 
-int Attacker(const std::string& address, const std::string& key) {
+int Attacker(const std::string& address, const std::string& key, const std::string& ticket) {
   const auto say = [](const std::string& what, const std::string& outcome) {
     std::printf("%s: %s\n", what.c_str(), outcome.c_str());
   };
@@ -157,6 +160,13 @@ int Attacker(const std::string& address, const std::string& key) {
   say("open_shm", !opened.has_value() ? "closed"
                   : opened->code() == 7 ? "PERMISSION_DENIED"
                                         : "code " + std::to_string(opened->code()));
+  // 2b. The victim's unused ticket, leaked: bound to the victim's session.
+  v1::RegisterRegionRequest leaked;
+  leaked.set_name("leaked");
+  leaked.mutable_local_fd()->set_ticket(ticket);
+  leaked.mutable_local_fd()->set_byte_size(kBytes);
+  say("register_victims_ticket",
+      code(stub->RegisterRegion(Ctx(session->session()).get(), leaked, &registered)));
   // 3. List, name, use and drop the victim's region.
   v1::GetRegionStatusResponse listed;
   grpc::Status st = stub->GetRegionStatus(Ctx(session->session()).get(), {}, &listed);
@@ -274,14 +284,18 @@ TEST(RegionsAttackTest, AnotherUidCannotReachAVictimsMemoryThroughARootServer) {
   const std::string key = "/dgmm-victim-" + std::to_string(getpid());
 
   Child victim = Spawn(exe, kVictim, {"--victim", server.address(), key});
-  ASSERT_EQ(ReadLine(victim.out), "ready");
+  const std::string ready = ReadLine(victim.out);
+  ASSERT_EQ(ready.substr(0, 6), "ready ") << ready;
+  const std::string victims_ticket = ready.substr(6);
+  ASSERT_EQ(victims_ticket.size(), 32u) << ready;
   // The object is the victim's, 0600, and its name is listable by anyone.
   struct stat st;
   ASSERT_EQ(stat(("/dev/shm" + key).c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, kVictim);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 
-  Child attacker = Spawn(exe, kAttacker, {"--attacker", server.address(), key});
+  Child attacker =
+      Spawn(exe, kAttacker, {"--attacker", server.address(), key, victims_ticket});
   close(attacker.in);
   const std::string report = ReadAll(attacker.out);
   EXPECT_EQ(Wait(attacker.pid), 0) << report;
@@ -292,6 +306,7 @@ TEST(RegionsAttackTest, AnotherUidCannotReachAVictimsMemoryThroughARootServer) {
       "register_by_key: INVALID_ARGUMENT",
       "register_by_key_no_session: UNAUTHENTICATED",
       "open_shm: PERMISSION_DENIED",
+      "register_victims_ticket: NOT_FOUND",
       "list_all: 0 regions",
       "status_secret: NOT_FOUND",
       "read_secret: NOT_FOUND",
@@ -329,8 +344,8 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "--victim") {
     return dgmm::testing::Victim(argv[2], argv[3]);
   }
-  if (argc == 4 && std::string(argv[1]) == "--attacker") {
-    return dgmm::testing::Attacker(argv[2], argv[3]);
+  if (argc == 5 && std::string(argv[1]) == "--attacker") {
+    return dgmm::testing::Attacker(argv[2], argv[3], argv[4]);
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
