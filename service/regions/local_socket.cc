@@ -234,9 +234,17 @@ absl::StatusOr<PassedMemory> LocalSocket::TakeTicket(uint64_t session_id,
         "timeout, by the session that got it");
   }
   PassedMemory m = std::move(it->second.memory);
-  --tickets_per_session_[session_id];
-  tickets_.erase(it);
+  EraseTicket(it);
   return m;
+}
+
+std::map<std::string, LocalSocket::Ticket, std::less<>>::iterator LocalSocket::EraseTicket(
+    std::map<std::string, Ticket, std::less<>>::iterator it) {
+  if (--tickets_per_session_[it->second.session_id] <= 0) {
+    tickets_per_session_.erase(it->second.session_id);
+  }
+  if (--tickets_per_uid_[it->second.uid] <= 0) tickets_per_uid_.erase(it->second.uid);
+  return tickets_.erase(it);
 }
 
 void LocalSocket::Loop() {
@@ -300,12 +308,11 @@ void LocalSocket::Close(int fd) {
     for (auto t = tickets_.begin(); t != tickets_.end();) {
       if (t->second.session_id == c->peer.session_id) {
         dropped.push_back(std::move(t->second.memory));
-        t = tickets_.erase(t);
+        t = EraseTicket(t);
       } else {
         ++t;
       }
     }
-    tickets_per_session_.erase(c->peer.session_id);
   }
   if (on_closed_) on_closed_(c->peer.session_id);
 }
@@ -320,9 +327,8 @@ void LocalSocket::Expire(absl::Time now) {
   std::lock_guard lock(mu_);
   for (auto t = tickets_.begin(); t != tickets_.end();) {
     if (t->second.expires < now) {
-      --tickets_per_session_[t->second.session_id];
       dropped.push_back(std::move(t->second.memory));
-      t = tickets_.erase(t);
+      t = EraseTicket(t);
     } else {
       ++t;
     }
@@ -478,18 +484,28 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
   reply->set_object_bytes(memory.object_bytes);
   reply->set_sealed(memory.sealed);
   std::lock_guard lock(mu_);
-  int& held = tickets_per_session_[c.peer.session_id];
-  if (held >= options_.max_tickets_per_connection) {
+  const int held = tickets_per_session_[c.peer.session_id];
+  const int of_uid = tickets_per_uid_[c.peer.uid];
+  const char* limit = held >= options_.max_tickets_per_connection ? "this connection"
+                      : of_uid >= options_.max_tickets_per_uid     ? "this uid"
+                      : static_cast<int>(tickets_.size()) >= options_.max_tickets
+                          ? "the server (all clients)"
+                          : nullptr;
+  if (limit != nullptr) {
     out->clear_ticket();
     Reply(out, absl::StatusCode::kResourceExhausted,
-          absl::StrFormat("this connection already holds %d unclaimed tickets, the most it may: "
-                          "register them (RegisterRegion) or wait %s for them to expire",
-                          held, absl::FormatDuration(options_.ticket_timeout)));
+          absl::StrFormat("%s already holds the most unclaimed tickets it may (%d per "
+                          "connection, %d per uid, %d in all): register them (RegisterRegion) "
+                          "or wait %s for them to expire",
+                          limit, options_.max_tickets_per_connection,
+                          options_.max_tickets_per_uid, options_.max_tickets,
+                          absl::FormatDuration(options_.ticket_timeout)));
     return true;
   }
-  ++held;
-  tickets_[ticket] =
-      Ticket{c.peer.session_id, absl::Now() + options_.ticket_timeout, std::move(memory)};
+  ++tickets_per_session_[c.peer.session_id];
+  ++tickets_per_uid_[c.peer.uid];
+  tickets_[ticket] = Ticket{c.peer.session_id, c.peer.uid,
+                            absl::Now() + options_.ticket_timeout, std::move(memory)};
   Reply(out, absl::StatusCode::kOk, "");
   return true;
 }

@@ -103,6 +103,9 @@ struct LocalSocketOptions {
   // Most connections of one uid (a quarter of max_connections by default).
   int max_connections_per_uid = 256;
   int max_tickets_per_connection = 8;
+  // Unclaimed tickets (each holds a descriptor) of one uid, and in all.
+  int max_tickets_per_uid = 64;
+  int max_tickets = 256;
   absl::Duration ticket_timeout = absl::Seconds(30);
   // A connection that has not said hello by then is closed.
   absl::Duration hello_timeout = absl::Seconds(10);
@@ -165,13 +168,18 @@ class LocalSocket {
   std::map<int, std::unique_ptr<Conn>> conns_;  // by descriptor, thread only
   struct Ticket {
     uint64_t session_id = 0;
+    uid_t uid = 0;
     absl::Time expires;
     PassedMemory memory;
   };
+  // Forgets ticket `it`'s counts; returns what follows it.
+  std::map<std::string, Ticket, std::less<>>::iterator EraseTicket(
+      std::map<std::string, Ticket, std::less<>>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable std::mutex mu_;
   std::map<std::string, LocalPeer, std::less<>> sessions_ ABSL_GUARDED_BY(mu_);  // by secret
   std::map<std::string, Ticket, std::less<>> tickets_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, int> tickets_per_session_ ABSL_GUARDED_BY(mu_);
+  std::map<uid_t, int> tickets_per_uid_ ABSL_GUARDED_BY(mu_);
 };
 
 // The default --local_socket path for a server on gRPC port `port`:
