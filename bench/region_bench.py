@@ -437,6 +437,9 @@ def main():
                 raise SystemExit("region_bench: the server has regions off")
             if gpu and not any(dv.index >= 0 for dv in info.devices):
                 raise SystemExit("region_bench: --mode gpu, but the server has no GPU")
+            # The local-socket session (issue 24), once per client: opened
+            # here so that no size's register time includes it.
+            client.local_session()
             for n in sizes:
                 rows.append(bench_size(n, args, client, rng, gpu, log))
                 if client.region_status().registered_bytes != 0:

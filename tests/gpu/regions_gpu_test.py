@@ -1,9 +1,11 @@
 """Regions on a GPU server (issue 14), from the Python client: host regions
-through the pipelined engine (pinned at registration, device tiles only) and
-CUDA IPC regions that this process (not the server) owns as CuPy arrays, the
-kernel running on them in place on their GPU. Every job is checked against a
-float64 reference on fresh random data, outputs poisoned (NaN) before each
-job; registered and reserved bytes are back to 0 after each test.
+(sealed memfds passed by descriptor over the client's local-socket session,
+issue 24) through the pipelined engine (pinned on reuse, device tiles only)
+and CUDA IPC regions that this process (not the server) owns as CuPy arrays,
+the kernel running on them in place on their GPU. Every job is checked
+against a float64 reference on fresh random data, outputs poisoned (NaN)
+before each job; registered and reserved bytes are back to 0 after each
+test, and a Client's regions (host and IPC) go when it closes.
 
 Run on the GPU machine (ctest -L gpu: `python_regions_gpu`), or by hand:
   DGMM_SERVER_BIN=build/service/dgmm-server PYTHONPATH=build/python \\
@@ -12,6 +14,7 @@ Exits 77 (skipped) without grpcio/numpy, without CuPy or a GPU here, or when
 the server it starts has no GPU in service.
 """
 
+import errno
 import os
 import time
 import sys
@@ -79,6 +82,9 @@ class GpuRegionTest(unittest.TestCase):
     def tearDown(self):
         for region in self.regions:
             region.close()
+        end = time.monotonic() + 10  # Sessions closed just now: the server drops their regions.
+        while self.client.region_status().registered_bytes and time.monotonic() < end:
+            time.sleep(0.05)
         status = self.client.region_status()
         info = self.client.server_info()
         self.client.close()
@@ -108,6 +114,7 @@ class GpuRegionTest(unittest.TestCase):
                 # Not pinned at registration: a first job streams through
                 # the GPU's own pinned staging (pinned on reuse).
                 self.assertFalse(status.pinned, status)
+                self.assertTrue(status.sealed, status)  # A sealed memfd by default.
                 self.assertGreater(status.register_ns, 0)
                 a = shm.ndarray((n, n), dtype, order=order)
                 c = shm.ndarray((n, n), dtype, offset=a.nbytes, order=order)
@@ -129,6 +136,15 @@ class GpuRegionTest(unittest.TestCase):
                                            rtol=tolerance(dtype), atol=0)
                 # Reused: the server pins it in the background.
                 self.wait_pinned("host")
+                # Sealed: this process cannot shrink it under the server.
+                with self.assertRaises(PermissionError) as raised:
+                    os.ftruncate(shm.fd, 0)
+                self.assertEqual(raised.exception.errno, errno.EPERM)
+                c[:] = np.nan
+                a[:] = self.random((n, n), dtype)
+                self.client.multiply_region(a, d, out=c, side=side)
+                np.testing.assert_allclose(c, reference(a, d, side), rtol=tolerance(dtype),
+                                           atol=0)
                 shm.close()
                 self.regions.remove(shm)
 
@@ -139,11 +155,13 @@ class GpuRegionTest(unittest.TestCase):
             time.sleep(0.05)
 
     def test_shrunk_pinned_region_fails_the_job_not_the_server(self):
-        # The client truncates its object after the server mapped and pinned
-        # it: the job must fail FAILED_PRECONDITION (the server checks the
+        # The client truncates its object (a POSIX object: a memfd of
+        # SharedMemoryRegion is sealed) after the server mapped and pinned it:
+        # the job must fail FAILED_PRECONDITION (the server checks the
         # object's size after every job), and the server must keep serving.
         n = 2000
-        shm = dgmm.SharedMemoryRegion(2 * n * n * 4)
+        shm = dgmm.SharedMemoryRegion(2 * n * n * 4, key="/dgmm-gpu-shrink-%d" % os.getpid())
+        self.assertFalse(shm.sealed)
         self.keep(shm, "shrink")
         a = shm.ndarray((n, n), np.float32)
         c = shm.ndarray((n, n), np.float32, offset=a.nbytes)
@@ -212,6 +230,29 @@ class GpuRegionTest(unittest.TestCase):
                     for region in self.regions:
                         region.close()
                     self.regions.clear()
+
+    def test_regions_of_a_closed_client_are_dropped(self):
+        # Host and IPC regions alike go with their Client's session.
+        device = GPUS[0]
+        other = dgmm.Client(SERVER.address)
+        try:
+            with cupy.cuda.Device(device):
+                a = cupy.asarray(self.random((300, 200), np.float32))
+            ipc = dgmm.CudaIpcRegion(a, device=device).register(other, "closing-ipc")
+            shm = dgmm.SharedMemoryRegion(300 * 200 * 4).register(other, "closing-host")
+            names = sorted(r.name for r in self.client.region_status().regions)
+            self.assertEqual(names, ["closing-host", "closing-ipc"])
+            self.assertEqual({r.owner_uid for r in self.client.region_status().regions},
+                             {os.getuid()})
+        finally:
+            other.close()
+        self.assertFalse(ipc.registered or shm.registered)
+        end = time.monotonic() + 10
+        while self.client.region_status().regions and time.monotonic() < end:
+            time.sleep(0.05)
+        self.assertEqual(list(self.client.region_status().regions), [])
+        shm.close()
+        ipc.close()
 
     def test_ipc_view_inside_a_pool_allocation(self):
         # Two arrays carved out of one allocation: the handle is the
@@ -288,7 +329,8 @@ class GpuRegionTest(unittest.TestCase):
                 request = pb.RegisterRegionRequest(name="h", cuda_ipc=pb.CudaIpcRegion(
                     handle=handle, device=device, offset=0, byte_size=4096))
                 with self.assertRaises(grpc.RpcError) as raised:
-                    self.client._stub.RegisterRegion(request)
+                    self.client._stub.RegisterRegion(
+                        request, metadata=self.client.local_session().metadata())
                 self.assertEqual(raised.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         # A diagonal in an IPC region: the server takes none (send it inline).
         with cupy.cuda.Device(device):

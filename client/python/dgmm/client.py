@@ -515,12 +515,19 @@ class Client:
         the shortest time a connection attempt (TCP, TLS and HTTP/2
         handshakes) may take before it is abandoned: keep it above the
         slowest handshake you expect. gRPC raises each to at least 0.1 s.
+      local_socket: for region calls (dgmm.regions), the path of the
+        server's local socket as this process sees it; default
+        $DGMM_LOCAL_SOCKET, else the path the server reports
+        (GetServerInfo's limits.local_socket). Set it in a container that
+        mounts the socket's directory elsewhere.
 
     Each Client has its own connection, as a client in another process would.
     A striped job with K parts uses K connections, made when first needed
     and kept. A multiply() with a `timeout` or `stripes` other than the
     client's uses a C++ client of its own for that pair (kept, with its
-    connections, for the next such call).
+    connections, for the next such call). The first region call opens a
+    session on the server's local socket, kept until close() (which ends it:
+    the server then drops the regions registered through this client).
     """
 
     def __init__(self, target, *, credentials=None, token=None, options=(),
@@ -528,7 +535,7 @@ class Client:
                  unary_limit_bytes=None, block_bytes=None, retry=None,
                  load_balancing_policy=None,
                  initial_reconnect_backoff=0.1, min_reconnect_backoff=2.0,
-                 max_reconnect_backoff=1.0):
+                 max_reconnect_backoff=1.0, local_socket=None):
         if not (0 < initial_reconnect_backoff <= max_reconnect_backoff and
                 min_reconnect_backoff > 0):
             raise ValueError("dgmm.Client: reconnect backoffs must be positive and "
@@ -566,6 +573,11 @@ class Client:
         self._metadata = (("authorization", "Bearer " + token),) if token else None
         self._lock = threading.Lock()
         self._closed = False
+        # The region session (dgmm.local_socket.LocalSession), opened by
+        # dgmm.regions on the first region call; _session_lock serializes opening it.
+        self._local_socket = local_socket
+        self._local_session = None
+        self._session_lock = threading.Lock()
         try:
             self._core = _core.Client(target, self._options)
         except _core.Error as e:
@@ -634,6 +646,9 @@ class Client:
             self._cores = {}
             self._core = None
             channel, self._grpc_channel, self._grpc_stub = self._grpc_channel, None, None
+            session, self._local_session = self._local_session, None
+        if session is not None:
+            session.close()  # The server drops this client's regions.
         if channel is not None:
             channel.close()
 

@@ -5,8 +5,9 @@ registers that memory once under a name, and then runs jobs whose matrix,
 result and (optionally) diagonal live there: the request and the response
 carry only the header and the stats, no matrix bytes.
 
-Host memory: a POSIX shared-memory object, shared between this process and
-the server. NumPy arrays are views of its mapping.
+Host memory: a memfd this process creates (sealed against shrinking and
+growing), shared with the server by passing its file descriptor. NumPy
+arrays are views of its mapping.
 
     import numpy as np, dgmm
     with dgmm.Client("127.0.0.1:50051") as client, \\
@@ -28,26 +29,41 @@ with no PCIe transfer. CuPy is imported only when a CudaIpcRegion is made.
         ipc.register(client, "a-gpu")
         client.multiply_region(a, cupy.arange(10000, dtype=cupy.float32), out=a)
 
-The server must run with --allow_regions (GetServerInfo's
-limits.regions_enabled says so) and be on this host: for another host the
-shared-memory object does not exist there (NOT_FOUND at registration);
-stream instead. Region calls are never retried: a job in place must not run
-twice. Closing a region (or leaving its `with`) unregisters it, unmaps it
-and, for shared memory, unlinks the object, so nothing outlives the process.
+The server never opens memory by name for a client. The first region call of
+a dgmm.Client opens a session on the server's local socket (a Unix socket
+whose path GetServerInfo reports as limits.local_socket; override it with
+Client(local_socket=...) or $DGMM_LOCAL_SOCKET), checks that the socket
+belongs to the server the client calls (instance_id), and keeps it until
+Client.close(); every region RPC carries the session (metadata
+`dgmm-session`). Host memory is registered by passing its descriptor
+through that socket for a one-time ticket (dgmm.local_socket). So regions
+need the server's host: a client elsewhere cannot reach the socket
+(FAILED_PRECONDITION) and streams instead.
+
+A region belongs to this process's uid (and bearer token, when the server
+has tokens): every Client of the same uid sees it in region_status and may
+run jobs on it or unregister it by name, but it lives only as long as the
+session that registered it: Client.close(), or the process exiting, ends
+the session and the server drops its regions. Region calls are never
+retried: a job in place must not run twice. The server must run with
+--allow_regions (GetServerInfo's limits.regions_enabled).
 """
 
 import ctypes
+import fcntl
 import mmap
 import os
 import re
-import secrets
+import stat
 import threading
+import time
 import weakref
 
 import grpc
 import numpy as np
 
-from .client import _SIDES, Client, DgmmError, _enum_value, backend_value
+from .client import _SIDES, Client, DgmmError, InvalidArgumentError, _enum_value, backend_value
+from .local_socket import ENV_SOCKET, LocalSession
 from .v1 import dgmm_pb2 as pb
 
 _KEY = re.compile(r"/[A-Za-z0-9._-]{1,200}")
@@ -55,6 +71,10 @@ _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SHM_DIR = "/dev/shm"
 _DTYPES = {np.dtype("<f4"): pb.DTYPE_FLOAT32, np.dtype("<f8"): pb.DTYPE_FLOAT64}
 _TYPESTRS = {"<f4": np.dtype("<f4"), "<f8": np.dtype("<f8")}
+# A memfd's seals: its size can never change (so the server needs no SIGBUS
+# guard for it, and this process cannot shrink it under the server), and no
+# one can add or remove a seal (F_SEAL_WRITE would stop the server's writes).
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 def _check_name(name):
@@ -71,11 +91,97 @@ def _check_key(key):
     return key
 
 
-def _call(client, method, request, timeout):
-    """One region RPC on the client's own channel, DgmmError on failure."""
+def _closed_client():
+    return DgmmError(grpc.StatusCode.CANCELLED, "dgmm: the client is closed")
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def _open_session(client, timeout):
+    """A new LocalSession for `client`: GetServerInfo, then the socket it names
+    (or the client's override), checked to be that server's."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for attempt in range(3):
+        left = None if deadline is None else max(0.001, deadline - time.monotonic())
+        try:
+            info = client._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=left,
+                                              metadata=client._metadata)
+            break
+        except grpc.RpcError as e:
+            # GetServerInfo is safe to repeat: after a server restart the
+            # channel's first call may still meet the old connection's end.
+            wait = 0.1 * 2 ** attempt
+            if (e.code() != grpc.StatusCode.UNAVAILABLE or attempt == 2 or
+                    (deadline is not None and time.monotonic() + wait >= deadline)):
+                raise DgmmError.from_rpc_error(e) from None
+            time.sleep(wait)
+    if not info.limits.regions_enabled:
+        raise DgmmError(grpc.StatusCode.FAILED_PRECONDITION,
+                        "dgmm: regions are off on this server (it runs without "
+                        "--allow_regions; GetServerInfo limits.regions_enabled is false): "
+                        "stream the job (Client.multiply) instead")
+    path = client._local_socket or os.environ.get(ENV_SOCKET) or info.limits.local_socket
+    if not path:
+        raise DgmmError(grpc.StatusCode.FAILED_PRECONDITION,
+                        "dgmm: the server reports no local socket (limits.local_socket), "
+                        "which region calls need; is it an older dgmm server?")
+    return LocalSession.connect(path, instance_id=info.instance_id, timeout=timeout)
+
+
+def _session(client, timeout=None):
+    """The client's open LocalSession, opened on first use. One whose
+    connection the server closed (it exited or restarted) is replaced, and
+    the regions registered under it are forgotten: the server dropped them."""
+    with client._lock:
+        if client._closed:
+            raise _closed_client()
+        session = client._local_session
+    if session is not None and session.alive():
+        return session
+    with client._session_lock:
+        with client._lock:
+            if client._closed:
+                raise _closed_client()
+            session = client._local_session
+        if session is not None:
+            if session.alive():
+                return session
+            _lose_session(client, session)
+        session = _open_session(client, timeout)
+        with client._lock:
+            closed = client._closed
+            if not closed:
+                client._local_session = session
+        if closed:
+            session.close()
+            raise _closed_client()
+        return session
+
+
+def _lose_session(client, session):
+    session.close()
+    with client._lock:
+        if client._local_session is session:
+            client._local_session = None
+    lost = []
+    with _REGISTRY_LOCK:
+        regions = _REGISTRY.get(client, {})
+        for name, region in list(regions.items()):
+            if region._session is session:
+                del regions[name]
+                region.client = region.name = region._session = None
+                lost.append(name)
+    if lost:
+        client._regions_lost = sorted(lost)
+
+
+def _call(client, method, request, timeout, session):
+    """One region RPC on the client's own channel with `session`'s metadata,
+    DgmmError on failure."""
     try:
         return getattr(client._stub, method)(request, timeout=timeout,
-                                              metadata=client._metadata)
+                                              metadata=session.metadata(client._metadata))
     except grpc.RpcError as e:
         raise DgmmError.from_rpc_error(e) from None
 
@@ -100,46 +206,66 @@ class _Region:
         self.client = None
         self.name = None
         self.status = None  # dgmm.pb.RegionStatus of the registration
+        self._session = None  # the LocalSession it was registered under
 
-    # Subclasses: _register_request(name) -> RegisterRegionRequest, and
+    # Subclasses: _check_register() (client-side checks, before any ticket),
+    # _register_request(name, session, timeout) -> RegisterRegionRequest, and
     # _span() -> (first address, byte size) of the registered memory.
 
     @property
     def registered(self):
-        return self.client is not None
+        """Registered, under a session still open at this end (the server
+        drops a region when its session ends)."""
+        session = self._session
+        return self.client is not None and session is not None and not session.closed
 
     def register(self, client, name, timeout=None):
         """Registers the region with `client` under `name` (1-64 of
-        [A-Za-z0-9._-], unique among this client's regions). Returns self;
-        self.status is the server's RegionStatus (register_ns: what mapping
-        and pinning cost, once)."""
+        [A-Za-z0-9._-], unique among the regions of this uid on the server).
+        Returns self; self.status is the server's RegionStatus (register_ns:
+        what mapping and pinning cost, once). The region lives until
+        unregistered, or until `client` closes (its session ends)."""
         _check_name(name)
-        if self.client is not None:
+        self._check_register()
+        session = _session(client, timeout)  # First: a lost session forgets its regions.
+        if self.registered:
             raise ValueError("dgmm: region is already registered as %r; unregister it first"
                              % self.name)
-        response = _call(client, "RegisterRegion", self._register_request(name), timeout)
-        self.client, self.name, self.status = client, name, response.region
+        request = self._register_request(name, session, timeout)
+        response = _call(client, "RegisterRegion", request, timeout, session)
+        self.client, self.name, self.status, self._session = client, name, response.region, session
         with _REGISTRY_LOCK:
             _REGISTRY.setdefault(client, {})[name] = self
+        lost = getattr(client, "_regions_lost", None)
+        if lost and name in lost:
+            client._regions_lost = [n for n in lost if n != name]
         return self
+
+    def _check_register(self):
+        pass
 
     def unregister(self, timeout=None):
         """Unregisters the region (a job using it finishes first). Returns
         whether the server still had it (False when, e.g., its idle timeout
-        already dropped it)."""
+        already dropped it, or its session ended with its client)."""
         if self.client is None:
             return False
-        client, name = self.client, self.name
-        self.client = self.name = None
+        client, name, session = self.client, self.name, self._session
+        self.client = self.name = self._session = None
         with _REGISTRY_LOCK:
             regions = _REGISTRY.get(client, {})
             if regions.get(name) is self:
                 del regions[name]
+        # A session that ended took the region with it; and the name may since
+        # belong to another region of this uid: do not unregister that one.
+        if session is None or not session.alive():
+            return False
         try:
             response = _call(client, "UnregisterRegion", pb.UnregisterRegionRequest(name=name),
-                             timeout)
+                             timeout, session)
         except DgmmError as e:
-            if e.code == grpc.StatusCode.NOT_FOUND:
+            if e.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED,
+                          grpc.StatusCode.CANCELLED):
                 return False
             raise
         return response.unregistered > 0
@@ -165,59 +291,150 @@ class _Region:
 
 
 class SharedMemoryRegion(_Region):
-    """A POSIX shared-memory object this process creates, sizes and maps.
+    """Host memory this process shares with the server by file descriptor.
 
-    Args:
-      byte_size: bytes of the object (> 0).
-      key: its shm_open name, "/" then 1-200 of [A-Za-z0-9._-]; default a
-        fresh "/dgmm-py-<pid>-<random>". The object is created (it must not
-        exist yet), owner read/write only.
+    SharedMemoryRegion(byte_size) makes a memfd (memfd_create, close-on-exec)
+    of byte_size bytes and, with seal=True (the default), seals it with
+    F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL: nobody, this process included,
+    can change its size again (ftruncate fails with EPERM), so the server can
+    never lose pages under a job. Nothing appears in /dev/shm; the memory is
+    freed when this process and the server have both let go of it.
+
+    SharedMemoryRegion(byte_size, key="/name") makes a POSIX shared-memory
+    object instead (/dev/shm/name, owner read/write only; it must not exist
+    yet), unlinked by close() or at exit; it cannot be sealed.
+    SharedMemoryRegion.open(key) maps an existing object this process may
+    open for reading and writing (made by the caller, not unlinked by close()),
+    and SharedMemoryRegion.from_fd(fd) a memfd or shared-memory descriptor the
+    caller has (duplicated; the caller keeps its own).
+
+    Either way the server gets the descriptor itself, through the client's
+    local session (dgmm.local_socket), never a name to open.
+
+    Attributes: byte_size, fd (this region's descriptor; closed by close()),
+    key and path (the POSIX object's, None for a memfd), sealed (the memory
+    is sealed against shrinking), address (of the mapping).
 
     register(client, name, offset=0, byte_size=None) registers a range of it
-    (default all of it). ndarray(...) gives NumPy views of the mapping. close()
-    (or leaving `with`) unregisters, unmaps what no view still holds, and
-    unlinks the object; the unlink also happens when the process exits, and a
-    server drops a region whose object is unlinked once no job uses it.
+    (default all of it). ndarray(...) gives NumPy views of the mapping.
+    close() (or leaving `with`) unregisters, closes the descriptor, unlinks
+    an object it made and unmaps what no view still holds.
     """
 
     kind = pb.REGION_KIND_SYSTEM_SHM
 
-    def __init__(self, byte_size, key=None):
-        super().__init__()
+    def __init__(self, byte_size, key=None, *, seal=True, memfd_name=None):
         byte_size = int(byte_size)
         if byte_size <= 0:
             raise ValueError("dgmm: a shared-memory region needs byte_size > 0")
-        self.key = _check_key(key if key is not None else
-                               "/dgmm-py-%d-%s" % (os.getpid(), secrets.token_hex(6)))
-        self.byte_size = byte_size
-        self.path = _SHM_DIR + self.key  # glibc's shm_open(key) opens exactly this file.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.fd = None
+        if key is None:
+            fd = os.memfd_create(memfd_name or "dgmm-py-%d" % os.getpid(),
+                                 os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            try:
+                os.ftruncate(fd, byte_size)
+                if seal:
+                    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._adopt(fd, byte_size, None, None)
+            return
+        key = _check_key(key)
+        path = _SHM_DIR + key  # glibc's shm_open(key) opens exactly this file.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600)
         try:
-            self._unlink = weakref.finalize(self, _unlink_quietly, self.path)
             os.ftruncate(fd, byte_size)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise
+        self._adopt(fd, byte_size, key, path, unlink=True)
+
+    @classmethod
+    def open(cls, key):
+        """The existing POSIX shared-memory object `key` ("/name", in
+        /dev/shm), opened by this process for reading and writing and mapped
+        whole. close() leaves the object (its maker unlinks it)."""
+        key = _check_key(key)
+        path = _SHM_DIR + key
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return cls._from_owned_fd(fd, key, path)
+
+    @classmethod
+    def from_fd(cls, fd):
+        """The memfd or shared-memory object open as descriptor `fd` (read
+        and write), mapped whole; the region works on a duplicate of `fd`."""
+        return cls._from_owned_fd(os.dup(int(fd)), None, None)
+
+    @classmethod
+    def _from_owned_fd(cls, fd, key, path):
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size <= 0:
+                raise ValueError("dgmm: %s is not a non-empty shared-memory object"
+                                 % (path or "descriptor %d" % fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        self = cls.__new__(cls)
+        self._adopt(fd, st.st_size, key, path)
+        return self
+
+    def _adopt(self, fd, byte_size, key, path, unlink=False):
+        """Maps descriptor `fd` (owned from here on: closed on failure) of
+        byte_size bytes; `unlink`: the object at `path` is this region's."""
+        _Region.__init__(self)
+        self.fd = fd
+        self.key = key
+        self.path = path
+        self.byte_size = byte_size
+        self._unlink = (weakref.finalize(self, _unlink_quietly, path) if unlink
+                        else lambda: None)
+        try:
             self._mmap = mmap.mmap(fd, byte_size, mmap.MAP_SHARED,
                                    mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
-            _unlink_quietly(self.path)
-            raise
-        finally:
             os.close(fd)
+            self._unlink()
+            raise
+        self._close_fd = weakref.finalize(self, os.close, fd)
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)  # Every view derives from it.
         self.address = self._bytes.__array_interface__["data"][0]
         self._range = (0, byte_size)
 
+    @property
+    def sealed(self):
+        """Whether the memory is sealed against shrinking (F_SEAL_SHRINK)."""
+        if self.fd is None:
+            return False
+        try:
+            return bool(fcntl.fcntl(self.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK)
+        except OSError:
+            return False  # Not a memfd: no seals.
+
     def register(self, client, name, offset=0, byte_size=None, timeout=None):
-        """Registers bytes [offset, offset + byte_size) of the object (default:
-        all of it) with `client` under `name`; see _Region.register."""
+        """Registers bytes [offset, offset + byte_size) of the memory (default:
+        all of it) with `client` under `name`; see _Region.register. Passes
+        the descriptor through the client's local session for a ticket, and
+        names the ticket in RegisterRegion."""
+        self._check_open()
         offset = int(offset)
         size = self.byte_size - offset if byte_size is None else int(byte_size)
+        if offset < 0 or size <= 0 or offset + size > self.byte_size:
+            raise InvalidArgumentError(
+                "dgmm: a region of %d bytes at offset %d does not fit the %d bytes of this "
+                "shared memory (offset >= 0, byte_size > 0)" % (size, offset, self.byte_size))
         self._range = (offset, size)
         return super().register(client, name, timeout)
 
-    def _register_request(self, name):
+    def _register_request(self, name, session, timeout):
         offset, size = self._range
+        ticket = session.pass_fd(self.fd, timeout=timeout)
         return pb.RegisterRegionRequest(
-            name=name, system_shm=pb.SystemShmRegion(key=self.key, offset=offset, byte_size=size))
+            name=name, local_fd=pb.LocalFdRegion(ticket=ticket.ticket, offset=offset,
+                                                 byte_size=size))
 
     def _span(self):
         offset, size = self._range
@@ -231,7 +448,7 @@ class SharedMemoryRegion(_Region):
 
     def ndarray(self, shape, dtype=np.float64, offset=0, order="C"):
         """A NumPy array of `shape` and `dtype` (float32 or float64 for jobs)
-        that is a view of the mapping, `offset` bytes from the object's start,
+        that is a view of the mapping, `offset` bytes from the memory's start,
         in C (row-major) or F (column-major) order. Writing it writes the
         shared memory the server reads; the server's results appear in it."""
         self._check_open()
@@ -250,15 +467,19 @@ class SharedMemoryRegion(_Region):
         return flat.reshape(shape, order=order)
 
     def close(self, timeout=None):
-        """Unregisters (errors are ignored: the server drops regions of
-        unlinked objects by itself), unlinks the object and unmaps it. The
-        mapping stays while NumPy views of it are alive."""
+        """Unregisters (errors are ignored: the server drops the region when
+        the client's session ends anyway), closes the descriptor, unlinks an
+        object this region made, and unmaps. The mapping stays while NumPy
+        views of it are alive."""
         if self.client is not None:
             try:
                 self.unregister(timeout=timeout)
             except DgmmError:
                 pass
         self._unlink()
+        if self.fd is not None:
+            self._close_fd()
+            self.fd = None
         mapping, self._mmap = self._mmap, None
         self._bytes = None
         if mapping is not None:
@@ -375,7 +596,7 @@ class CudaIpcRegion(_Region):
         self.local_device = local_device
         self.device = local_device if device is None else int(device)
 
-    def _register_request(self, name):
+    def _register_request(self, name, session, timeout):
         return pb.RegisterRegionRequest(
             name=name, cuda_ipc=pb.CudaIpcRegion(handle=self.handle, device=self.device,
                                                  offset=self.offset, byte_size=self.byte_size))
@@ -467,12 +688,20 @@ class RegionMethods:
             raise ValueError("dgmm: out must have A's kind, shape, dtype and order (%s %s %s "
                              "%s), got %s %s %s %s" % (where, shape, dtype, layout, out_where,
                                                         o_shape, o_dtype, o_layout))
+        # The session first: one the server closed forgets its regions, so
+        # that a stale name never reaches the server (where another region of
+        # this uid may have it now).
+        session = _session(self, timeout)
         matrix = _find_ref(self, where, a_ptr, a_bytes)
         result = _find_ref(self, where, o_ptr, o_bytes)
         for what, ref in (("A", matrix), ("out", result)):
             if ref is None:
-                raise ValueError("dgmm: %s is not in a region registered with this client"
-                                 % what)
+                lost = getattr(self, "_regions_lost", None)
+                raise ValueError(
+                    "dgmm: %s is not in a region registered with this client%s" % (what, (
+                        " (the server closed this client's local session -- it exited or "
+                        "restarted -- and dropped its regions %s: register them again)"
+                        % ", ".join(lost)) if lost else ""))
         rows, cols = shape
         # A vector is C-contiguous too (see _host_interface): "F" means a true matrix.
         header = pb.JobHeader(
@@ -484,7 +713,7 @@ class RegionMethods:
         request = pb.MultiplyRegionRequest(header=header, matrix=matrix, result=result)
         if diagonal is not None:
             request.diagonal.CopyFrom(diagonal)
-        return _call(self, "MultiplyRegion", request, timeout).stats
+        return _call(self, "MultiplyRegion", request, timeout, session).stats
 
     def _region_diagonal(self, where, d, dtype, header):
         """The diagonal's RegionRef when it lies in a registered shared-memory
@@ -509,32 +738,46 @@ class RegionMethods:
 
     def multiply_region_refs(self, header, matrix, result, diagonal=None, timeout=None):
         """The raw call: a dgmm.pb.JobHeader and dgmm.pb.RegionRefs
-        (region.ref(offset)); returns dgmm.pb.JobStats."""
+        (region.ref(offset), or any region of this uid by name); returns
+        dgmm.pb.JobStats."""
         request = pb.MultiplyRegionRequest(header=header, matrix=matrix, result=result)
         if diagonal is not None:
             request.diagonal.CopyFrom(diagonal)
-        return _call(self, "MultiplyRegion", request, timeout).stats
+        return _call(self, "MultiplyRegion", request, timeout, _session(self, timeout)).stats
 
     def region_status(self, name="", timeout=None):
-        """dgmm.pb.GetRegionStatusResponse: this client's regions (or the one
-        named), and the bytes all clients have registered against the budget."""
-        return _call(self, "GetRegionStatus", pb.GetRegionStatusRequest(name=name), timeout)
+        """dgmm.pb.GetRegionStatusResponse: the regions of this uid (and
+        token) on the server -- every Client's and process's, not only this
+        one's -- or the one named, and the bytes all clients have registered
+        against the budget."""
+        return _call(self, "GetRegionStatus", pb.GetRegionStatusRequest(name=name), timeout,
+                     _session(self, timeout))
 
-    def unregister_regions(self, timeout=None):
-        """Unregisters every region of this client on the server (also ones
-        registered by other Client objects with the same token or address);
-        returns how many there were."""
+    def unregister_regions(self, timeout=None, all_of_owner=False):
+        """Unregisters the regions registered through this client; returns
+        how many the server still had. all_of_owner=True: every region of
+        this uid (and token) on the server, other Clients' and processes'
+        too (UnregisterRegion with an empty name)."""
+        session = _session(self, timeout)
         with _REGISTRY_LOCK:
             regions = list(_REGISTRY.pop(self, {}).values())
-        for region in regions:
-            region.client = region.name = None
-        return _call(self, "UnregisterRegion", pb.UnregisterRegionRequest(name=""),
-                     timeout).unregistered
+        if all_of_owner:
+            for region in regions:
+                region.client = region.name = region._session = None
+            return _call(self, "UnregisterRegion", pb.UnregisterRegionRequest(name=""),
+                         timeout, session).unregistered
+        return sum(1 for region in regions if region.unregister(timeout))
+
+    def local_session(self, timeout=None):
+        """This client's dgmm.local_socket.LocalSession on the server's local
+        socket (opened now if it is not open yet): the session region calls
+        carry, and this process's uid, gid and pid as the server saw them."""
+        return _session(self, timeout)
 
 
 
 # dgmm.Client gets the region calls (dgmm/__init__.py imports this module).
 for _name in ("multiply_region", "_region_diagonal", "multiply_region_refs", "region_status",
-              "unregister_regions"):
+              "unregister_regions", "local_session"):
     setattr(Client, _name, getattr(RegionMethods, _name))
 del _name
