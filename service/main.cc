@@ -170,8 +170,8 @@ ABSL_FLAG(std::string, local_socket_mode, "0666",
           "Anyone is safe (a client registers only memory it could open itself, and its regions "
           "are its uid's alone); 0660 with a group limits regions to that group.");
 ABSL_FLAG(int, max_local_connections, 1024,
-          "Most connections the local socket holds at once (one per client process using "
-          "regions); one uid may hold a quarter of them.");
+          "Most connections the local socket holds at once (one per client object using "
+          "regions: a C++, Python or Node Client); one uid may hold a quarter of them.");
 ABSL_FLAG(dgmm::Budget, region_memory_budget, dgmm::Budget::Percent(25),
           "Most bytes all registered regions may hold at once (host regions are mapped and, "
           "on a GPU server, pinned: pinned memory is scarce): bytes (e.g. 8GiB) or a "

@@ -477,6 +477,9 @@ void RegionRegistry::DropSession(uint64_t session_id) {
   }
   if (!dropped.empty()) {
     LogInfo("session ", session_id, " closed: ", dropped.size(), " region(s) unregistered");
+    // Unmapping, unpinning and closing GPU memory run on a region worker,
+    // not on the local socket's one thread.
+    Post([dropped = std::move(dropped)] {});
   }
 }
 
