@@ -56,6 +56,7 @@ import os
 import pathlib
 import re
 import resource
+import shlex
 import shutil
 import socket
 import subprocess
@@ -378,13 +379,13 @@ def build_probe(work):
     """tests/deploy/local_socket_probe.c, static (the image has no compiler,
     and the host's glibc is not the image's concern), in a directory of its
     own that a container mounts read-only."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
+    cc = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
+    if not cc[0]:
         raise Failure("no C compiler (cc) for tests/deploy/local_socket_probe.c")
     out = work / "probe"
     out.mkdir(exist_ok=True)
     out.chmod(0o755)
-    run([cc, "-static", "-O2", "-o", out / "local_socket_probe", PROBE_SOURCE], quiet=True, timeout=120)
+    run(cc + ["-static", "-O2", "-o", out / "local_socket_probe", PROBE_SOURCE], quiet=True, timeout=120)
     return out
 
 

@@ -50,8 +50,8 @@ def ensure_modules(work, npm):
 
 
 def rendered_overlay(path):
-    """The objects of the kustomization at `path`, rendered, or [] (with a
-    note) when neither kustomize nor kubectl is here."""
+    """The objects of the kustomization at `path`, rendered; [] (with a note)
+    when neither kustomize nor kubectl is here; None when rendering fails."""
     label = f"{path.name} (rendered)"
     if shutil.which("kustomize"):
         cmd = ["kustomize", "build", str(path)]
@@ -60,10 +60,10 @@ def rendered_overlay(path):
     else:
         print(f"{label}: not checked (no kustomize or kubectl to render it)")
         return []
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
     if p.returncode != 0:
-        return [{"file": label, "object": {"apiVersion": "v1", "kind": "RenderFailed",
-                                           "metadata": {"name": p.stdout.decode(errors="replace")[-300:]}}}]
+        print(f"{label}: {' '.join(cmd)} failed (exit {p.returncode}): {p.stderr.decode(errors='replace')[-500:]}")
+        return None
     return [{"file": label, "object": o} for o in yaml.safe_load_all(p.stdout) if o]
 
 
@@ -86,7 +86,10 @@ def main(argv):
     if not entries:
         print("no Kubernetes objects found in docker/k8s")
         return 1
-    entries += rendered_overlay(ROOT / "docker" / "k8s-regions")
+    overlay = rendered_overlay(ROOT / "docker" / "k8s-regions")
+    if overlay is None:
+        return 1
+    entries += overlay
     result = subprocess.run([node, str(HERE / "k8s_schema.mjs"), str(modules)],
                             input=json.dumps(entries).encode(), timeout=60)
     return result.returncode
