@@ -161,7 +161,8 @@ ABSL_FLAG(bool, allow_regions, false,
 ABSL_FLAG(std::string, local_socket, "auto",
           "With --allow_regions: path of the Unix socket where clients on this host get a "
           "region session and pass their memory's descriptors. 'auto': "
-          "/run/dgmm/dgmm-<port>.sock when /run/dgmm can be used (root), else "
+          "/run/dgmm/dgmm-<port>.sock when the server can write /run/dgmm (root, or the "
+          "container image, which makes it the server's), else "
           "$XDG_RUNTIME_DIR/dgmm-<port>.sock, else /tmp/dgmm-<uid>/dgmm-<port>.sock. "
           "GetServerInfo reports it (limits.local_socket). In containers, share its directory "
           "through a volume.");

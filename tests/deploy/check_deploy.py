@@ -46,7 +46,7 @@ OTHER_TOOL_FLAGS = {
     "docker": {"file", "tag", "gpus", "stop_timeout", "publish", "env", "rm", "name",
                "detach", "build", "profile", "interval", "timeout", "start_period",
                "retries", "from", "format", "prefix", "strip", "install", "target", "build_arg",
-               "read_only", "health_cmd", "ipc", "pid"},
+               "read_only", "health_cmd", "ipc", "pid", "user", "network", "entrypoint"},
     "podman": {"runtime", "ulimit"},
     "kubectl": {"namespace", "dry_run", "selector", "grace_period", "timeout", "for"},
     "useradd/groupadd": {"system", "uid", "gid", "no_create_home", "shell"},
@@ -449,29 +449,75 @@ def service_env(s):
     return dict(e.split("=", 1) for e in env) if isinstance(env, list) else env
 
 
-def check_compose_regions(services):
-    """A client that joins a server's IPC namespace (ipc: service:NAME), to
-    reach its /dev/shm, needs a server that shares it (ipc: shareable), has
-    regions on and a /dev/shm larger than Docker's 64 MB default."""
+REGIONS_ON = ("true", "1", "yes")
+DEFAULT_SOCKET_DIR = "/run/dgmm"  # --local_socket=auto in the image: /run/dgmm/dgmm-<port>.sock
+
+
+def socket_dir(env):
+    """The directory of a regions server's local socket (DGMM_LOCAL_SOCKET,
+    'auto' in the image: /run/dgmm, which the Dockerfile gives to uid 10001)."""
+    path = str(env.get("DGMM_LOCAL_SOCKET", "auto"))
+    return DEFAULT_SOCKET_DIR if path == "auto" else str(pathlib.PurePosixPath(path).parent)
+
+
+def compose_mounts(s):
+    """[(source, target, read_only)] of a service's volumes (short or long syntax)."""
+    out = []
+    for v in s.get("volumes", []) or []:
+        if isinstance(v, dict):
+            out.append((str(v.get("source", "")), str(v.get("target", "")), bool(v.get("read_only"))))
+        else:
+            parts = str(v).split(":")
+            if len(parts) >= 2:
+                out.append((parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")))
+    return out
+
+
+def check_compose_regions(services, volumes=None):
+    """A regions server (DGMM_ALLOW_REGIONS) keeps its local socket in a
+    named volume mounted at the socket's directory; a client container
+    mounts that volume at the same path (the client takes the path from
+    GetServerInfo; dgmm-cli has no flag for another) and depends on the
+    server. Host memory then needs nothing else shared: a client that joins
+    an IPC namespace (ipc: service:NAME, for CUDA IPC) needs a server that
+    shares it (ipc: shareable)."""
     problems = []
     servers = compose_servers(services)
+    volumes = {} if volumes is None else volumes
+    regions = {n: s for n, s in servers.items()
+               if str(service_env(s).get("DGMM_ALLOW_REGIONS", "false")).lower() in REGIONS_ON}
+    socket_volume = {}  # volume name -> (server, socket dir)
+    for name, s in regions.items():
+        where = socket_dir(service_env(s))
+        named = [src for src, dst, _ in compose_mounts(s) if dst == where and src and src[0] not in "/.~"]
+        if not named:
+            problems.append(f"compose.yaml: {name} (regions on) must mount a named volume at its local socket's directory {where}")
+            continue
+        if named[0] not in volumes:
+            problems.append(f"compose.yaml: volume {named[0]} of {name} must be declared under the top-level volumes:")
+        socket_volume[named[0]] = (name, where)
+    clients = {}
     for name, s in services.items():
+        if name in servers:
+            continue
+        for src, dst, _ in compose_mounts(s):
+            if src in socket_volume:
+                owner, where = socket_volume[src]
+                clients.setdefault(owner, []).append(name)
+                if dst != where:
+                    problems.append(f"compose.yaml: {name} must mount {src} at {where}, where {owner}'s socket is (got {dst})")
+                if owner not in dig(s, "depends_on", default={}):
+                    problems.append(f"compose.yaml: {name} must depend on {owner} (it uses its local socket)")
         ipc = str(s.get("ipc", ""))
-        if name in servers or not ipc.startswith("service:"):
-            continue
-        owner = ipc[len("service:"):]
-        server = servers.get(owner)
-        if server is None:
-            problems.append(f"compose.yaml: {name} joins the IPC namespace of {owner}, which is no dgmm-server service")
-            continue
-        if server.get("ipc") != "shareable":
-            problems.append(f"compose.yaml: {owner} must have ipc: shareable for {name} to join it")
-        if str(service_env(server).get("DGMM_ALLOW_REGIONS", "false")).lower() not in ("true", "1", "yes"):
-            problems.append(f"compose.yaml: {owner} must set DGMM_ALLOW_REGIONS: \"true\" for {name}'s regions")
-        if not server.get("shm_size"):
-            problems.append(f"compose.yaml: {owner} needs shm_size (its /dev/shm holds {name}'s regions; Docker's default is 64 MB)")
-        if owner not in dig(s, "depends_on", default={}):
-            problems.append(f"compose.yaml: {name} must depend on {owner} (it joins its IPC namespace)")
+        if ipc.startswith("service:"):
+            owner = ipc[len("service:"):]
+            if owner not in servers:
+                problems.append(f"compose.yaml: {name} joins the IPC namespace of {owner}, which is no dgmm-server service")
+            elif servers[owner].get("ipc") != "shareable":
+                problems.append(f"compose.yaml: {owner} must have ipc: shareable for {name} to join it")
+    for name in regions:
+        if name in {o for o, _ in socket_volume.values()} and not clients.get(name):
+            problems.append(f"compose.yaml: no client service mounts {name}'s socket volume")
     return problems
 
 
@@ -520,16 +566,19 @@ def check_compose(doc):
             "drain_timeout_s", env.get("DGMM_DRAIN_TIMEOUT_S", dockerfile_env().get("DGMM_DRAIN_TIMEOUT_S", SERVER_DEFAULTS["drain_timeout_s"]))))
         if duration_s(s.get("stop_grace_period", "10s")) <= drain:
             problems.append(f"compose.yaml: {name}'s stop_grace_period must exceed the drain timeout ({drain} s)")
-    return problems + check_compose_regions(services)
+    return problems + check_compose_regions(services, doc.get("volumes") or {})
 
 
 # ---------------------------------------------------------------- regions overlay
 
 
 def check_k8s_regions(kustomization, patches, base_objs):
-    """docker/k8s-regions: the base plus a patch that mounts a Memory emptyDir
-    at /dev/shm in the server container and in a client container of the same
-    pod, with regions on and a region budget the volume can hold."""
+    """docker/k8s-regions: the base plus a patch that turns regions on in the
+    server container and mounts an emptyDir at its local socket's directory
+    in the server container and in a client container of the same pod (the
+    same path: the client takes it from GetServerInfo), with a region budget
+    that is absolute and a memory limit on each client (its regions are its
+    own memory)."""
     problems = []
     if kustomization.get("resources") != ["../k8s"]:
         problems.append("k8s-regions/kustomization.yaml: resources must be [../k8s] (the base)")
@@ -541,30 +590,31 @@ def check_k8s_regions(kustomization, patches, base_objs):
     if len(deps) != 1 or dig(deps[0], "metadata", "name") != dig(base, "metadata", "name"):
         return problems + ["k8s-regions: one patch must be of the base Deployment (same metadata.name)"]
     pod = dig(deps[0], "spec", "template", "spec", default={})
-    shm = [v for v in pod.get("volumes", []) if dig(v, "emptyDir", "medium") == "Memory"]
-    if len(shm) != 1 or not dig(shm[0], "emptyDir", "sizeLimit"):
-        return problems + ["k8s-regions: the pod needs one emptyDir with medium: Memory and a sizeLimit (the shared /dev/shm)"]
-    volume, size_limit = shm[0]["name"], k8s_quantity_bytes(shm[0]["emptyDir"]["sizeLimit"])
     containers = {c.get("name"): c for c in pod.get("containers", [])}
-    mounting = [n for n, c in containers.items()
-                if any(m.get("name") == volume and m.get("mountPath") == "/dev/shm" for m in c.get("volumeMounts", []))]
     server_name = dig(base, "spec", "template", "spec", "containers", 0, "name")
-    if server_name not in mounting or len(mounting) < 2:
-        problems.append(f"k8s-regions: the server container ({server_name}) and a client container must both mount {volume} at /dev/shm (found {mounting})")
     env = {e.get("name"): e.get("value") for e in containers.get(server_name, {}).get("env", [])}
-    if str(env.get("DGMM_ALLOW_REGIONS", "false")).lower() not in ("true", "1", "yes"):
+    if str(env.get("DGMM_ALLOW_REGIONS", "false")).lower() not in REGIONS_ON:
         problems.append("k8s-regions: the server container must set DGMM_ALLOW_REGIONS \"true\"")
     budget = env.get("DGMM_REGION_MEMORY_BUDGET")
     if budget is None or str(budget).strip().endswith("%"):
         problems.append("k8s-regions: DGMM_REGION_MEMORY_BUDGET must be set and absolute (a percentage is of the node's memory)")
-    elif (parse_bytes(budget) or 0) > size_limit:
-        problems.append(f"k8s-regions: DGMM_REGION_MEMORY_BUDGET {budget} must not exceed the volume's sizeLimit")
-    for name in mounting:
-        if name == server_name:
-            continue
-        limit = k8s_quantity_bytes(dig(containers[name], "resources", "limits", "memory", default="0"))
-        if limit is None or limit < size_limit:
-            problems.append(f"k8s-regions: client {name}'s memory limit must cover the volume's sizeLimit (tmpfs pages are charged to the container that writes them)")
+    where = socket_dir(env)
+    empty_dirs = {v.get("name") for v in pod.get("volumes", []) if "emptyDir" in v}
+    at_socket = [m.get("name") for m in containers.get(server_name, {}).get("volumeMounts", [])
+                 if m.get("mountPath") == where and m.get("name") in empty_dirs]
+    if not at_socket:
+        return problems + [f"k8s-regions: the server container ({server_name}) must mount an emptyDir at its local socket's directory {where}"]
+    volume = at_socket[0]
+    clients = [n for n, c in containers.items() if n != server_name
+               and any(m.get("name") == volume for m in c.get("volumeMounts", []))]
+    if not clients:
+        problems.append(f"k8s-regions: a client container must mount {volume} (the server's local socket) too")
+    for name in clients:
+        paths = [m.get("mountPath") for m in containers[name]["volumeMounts"] if m.get("name") == volume]
+        if paths != [where]:
+            problems.append(f"k8s-regions: client {name} must mount {volume} at {where}, where the server's socket is (got {paths})")
+        if not dig(containers[name], "resources", "limits", "memory"):
+            problems.append(f"k8s-regions: client {name} needs a memory limit (its regions are its own memory)")
     return problems
 
 
@@ -669,14 +719,18 @@ class Artifacts(unittest.TestCase):
     def test_compose_has_gpu_and_cpu_services(self):
         self.assertEqual(check_compose(load_yaml(DOCKER / "compose.yaml")[0]), [])
 
-    def test_compose_shows_a_client_sharing_the_servers_shm(self):
-        services = load_yaml(DOCKER / "compose.yaml")[0]["services"]
-        clients = [n for n, s in services.items()
-                   if n not in compose_servers(services) and str(s.get("ipc", "")).startswith("service:")]
-        self.assertTrue(clients, "compose.yaml: no client service joins a server's IPC namespace")
-        self.assertEqual(check_compose_regions(services), [])
+    def test_compose_shows_a_client_reaching_the_servers_socket(self):
+        doc = load_yaml(DOCKER / "compose.yaml")[0]
+        services = doc["services"]
+        clients = [n for n, s in services.items() if n not in compose_servers(services)
+                   and any(dst == DEFAULT_SOCKET_DIR for _, dst, _ in compose_mounts(s))]
+        self.assertTrue(clients, "compose.yaml: no client service mounts the regions server's socket volume")
+        self.assertEqual(check_compose_regions(services, doc.get("volumes")), [])
+        for name in clients:  # memory travels as a descriptor: no IPC namespace or /dev/shm to share
+            self.assertNotIn("ipc", services[name])
+            self.assertFalse([dst for _, dst, _ in compose_mounts(services[name]) if dst == "/dev/shm"])
 
-    def test_k8s_regions_overlay_shares_dev_shm_in_one_pod(self):
+    def test_k8s_regions_overlay_shares_the_socket_in_one_pod(self):
         kust, patches = k8s_regions_parts()
         self.assertEqual(check_k8s_regions(kust, patches, k8s_objects()), [])
 
@@ -814,14 +868,27 @@ class ChecksCatchBreakage(unittest.TestCase):
         text = DOC.read_text(encoding="utf-8").replace("`DGMM_MAX_QUEUE`", "`DGMM_QUEUE`")
         self.assertNotEqual(flags_table.replace_table(text, flags_table.render(flags_table.server_flags())), text)
 
-    def test_compose_regions_client_without_a_shareable_server(self):
-        for change, fragment in ((lambda s: s["dgmm-regions"].pop("ipc"), "shareable"),
-                                 (lambda s: s["dgmm-regions"]["environment"].pop("DGMM_ALLOW_REGIONS"), "DGMM_ALLOW_REGIONS"),
-                                 (lambda s: s["dgmm-regions"].pop("shm_size"), "shm_size"),
-                                 (lambda s: s["dgmm-regions-client"].update(ipc="service:nowhere"), "no dgmm-server service")):
+    def test_compose_regions_client_without_the_socket_volume(self):
+        def mounts(s, *v):
+            s["volumes"] = list(v)
+        for change, fragment in (
+                (lambda c: mounts(c["services"]["dgmm-regions"]), "must mount a named volume"),
+                (lambda c: mounts(c["services"]["dgmm-regions"], "/srv/dgmm:/run/dgmm"), "must mount a named volume"),
+                (lambda c: c["services"]["dgmm-regions"]["environment"].update(DGMM_LOCAL_SOCKET="/var/run/x/d.sock"), "/var/run/x"),
+                (lambda c: c.pop("volumes"), "top-level volumes"),
+                (lambda c: mounts(c["services"]["dgmm-regions-client"]), "no client service mounts"),
+                (lambda c: mounts(c["services"]["dgmm-regions-client"], "dgmm-run:/sock"), "at /run/dgmm"),
+                (lambda c: c["services"]["dgmm-regions-client"].pop("depends_on"), "must depend on"),
+                (lambda c: c["services"]["dgmm-regions-client"].update(ipc="service:dgmm-regions"), "shareable"),
+                (lambda c: c["services"]["dgmm-regions-client"].update(ipc="service:nowhere"), "no dgmm-server service")):
             c = copy.deepcopy(self.compose)
-            change(c["services"])
+            change(c)
             self.assertFinds(check_compose(c), fragment)
+        c = copy.deepcopy(self.compose)  # the long syntax, read-only, is the same mount
+        c["services"]["dgmm-regions-client"]["volumes"] = [{"type": "volume", "source": "dgmm-run", "target": "/run/dgmm", "read_only": True}]
+        self.assertEqual(check_compose(c), [])
+        c["services"]["dgmm-regions"]["environment"]["DGMM_ALLOW_REGIONS"] = "false"  # not a regions server: no rules
+        self.assertEqual(check_compose_regions(c["services"], c["volumes"]), [])
 
     def test_compose_client_is_not_held_to_the_servers_checks(self):
         c = copy.deepcopy(self.compose)
@@ -838,12 +905,19 @@ class ChecksCatchBreakage(unittest.TestCase):
             change(next(o for objs in p.values() for o in objs if o.get("kind") == "Deployment")["spec"]["template"]["spec"])
             return check_k8s_regions(kust, p, base)
 
-        self.assertFinds(broken(lambda pod: pod["volumes"][0]["emptyDir"].pop("medium")), "medium: Memory")
-        self.assertFinds(broken(lambda pod: pod["containers"][1].pop("volumeMounts")), "must both mount")
-        self.assertFinds(broken(lambda pod: pod["containers"][0]["env"].pop(0)), "DGMM_ALLOW_REGIONS")
-        self.assertFinds(broken(lambda pod: pod["containers"][0]["env"][1].update(value="50%")), "absolute")
-        self.assertFinds(broken(lambda pod: pod["containers"][0]["env"][1].update(value="64GiB")), "sizeLimit")
-        self.assertFinds(broken(lambda pod: pod["containers"][1]["resources"]["limits"].update(memory="1Gi")), "memory limit")
+        def env(pod, name, value):
+            pod["containers"][0]["env"] = [e for e in pod["containers"][0]["env"] if e["name"] != name] + [{"name": name, "value": value}]
+
+        self.assertEqual(broken(lambda pod: None), [])
+        self.assertFinds(broken(lambda pod: pod.pop("volumes")), "must mount an emptyDir")
+        self.assertFinds(broken(lambda pod: pod["containers"][0].pop("volumeMounts")), "must mount an emptyDir")
+        self.assertFinds(broken(lambda pod: env(pod, "DGMM_LOCAL_SOCKET", "/tmp/d.sock")), "at its local socket's directory /tmp")
+        self.assertEqual(broken(lambda pod: env(pod, "DGMM_LOCAL_SOCKET", "auto")), [])  # the image's /run/dgmm
+        self.assertFinds(broken(lambda pod: pod["containers"][1].pop("volumeMounts")), "a client container must mount")
+        self.assertFinds(broken(lambda pod: pod["containers"][1]["volumeMounts"][0].update(mountPath="/sock")), "at /run/dgmm")
+        self.assertFinds(broken(lambda pod: env(pod, "DGMM_ALLOW_REGIONS", "false")), "DGMM_ALLOW_REGIONS")
+        self.assertFinds(broken(lambda pod: env(pod, "DGMM_REGION_MEMORY_BUDGET", "50%")), "absolute")
+        self.assertFinds(broken(lambda pod: pod["containers"][1]["resources"].pop("limits")), "memory limit")
         self.assertFinds(check_k8s_regions(dict(kust, resources=["../k8s/deployment.yaml"]), patches, base), "resources")
 
 

@@ -31,10 +31,19 @@ failed prepare is reported by the test, with its own output).
 6. With TLS and a bearer token (DGMM_TLS_CERT, DGMM_AUTH_TOKEN_FILE): the
    image's plaintext probe fails, the documented --health-cmd override with
    --tls_ca is healthy without a token, a job needs the token.
-7. docker/compose.yaml's CPU service (dgmm-cpu) through podman-compose, with
+7. Regions from a second container: the server with --allow_regions and a
+   named volume at /run/dgmm (its local socket, 'auto'), and a client
+   container from the same image as uid 65534 that shares only that volume
+   (read-only: no --ipc, no shared /dev/shm). There the socket is mode 0666
+   and owned by 10001; a static probe (local_socket_probe.c) gets a session
+   as uid 65534, a by-name open of an object in the client's /dev/shm is
+   NOT_FOUND and the same object passed as a descriptor gets a ticket;
+   `dgmm-cli multiply --shm on --check` runs in mode shm and passes, and the
+   server logs the region as uid 65534's. Without the volume --shm on fails.
+8. docker/compose.yaml's CPU service (dgmm-cpu) through podman-compose, with
    the test's image and a free loopback host port: healthy through the
    compose healthcheck, answers a checked job.
-8. Removes the containers it started (the images stay, as the cache).
+9. Removes the containers and volumes it made (the images stay, as the cache).
 
 Exits 77 (ctest: skipped) with the reason when this machine cannot run
 containers at all (podman missing and not installable, or podman unable to
@@ -47,6 +56,7 @@ import os
 import pathlib
 import re
 import resource
+import shlex
 import shutil
 import socket
 import subprocess
@@ -362,6 +372,106 @@ def run_tls_and_token(env, cli, work, started):
     shutil.rmtree(pki)
 
 
+PROBE_SOURCE = ROOT / "tests" / "deploy" / "local_socket_probe.c"
+
+
+def build_probe(work):
+    """tests/deploy/local_socket_probe.c, static (the image has no compiler,
+    and the host's glibc is not the image's concern), in a directory of its
+    own that a container mounts read-only."""
+    cc = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
+    if not cc[0]:
+        raise Failure("no C compiler (cc) for tests/deploy/local_socket_probe.c")
+    out = work / "probe"
+    out.mkdir(exist_ok=True)
+    out.chmod(0o755)
+    run(cc + ["-static", "-O2", "-o", out / "local_socket_probe", PROBE_SOURCE], quiet=True, timeout=120)
+    return out
+
+
+CLIENT_SCRIPT = r"""
+echo "id: $(id -u):$(id -g)"
+echo "ipc: $(readlink /proc/self/ns/ipc)"
+echo "dir: $(stat -c '%a %u:%g %F' /run/dgmm)"
+echo "socket: $(stat -c '%a %u:%g %F' "$1")"
+/probe/local_socket_probe "$1"; echo "probe exit: $?"
+dgmm-cli multiply --server "$2" --random 1000 --shm on --check --deadline 60; echo "cli exit: $?"
+"""
+
+
+def run_regions(env, work, started):
+    """Regions from a second container. The server (the image's uid 10001,
+    --allow_regions, --local_socket 'auto') has a fresh named volume at
+    /run/dgmm; a client container from the same image, as uid 65534, shares
+    only that volume (read-only; its own IPC namespace and /dev/shm, the
+    default network) and runs a checked job with --shm on. A second client
+    without the volume cannot use regions."""
+    probe = build_probe(work)
+    pid = os.getpid()
+    volume, name, client = f"dgmm-deploy-run-{pid}", f"dgmm-deploy-regions-{pid}", f"dgmm-deploy-client-{pid}"
+    port = CONTAINER_PORT + 2
+    started.append(("volume", volume))
+    run(["podman", "volume", "create", volume], env=env, quiet=True)
+    started.append(name)
+    run(["podman", "run", "-d", "--name", name, "-v", f"{volume}:/run/dgmm",
+         "-e", f"DGMM_LISTEN=0.0.0.0:{port}", "-e", "DGMM_BACKEND=cpu", "-e", "DGMM_HOST_MEMORY_BUDGET=1GiB",
+         "-e", "DGMM_ALLOW_REGIONS=true", "-e", "DGMM_REGION_MEMORY_BUDGET=256MiB", IMAGE], env=env)
+    t = time.monotonic()
+    wait_healthy(env, name)
+    sock = f"/run/dgmm/dgmm-{port}.sock"
+    logs = run(["podman", "logs", name], env=env, quiet=True).out
+    expect(f"regions: local socket {sock}" in logs,
+           f"regions server healthy after {time.monotonic() - t:.1f} s, its local socket ('auto') in the volume: {sock}")
+    ip = run(["podman", "inspect", "--format", "{{.NetworkSettings.IPAddress}}", name], env=env, quiet=True).out.strip()
+    server_ipc = run(["podman", "exec", name, "readlink", "/proc/1/ns/ipc"], env=env, quiet=True).out.strip()
+    t = time.monotonic()
+    p = run(["podman", "run", "--rm", "--name", client, "--no-healthcheck", "--user", "65534:65534",
+             "-v", f"{volume}:/run/dgmm:ro", "-v", f"{probe}:/probe:ro", "--entrypoint", "sh",
+             IMAGE, "-c", CLIENT_SCRIPT, "sh", sock, f"{ip}:{port}"], env=env, timeout=180)
+    print(p.out.strip())
+    log(f"the client container took {time.monotonic() - t:.1f} s")
+
+    def field(key):
+        m = re.search(rf"^{key}: (.*)$", p.out, re.M)
+        return m.group(1) if m else ""
+
+    expect(field("id") == "65534:65534", f"the client container runs as uid:gid 65534:65534, not the server's 10001 ({field('id')})")
+    expect(field("ipc") and server_ipc and field("ipc") != server_ipc,
+           f"its IPC namespace (and with it /dev/shm) is its own: {field('ipc')} vs the server's {server_ipc}")
+    dir_mode, dir_owner, _ = (field("dir").split(" ", 2) + ["", ""])[:3]
+    mode, owner, kind = (field("socket").split(" ", 2) + ["", ""])[:3]
+    expect(dir_owner == "10001:10001" and int(dir_mode or "0", 8) & 0o001,
+           f"/run/dgmm in the volume belongs to the server's uid and others may traverse it ({field('dir')})")
+    expect(kind == "socket" and owner == "10001:10001" and int(mode or "0", 8) & 0o777 == 0o666,
+           f"the socket file is mode 0666 (--local_socket_mode's default), so uid 65534 may connect ({field('socket')})")
+    hello = re.search(r"^hello: code (\d+) uid (\d+) gid (\d+)", p.out, re.M)
+    expect(hello is not None and hello.group(1) == "0" and hello.group(2) == "65534" and hello.group(3) == "65534",
+           f"local socket hello from the client container: OK, the kernel tells the server uid/gid 65534 ({field('hello')})")
+    by_name = re.search(r"^open_shm: code (\d+)", p.out, re.M)
+    expect(by_name is not None and by_name.group(1) == "5",
+           f"by name: an object in the client's /dev/shm is NOT_FOUND by the server (LocalOpenShm: {field('open_shm')})")
+    by_fd = re.search(r"^pass_fd: code (\d+) ticket (\w+) object_bytes (\d+)", p.out, re.M)
+    expect(by_fd is not None and by_fd.group(1) == "0" and by_fd.group(3) == "4096",
+           f"by descriptor: the same object passed with SCM_RIGHTS gets a ticket ({field('pass_fd')})")
+    expect(field("probe exit") == "0", "the probe's exchanges all got replies")
+    expect(field("cli exit") == "0" and re.search(r"^mode:\s+shm\b", p.out, re.M) is not None
+           and re.search(r"^max relative error: .*: OK$", p.out, re.M) is not None,
+           f"dgmm-cli multiply --shm on --check from the client container: mode shm, check OK (exit {field('cli exit')})")
+    logs = run(["podman", "logs", name], env=env, quiet=True).out
+    expect(re.search(r"region registered: '[^']*' of uid 65534\b", logs) is not None,
+           "the server's log: the region was registered for uid 65534 (the client's, through SO_PEERCRED)")
+    # The same client without the volume: the socket's path is not there.
+    p = run(["podman", "run", "--rm", "--name", client, "--no-healthcheck", "--user", "65534:65534",
+             "--entrypoint", "dgmm-cli", IMAGE, "multiply", "--server", f"{ip}:{port}", "--random", "64",
+             "--shm", "on", "--deadline", "30"], env=env, check=False, timeout=120)
+    expect(p.returncode != 0 and "cannot reach the server's local socket" in p.out,
+           f"without the volume --shm on fails: {p.out.strip().splitlines()[-1][:200] if p.out.strip() else p.returncode}")
+    run(["podman", "rm", "-f", "-t", "10", name], env=env, quiet=True)
+    started.remove(name)
+    run(["podman", "volume", "rm", "-f", volume], env=env, quiet=True)
+    started.remove(("volume", volume))
+
+
 def run_compose(env, cli, work, started):
     if not shutil.which("podman-compose"):
         raise Failure("podman-compose missing although scripts/install-deps.sh container installs it")
@@ -409,23 +519,26 @@ def run_compose(env, cli, work, started):
     run(["podman", "network", "rm", f"{project}_default"], check=False, env=env, quiet=True)
 
 
-STALE = re.compile(r"^(?:dgmm-deploy-(?:test|tls)-|dgmmtest)(\d+)(?:_|$)")
+STALE = re.compile(r"^(?:dgmm-deploy-(?:test|tls|regions|client|run)-|dgmmtest)(\d+)(?:_|$)")
 
 
 def remove_stale(env):
     """Containers and networks of an earlier run that was killed (its pid is gone)."""
     for kind, listing in (("container", ["podman", "ps", "-a", "--format", "{{.Names}}"]),
-                          ("network", ["podman", "network", "ls", "--format", "{{.Name}}"])):
+                          ("network", ["podman", "network", "ls", "--format", "{{.Name}}"]),
+                          ("volume", ["podman", "volume", "ls", "--format", "{{.Name}}"])):
         for name in run(listing, check=False, env=env, quiet=True).out.split():
             m = STALE.match(name)
             if m and not pathlib.Path(f"/proc/{m.group(1)}").exists():
-                cmd = ["podman", "rm", "-f", "-t", "0", name] if kind == "container" else ["podman", "network", "rm", "-f", name]
+                cmd = ["podman", "rm", "-f", "-t", "0", name] if kind == "container" else ["podman", kind, "rm", "-f", name]
                 run(cmd, check=False, env=env)
 
 
 def cleanup(env, started):
     for item in reversed(started):
-        if isinstance(item, tuple):
+        if isinstance(item, tuple) and item[0] == "volume":
+            run(["podman", "volume", "rm", "-f", item[1]], check=False, env=env, timeout=60)
+        elif isinstance(item, tuple):
             run(item[1] + ["down"], check=False, env=env, timeout=120)
             run(["podman", "network", "rm", f"{item[2]}_default"], check=False, env=env, timeout=60)
         else:
@@ -438,7 +551,7 @@ def main():
     ap.add_argument("--prepare", action="store_true",
                     help="only steps 1 to 3: podman, the base image and the image (./test.sh, in the background)")
     ap.add_argument("--work", required=True, help="a directory for containers.conf and scratch files")
-    ap.add_argument("--no-compose", action="store_true", help="skip step 6")
+    ap.add_argument("--no-compose", action="store_true", help="skip step 8")
     a = ap.parse_args()
     if not a.prepare and not a.cli:
         ap.error("--cli is required unless --prepare")
@@ -467,6 +580,7 @@ def main():
         check_image(env)
         run_image(env, a.cli, started)
         run_tls_and_token(env, a.cli, work, started)
+        run_regions(env, work, started)
         if not a.no_compose:
             run_compose(env, a.cli, work, started)
     except Skip as e:

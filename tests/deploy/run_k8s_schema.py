@@ -3,7 +3,10 @@
 kubernetes-models npm package (pinned in package-lock.json here), installed
 with `npm ci` into WORK_DIR (the build tree) the first time. Works offline
 once installed. Exits 77 (ctest: skipped) when node or npm is missing or the
-package cannot be installed.
+package cannot be installed. With kustomize or kubectl on the PATH it also
+validates docker/k8s-regions as rendered (`kubectl kustomize`, offline): the
+patched Deployment with its client container; without them it says so and
+checks the base only.
 
   run_k8s_schema.py WORK_DIR
 """
@@ -46,6 +49,24 @@ def ensure_modules(work, npm):
     return modules, None
 
 
+def rendered_overlay(path):
+    """The objects of the kustomization at `path`, rendered; [] (with a note)
+    when neither kustomize nor kubectl is here; None when rendering fails."""
+    label = f"{path.name} (rendered)"
+    if shutil.which("kustomize"):
+        cmd = ["kustomize", "build", str(path)]
+    elif shutil.which("kubectl"):
+        cmd = ["kubectl", "kustomize", str(path)]
+    else:
+        print(f"{label}: not checked (no kustomize or kubectl to render it)")
+        return []
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    if p.returncode != 0:
+        print(f"{label}: {' '.join(cmd)} failed (exit {p.returncode}): {p.stderr.decode(errors='replace')[-500:]}")
+        return None
+    return [{"file": label, "object": o} for o in yaml.safe_load_all(p.stdout) if o]
+
+
 def main(argv):
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
@@ -65,6 +86,10 @@ def main(argv):
     if not entries:
         print("no Kubernetes objects found in docker/k8s")
         return 1
+    overlay = rendered_overlay(ROOT / "docker" / "k8s-regions")
+    if overlay is None:
+        return 1
+    entries += overlay
     result = subprocess.run([node, str(HERE / "k8s_schema.mjs"), str(modules)],
                             input=json.dumps(entries).encode(), timeout=60)
     return result.returncode
