@@ -19,7 +19,13 @@ set -uo pipefail
 # shellcheck source=bench/gpu_run_setup.sh
 source "$(dirname "$0")/gpu_run_setup.sh"  # commit, build, out, header; shifts 2
 python=${DGMM_BENCH_PYTHON:-python3}
-export PYTHONPATH=$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}
+# The package as the build staged it (its sources, stubs and dgmm._core for
+# each Python it was built for); the source tree has no _core.
+if [[ -d $build/python/dgmm ]]; then
+  export PYTHONPATH=$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}
+else
+  export PYTHONPATH=$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}
+fi
 # The stubs the build generated, when it did; else the package makes its own.
 [[ -d $build/tests/python/client_python/proto_py ]] &&
   export DGMM_PY_PROTO_DIR=$PWD/$build/tests/python/client_python/proto_py
