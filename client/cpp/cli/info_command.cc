@@ -62,6 +62,16 @@ int RunInfo() {
               FormatBytes(limits.max_unary_message_bytes()).c_str(),
               FormatBytes(limits.max_block_bytes()).c_str(),
               static_cast<long long>(limits.max_dim()), static_cast<long long>(limits.max_queue()));
+  if (limits.regions_enabled()) {
+    std::printf("regions: on, local socket %s, budget %s, %lld per owner, idle timeout %lld s\n",
+                limits.local_socket().c_str(),
+                FormatBytes(limits.region_budget_bytes()).c_str(),
+                static_cast<long long>(limits.max_regions_per_client()),
+                static_cast<long long>(limits.region_idle_timeout_s()));
+  } else {
+    std::printf("regions: off (the server runs without --allow_regions)\n");
+  }
+  std::printf("instance: %s\n", info->instance_id().c_str());
   std::printf("devices:\n");
   for (const v1::DeviceInfo& d : info->devices()) PrintDevice(d);
   return kExitOk;
