@@ -293,36 +293,62 @@ TEST(CliShmTest, OnUsesSharedMemoryAndChecks) {
   EXPECT_EQ(RegisteredBytes(client), 0) << "dgmm-cli left its region registered";
 }
 
-TEST(CliShmTest, AutoUsesSharedMemoryWhenItCan) {
-  CliRun run = Cli("multiply --shm=auto --random=100 --check", RegionsServer());
-  EXPECT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("mode:       shm"));
+// The same-host path (issue 25) is dgmm-cli's default: matrices of 1 MiB
+// and more go through a staging region of the client, and the report says
+// which path the job took and why.
+TEST(CliShmTest, AutoIsTheDefaultAndUsesMemoryWhenItCan) {
+  for (const char* flags : {"", "--shm=auto "}) {
+    SCOPED_TRACE(flags);
+    CliRun run = Cli(std::string("multiply ") + flags + "--random=600 --check", RegionsServer());
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_THAT(run.output, HasSubstr("mode:       shm"));
+    EXPECT_THAT(run.output, HasSubstr("path:       same host"));
+    EXPECT_THAT(run.output, HasSubstr("): OK"));
+  }
+  for (const char* shape : {"--random=700 --cols=500 --dtype=f64 --layout=col --side=left",
+                            "--random=520 --cols=700 --layout=col",
+                            "--random=800 --cols=450 --dtype=f64 --side=right"}) {
+    SCOPED_TRACE(shape);
+    CliRun run = Cli(std::string("multiply --check ") + shape, RegionsServer());
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_THAT(run.output, HasSubstr("mode:       shm"));
+    EXPECT_THAT(run.output, HasSubstr("): OK"));
+  }
+  // Small matrices, and forced modes, go over the socket, and say why.
+  CliRun small = Cli("multiply --random=100 --check", RegionsServer());
+  EXPECT_EQ(small.exit_code, 0) << small.output;
+  EXPECT_THAT(small.output, HasSubstr("path:       socket (the matrix is under 1 MiB)"));
+  CliRun forced = Cli("multiply --random=600 --mode=stream --check", RegionsServer());
+  EXPECT_EQ(forced.exit_code, 0) << forced.output;
+  EXPECT_THAT(forced.output, HasSubstr("mode:       stream"));
+  EXPECT_THAT(forced.output, HasSubstr("path:       socket (--mode forces the socket)"));
 }
 
-TEST(CliShmTest, AutoFallsBackToStreamingAndSaysWhy) {
-  CliRun run = Cli("multiply --shm=auto --random=300 --check", RegionsOffServer());
+TEST(CliShmTest, AutoFallsBackToTheSocketAndSaysWhy) {
+  CliRun run = Cli("multiply --random=600 --check", RegionsOffServer());
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: FAILED_PRECONDITION: "
-                                    "this server does not take regions"));
+  EXPECT_THAT(run.output, HasSubstr("path:       socket: the same-host path was not usable: "
+                                    "FAILED_PRECONDITION: this server does not take regions"));
   EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
   EXPECT_THAT(run.output, HasSubstr("): OK"));
 
-  // A region over the server's region budget.
+  // A staging region over the server's region budget.
   ServerProcess small({"--backend=cpu", "--threads=1", "--allow_regions",
                        "--region_memory_budget=65536"});
-  run = Cli("multiply --shm=auto --random=300 --check", small);
+  run = Cli("multiply --random=600 --check", small);
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: RESOURCE_EXHAUSTED: "
-                                    "registering 360000 bytes would exceed the region budget"));
+  EXPECT_THAT(run.output, HasSubstr("path:       socket: the same-host path was not usable: "
+                                    "RESOURCE_EXHAUSTED: registering 2097152 bytes would exceed "
+                                    "the region budget"));
   EXPECT_THAT(run.output, HasSubstr("): OK"));
 
   ServerProcess* elsewhere = ElsewhereServer();
   if (elsewhere == nullptr) GTEST_SKIP() << "no mount namespaces here (unshare -m failed)";
-  run = Cli("multiply --shm=auto --random=300 --mode=stream --check", *elsewhere);
+  run = Cli("multiply --random=600 --check", *elsewhere);
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("streaming instead of shared memory: FAILED_PRECONDITION: "
-                                    "cannot reach the server's local socket"));
-  EXPECT_THAT(run.output, HasSubstr("mode:       stream"));
+  EXPECT_THAT(run.output, HasSubstr("path:       socket: the same-host path was not usable: "
+                                    "FAILED_PRECONDITION: cannot reach the server's local socket"));
+  EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
 }
 
 TEST(CliShmTest, OnFailsWhenItCannot) {
@@ -335,10 +361,11 @@ TEST(CliShmTest, OnFailsWhenItCannot) {
   EXPECT_THAT(run.output, HasSubstr("--shm=maybe is not valid"));
 }
 
-TEST(CliShmTest, OffIsTheDefault) {
-  CliRun run = Cli("multiply --random=64 --check", RegionsServer());
+TEST(CliShmTest, OffUsesTheSocket) {
+  CliRun run = Cli("multiply --shm=off --random=600 --check", RegionsServer());
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
+  EXPECT_THAT(run.output, HasSubstr("path:       socket (--shm=off)"));
 }
 
 }  // namespace

@@ -51,7 +51,8 @@ std::string ServerAddress();
 // A client for ServerAddress() with the common flags applied; INVALID_ARGUMENT for
 // a flag value that does not parse or a file (--tls_*, --auth_token_file)
 // that cannot be read. `stripes`: ClientOptions.stripes (multiply --stripes).
-absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes = 0);
+// `same_host`: ClientOptions.same_host (the same-host path of Multiply).
+absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes = 0, bool same_host = false);
 
 // Lower-case names without the enum prefix: "cuda_kernel", "float32".
 std::string BackendName(v1::Backend backend);

@@ -110,9 +110,10 @@ std::string ServerAddress() {
   return ServerFromListen(listen == nullptr ? "" : listen);
 }
 
-absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes) {
+absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes, bool same_host) {
   ClientOptions options;
   options.stripes = stripes;
+  options.same_host = same_host;
   const double deadline = absl::GetFlag(FLAGS_deadline);
   if (deadline < 0 || !std::isfinite(deadline)) {
     return absl::InvalidArgumentError(

@@ -53,11 +53,11 @@ multiply flags:
   --side=right|left    right: C = A·diag(d) (default); left: C = diag(d)·A.
   --backend=NAME       auto (default: the server's fastest), cpu, cuda-kernel, cublas.
   --mode=NAME          auto (default), unary (one message) or stream.
-  --shm=off|auto|on    A and C through a host-memory region (a memfd passed over the
-                       server's local socket), not the gRPC socket, when the server is
-                       on this host and runs with --allow_regions (mode: shm): off
-                       (default); auto streams otherwise and says why on stderr; on
-                       fails otherwise.
+  --shm=auto|on|off    A and C through memory, not the gRPC socket, when the server is
+                       on this host and runs with --allow_regions (mode: shm): auto
+                       (default) when it can and the matrix has 1 MiB or more, else
+                       the socket, and the report's path line says why; on always,
+                       else fail; off never. --mode=unary|stream forces the socket.
   --stripes=K          Split the job into K line ranges, each on its own
                        connection (spread over the replicas with round_robin);
                        0 (default): auto, min(8, matrix bytes / 32 MiB), so jobs

@@ -40,11 +40,12 @@ ABSL_FLAG(uint64_t, seed, 1, "With --random: the random seed.");
 ABSL_FLAG(bool, check, false,
           "Compare C with a float64 reference computed locally; exit 3 if the largest "
           "relative error exceeds --tolerance.");
-ABSL_FLAG(std::string, shm, "off",
-          "Move A and C through a host-memory region (a sealed memfd passed to the server over "
-          "its local socket) instead of the gRPC socket; the server must be on this host and "
-          "run with --allow_regions: off; auto (else stream, and say why on stderr); on (else "
-          "fail). --mode applies when streamed.");
+ABSL_FLAG(std::string, shm, "auto",
+          "Move A and C through memory instead of the gRPC socket when the server is on this "
+          "host and runs with --allow_regions (a staging region: a sealed memfd passed to the "
+          "server over its local socket): auto (default: when it can, for matrices of 1 MiB "
+          "and more, else the socket; the report's path line says which and why); on (always, "
+          "else fail); off (the socket). --mode=unary|stream forces the socket.");
 ABSL_FLAG(double, tolerance, 0,
           "Largest relative error --check accepts; 0 means 1e-6 for f32, 1e-14 for f64.");
 
@@ -313,7 +314,8 @@ int RunMultiply() {
   }
   absl::StatusOr<Operands> ops = random ? RandomOperands(choices->side) : ReadOperands();
   if (!ops.ok()) return ReportError(ops.status(), kExitUsage);
-  absl::StatusOr<std::unique_ptr<Client>> client = MakeClient(absl::GetFlag(FLAGS_stripes));
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      MakeClient(absl::GetFlag(FLAGS_stripes), /*same_host=*/choices->shm == Shm::kAuto);
   if (!client.ok()) return ReportError(client.status(), kExitUsage);
 
   const Job job = MakeJob(*ops, *choices);
@@ -323,8 +325,8 @@ int RunMultiply() {
   NpyArray out(ops->matrix->header());
   const absl::Time start = absl::Now();
   std::optional<absl::StatusOr<JobResult>> shm_result;
-  if (choices->shm != Shm::kOff) {
-    shm_result = RunShm(**client, job, choices->shm == Shm::kOn, out.data(), out.size_bytes());
+  if (choices->shm == Shm::kOn) {
+    shm_result = RunShm(**client, job, /*required=*/true, out.data(), out.size_bytes());
   }
   absl::StatusOr<JobResult> result =
       shm_result.has_value() ? *std::move(shm_result)
@@ -339,7 +341,22 @@ int RunMultiply() {
     if (!written.ok()) return ReportError(written, kExitRpcError);
   }
   const bool quiet = absl::GetFlag(FLAGS_quiet);
-  if (!quiet) PrintReport(job, *result, mode, wall);
+  if (!quiet) {
+    PrintReport(job, *result, mode, wall);
+    // Which path the bytes took, and why (--shm).
+    if (shm_result.has_value() || result->mode == TransferMode::kRegion) {
+      std::printf("path:       same host (a staging region the server maps; no payload on the "
+                  "socket)\n");
+    } else if (!result->socket_reason.empty()) {
+      std::printf("path:       socket: the same-host path was not usable: %s\n",
+                  result->socket_reason.c_str());
+    } else {
+      std::printf("path:       socket (%s)\n",
+                  choices->shm == Shm::kOff        ? "--shm=off"
+                  : choices->mode != Mode::kAuto   ? "--mode forces the socket"
+                                                   : "the matrix is under 1 MiB");
+    }
+  }
   if (!absl::GetFlag(FLAGS_check)) return kExitOk;
 
   const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)

@@ -283,7 +283,15 @@ size_t ElementSize(v1::DType dtype) {
 }
 
 const char* TransferModeName(TransferMode mode) {
-  return mode == TransferMode::kUnary ? "unary" : "stream";
+  switch (mode) {
+    case TransferMode::kUnary:
+      return "unary";
+    case TransferMode::kStream:
+      return "stream";
+    case TransferMode::kRegion:
+      return "shm";
+  }
+  return "?";
 }
 
 int AttemptsOf(const absl::Status& status) {
@@ -517,6 +525,14 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   if (!options_status_.ok()) return options_status_;
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
+  std::string socket_reason;
+  if (!mode.has_value() && options_.same_host &&
+      static_cast<int64_t>(*bytes) >= options_.same_host_min_bytes &&
+      (cancel == nullptr || !cancel->cancelled())) {
+    std::optional<absl::StatusOr<JobResult>> done =
+        SameHostJob(job, out, *bytes, progress, &socket_reason);
+    if (done.has_value()) return *std::move(done);
+  }
   JobRun run;
   // The token fails the run (cancelling its calls and ending its waits)
   // until the run is over.
@@ -582,6 +598,7 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   result.part_stats = run.stats;
   result.received_bytes = run.received_bytes.load();
   result.resumed = run.resumed.load();
+  result.socket_reason = std::move(socket_reason);
   result.stats = run.stats[0];
   if (k > 1) {
     int64_t h2d = 0, compute = 0, d2h = 0, queue = 0, total = 0;

@@ -11,6 +11,7 @@ output array) and turns the outcome into Python objects. Jobs run without
 the GIL; Ctrl-C cancels a running job.
 """
 
+import os
 import threading
 
 import grpc
@@ -242,7 +243,8 @@ class MultiplyInfo:
     """How a multiply ran (multiply(..., return_info=True)).
 
     Attributes:
-      mode: "unary" when every part went as one Multiply, else "stream".
+      mode: "shm" when the job went through memory (the same-host path),
+        "unary" when every part went as one Multiply, else "stream".
       stripes: K, the number of parts (connections) the job was split into.
       attempts: attempts over all parts (K when nothing was retried).
       resumed: how many retries resumed a stream after part of its result
@@ -250,10 +252,13 @@ class MultiplyInfo:
       group_id: the JobHeader.group.id of the parts, "" when K == 1.
       stats: the dgmm.pb.JobStats of each part's last attempt, in line order
         (a resumed part's stats cover only the lines of that attempt).
+      socket_reason: why a job that could have taken the same-host path
+        went over the socket ("" when it took it, or was not a candidate).
     """
 
-    def __init__(self, mode, stripes, attempts, resumed, group_id, stats):
+    def __init__(self, mode, stripes, attempts, resumed, group_id, stats, socket_reason=""):
         self.mode = mode
+        self.socket_reason = socket_reason
         self.stripes = stripes
         self.attempts = attempts
         self.resumed = resumed
@@ -440,7 +445,7 @@ class _Pending:
         """The multiply() result; wait: run() the job here (Ctrl-C cancels
         it), else result() of a job start()ed before."""
         try:
-            mode, stripes, attempts, resumed, _received, stats = (
+            mode, stripes, attempts, resumed, _received, stats, socket_reason = (
                 self.handle.run() if wait else self.handle.result())
         except _core.Error as e:
             _code, _message, failed_attempts, _pushback, plan_stripes, plan_mode = e.args
@@ -460,7 +465,8 @@ class _Pending:
             result.append(_merged_stats(part_stats))
         if self.return_info:
             group_id = part_stats[0].group.id if stripes > 1 and part_stats else ""
-            result.append(MultiplyInfo(mode, stripes, attempts, resumed, group_id, part_stats))
+            result.append(MultiplyInfo(mode, stripes, attempts, resumed, group_id, part_stats,
+                                       socket_reason))
         return tuple(result)
 
 
@@ -515,11 +521,17 @@ class Client:
         the shortest time a connection attempt (TCP, TLS and HTTP/2
         handshakes) may take before it is abandoned: keep it above the
         slowest handshake you expect. gRPC raises each to at least 0.1 s.
-      local_socket: for region calls (dgmm.regions), the path of the
-        server's local socket as this process sees it; default
-        $DGMM_LOCAL_SOCKET, else the path the server reports
+      local_socket: for region calls (dgmm.regions) and the same-host path,
+        the path of the server's local socket as this process sees it;
+        default $DGMM_LOCAL_SOCKET, else the path the server reports
         (GetServerInfo's limits.local_socket). Set it in a container that
         mounts the socket's directory elsewhere.
+      same_host: True (default): when the server is on this host and takes
+        regions, multiply() moves matrices of 1 MiB and more through a
+        staging region of this client (a sealed memfd the server maps,
+        registered once and reused) instead of the socket: info.mode is then
+        "shm". Otherwise, or when that path fails before the job ran, the
+        socket, and info.socket_reason says why. False: always the socket.
 
     Each Client has its own connection, as a client in another process would.
     A striped job with K parts uses K connections, made when first needed
@@ -535,7 +547,7 @@ class Client:
                  unary_limit_bytes=None, block_bytes=None, retry=None,
                  load_balancing_policy=None,
                  initial_reconnect_backoff=0.1, min_reconnect_backoff=2.0,
-                 max_reconnect_backoff=1.0, local_socket=None):
+                 max_reconnect_backoff=1.0, local_socket=None, same_host=True):
         if not (0 < initial_reconnect_backoff <= max_reconnect_backoff and
                 min_reconnect_backoff > 0):
             raise ValueError("dgmm.Client: reconnect backoffs must be positive and "
@@ -567,6 +579,8 @@ class Client:
             "initial_reconnect_backoff": initial_reconnect_backoff,
             "min_reconnect_backoff": min_reconnect_backoff,
             "max_reconnect_backoff": max_reconnect_backoff,
+            "same_host": bool(same_host),
+            "local_socket": local_socket or os.environ.get("DGMM_LOCAL_SOCKET") or None,
         }
         self._target = target
         self._credentials = credentials

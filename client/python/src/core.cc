@@ -485,7 +485,8 @@ class Job {
     py::list stats;
     for (const dgmm::v1::JobStats& s : result->part_stats) stats.append(Serialize(s));
     return py::make_tuple(std::string(dgmm::TransferModeName(result->mode)), result->stripes,
-                          result->attempts, result->resumed, result->received_bytes, stats);
+                          result->attempts, result->resumed, result->received_bytes, stats,
+                          result->socket_reason);
   }
 
  private:
@@ -610,6 +611,10 @@ std::shared_ptr<dgmm::Client> MakeClient(const std::string& target, const py::di
       Seconds(get("min_reconnect_backoff"), options.min_reconnect_backoff);
   options.max_reconnect_backoff =
       Seconds(get("max_reconnect_backoff"), options.max_reconnect_backoff);
+  if (!get("same_host").is_none()) options.same_host = get("same_host").cast<bool>();
+  if (!get("local_socket").is_none()) {
+    options.local_socket = get("local_socket").cast<std::string>();
+  }
   absl::StatusOr<std::unique_ptr<dgmm::Client>> client = dgmm::Client::Create(target, options);
   if (!client.ok()) Raise(client.status());
   return std::shared_ptr<dgmm::Client>(std::move(*client));

@@ -190,6 +190,19 @@ struct ClientOptions {
   // sees it. Empty: the path GetServerInfo reports (limits.local_socket);
   // set it when the socket is mounted elsewhere (another container).
   std::string local_socket;
+  // The same-host path (issue 25): when the server is on this host (its
+  // local socket answers, with its instance id) and takes regions, Multiply
+  // copies A into a staging region of this client (a sealed memfd the
+  // server maps, registered once, grown geometrically, reused by every job
+  // and pinned by the server once reused), runs the job there in place and
+  // copies C out, with several threads: no payload crosses the socket.
+  // Otherwise, or when that path fails before the job ran, the socket
+  // (JobResult.socket_reason says why). Off: always the socket.
+  // MultiplyUnary and MultiplyStream always use the socket.
+  bool same_host = true;
+  // Smaller matrices go over the socket (one small message costs less than
+  // the copies and the region call).
+  int64_t same_host_min_bytes = int64_t{1} << 20;
 };
 
 // OK when `options` can be used: positive sizes, a sane retry policy and
@@ -241,9 +254,12 @@ class CancelToken {
   std::function<void()> on_cancel_;     // the running job's; guarded by mu_
 };
 
-enum class TransferMode { kUnary, kStream };
+// How a job's bytes travelled: one Multiply message, a MultiplyStream, or
+// (kRegion) through memory: the same-host path, a staging region the server
+// maps (ClientOptions.same_host).
+enum class TransferMode { kUnary, kStream, kRegion };
 
-// "unary" or "stream".
+// "unary", "stream" or "shm".
 const char* TransferModeName(TransferMode mode);
 
 struct JobResult {
@@ -267,6 +283,11 @@ struct JobResult {
   int64_t received_bytes = 0;
   // Retries that resumed a stream after part of its result had arrived.
   int resumed = 0;
+  // Why a job that could have taken the same-host path went over the socket
+  // (the server is remote, has no regions, its region budget is full, ...);
+  // empty when it took that path (mode kRegion) or was not a candidate
+  // (same_host off, a forced mode, a matrix under same_host_min_bytes).
+  std::string socket_reason;
 };
 
 // Attempts a failed job made over all its parts (a Multiply error carries
@@ -432,6 +453,25 @@ class Client {
   std::vector<std::unique_ptr<Lane>> stripe_lanes_;  // guarded by lanes_mu_
   std::mutex session_mu_;
   std::shared_ptr<LocalSession> session_;  // guarded by session_mu_
+
+  // The same-host path (src/same_host.cc).
+  struct Staging;
+  // The job through a staging region: its result, or nullopt (with *why)
+  // when it should go over the socket instead.
+  std::optional<absl::StatusOr<JobResult>> SameHostJob(const Job& job, void* out,
+                                                       size_t matrix_bytes,
+                                                       const ProgressCallback& progress,
+                                                       std::string* why);
+  // A staging region of at least `bytes` (from the free list, else new).
+  absl::StatusOr<std::shared_ptr<Staging>> TakeStaging(size_t bytes);
+  void ReturnStaging(std::shared_ptr<Staging> staging);
+  std::mutex staging_mu_;
+  std::vector<std::shared_ptr<Staging>> staging_;  // free ones; guarded by staging_mu_
+  // Why the server is not usable through memory, and when that was found
+  // (checked again a minute later); OK: usable or not checked yet.
+  absl::Status same_host_off_;          // guarded by staging_mu_
+  absl::Time same_host_checked_;        // guarded by staging_mu_
+  int64_t staging_made_ = 0;            // guarded by staging_mu_
 };
 
 // For a short-lived program (a command-line tool, a batch job): call first

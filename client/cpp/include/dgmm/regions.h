@@ -210,6 +210,10 @@ class SharedMemoryRegion {
   // and the object stay until destruction. Later calls (and the destructor)
   // do not unregister again.
   absl::Status Unregister();
+  // Forgets the registration without a call (the destructor then only
+  // unmaps): for a region whose session is known to have closed, where the
+  // server has dropped it already.
+  void Abandon() { registered_ = false; }
 
  private:
   SharedMemoryRegion(Client* client, std::string name, std::string key, int fd, void* data,
