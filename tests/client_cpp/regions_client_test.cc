@@ -8,6 +8,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dgmm/client.h"
 #include "dgmm/regions.h"
 #include "gmock/gmock.h"
@@ -30,6 +34,12 @@ namespace dgmm {
 namespace {
 
 using ::testing::HasSubstr;
+
+int CountSubstr(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
 using ::testing::Not;
 using testing::CliBinary;
 using testing::Operands;
@@ -264,6 +274,172 @@ TEST(SharedMemoryRegionTest, ServerWhoseSocketIsOutOfReachIsFailedPrecondition) 
   Client by_hand(RegionsServer().address(), options);
   EXPECT_EQ(SharedMemoryRegion::Create(by_hand, 4096).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------- same host (25)
+
+// Client::Multiply's same-host path against `server`: C in a NaN-poisoned
+// buffer, compared with a float64 reference.
+template <typename T>
+JobResult SameHostJob(Client& client, const Operands<T>& ops, double* error) {
+  std::vector<T> out = ops.NanOutput();
+  absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), out.data(), out.size() * sizeof(T));
+  EXPECT_TRUE(r.ok()) << r.status();
+  *error = ops.MaxRelativeError(out);
+  return r.ok() ? *r : JobResult();
+}
+
+TEST(SameHostTest, EveryDtypeLayoutAndSideThroughMemory) {
+  Client client(RegionsServer().address());
+  uint64_t seed = 40;
+  for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
+    for (v1::Side side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
+      SCOPED_TRACE(absl::StrCat(v1::Layout_Name(layout), " ", v1::Side_Name(side)));
+      double error = 0;
+      JobResult f = SameHostJob(client, Operands<float>(611, 487, layout, side, seed++), &error);
+      EXPECT_EQ(f.mode, TransferMode::kRegion) << f.socket_reason;
+      EXPECT_LE(error, std::numeric_limits<float>::epsilon());
+      JobResult d = SameHostJob(client, Operands<double>(389, 401, layout, side, seed++), &error);
+      EXPECT_EQ(d.mode, TransferMode::kRegion) << d.socket_reason;
+      EXPECT_LE(error, std::numeric_limits<double>::epsilon());
+      EXPECT_EQ(d.socket_reason, "");
+    }
+  }
+}
+
+TEST(SameHostTest, NotCoLocatedGoesOverTheSocketWithTheSameResults) {
+  Operands<float> ops(700, 500, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 77);
+  double error = 0;
+  Client off(RegionsOffServer().address());
+  JobResult r = SameHostJob(off, ops, &error);
+  EXPECT_NE(r.mode, TransferMode::kRegion);
+  EXPECT_THAT(r.socket_reason, HasSubstr("does not take regions"));
+  EXPECT_LE(error, std::numeric_limits<float>::epsilon());
+  ClientOptions no;
+  no.same_host = false;
+  Client socket_only(RegionsServer().address(), no);
+  r = SameHostJob(socket_only, ops, &error);
+  EXPECT_NE(r.mode, TransferMode::kRegion);
+  EXPECT_EQ(r.socket_reason, "");
+  EXPECT_LE(error, std::numeric_limits<float>::epsilon());
+  // Forced modes are the socket's.
+  Client client(RegionsServer().address());
+  std::vector<float> out = ops.NanOutput();
+  absl::StatusOr<JobResult> forced =
+      client.MultiplyStream(ops.MakeJob(), out.data(), out.size() * sizeof(float));
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_EQ(forced->mode, TransferMode::kStream);
+  if (ServerProcess* elsewhere = ElsewhereServer(); elsewhere != nullptr) {
+    Client far(elsewhere->address());
+    r = SameHostJob(far, ops, &error);
+    EXPECT_NE(r.mode, TransferMode::kRegion);
+    EXPECT_THAT(r.socket_reason, HasSubstr("cannot reach the server's local socket"));
+    EXPECT_LE(error, std::numeric_limits<float>::epsilon());
+  }
+}
+
+// The client's staging regions, as any session of its uid sees them.
+std::vector<int64_t> StagingSizes(Client& observer) {
+  std::vector<int64_t> sizes;
+  absl::StatusOr<v1::GetRegionStatusResponse> listed = GetRegionStatus(observer);
+  EXPECT_TRUE(listed.ok()) << listed.status();
+  if (!listed.ok()) return sizes;
+  const std::string prefix = "dgmm-staging-" + std::to_string(getpid()) + "-";
+  for (const v1::RegionStatus& r : listed->regions()) {
+    if (r.name().rfind(prefix, 0) == 0) sizes.push_back(r.byte_size());
+  }
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
+}
+
+TEST(SameHostTest, StagingGrowsWithTheJobsAndIsReused) {
+  Client observer(RegionsServer().address());
+  ASSERT_TRUE(StagingSizes(observer).empty());
+  {
+    Client client(RegionsServer().address());
+    double error = 0;
+    // 1.2 MB, then 2.9 MB, then 1.2 MB again, then 8.2 MB.
+    for (int64_t n : {550, 850, 550, 1430}) {
+      JobResult r = SameHostJob(
+          client, Operands<float>(n, n, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 500 + n), &error);
+      EXPECT_EQ(r.mode, TransferMode::kRegion) << r.socket_reason;
+      EXPECT_LE(error, std::numeric_limits<float>::epsilon()) << n;
+    }
+    // 2 MiB for the first, 4 MiB for the second (the 2 MiB one was reused
+    // by the third), 8 MiB... for the last: powers of two, kept for reuse.
+    EXPECT_EQ(StagingSizes(observer), (std::vector<int64_t>{2 << 20, 4 << 20, 8 << 20}));
+    absl::StatusOr<v1::GetRegionStatusResponse> listed = GetRegionStatus(observer);
+    ASSERT_TRUE(listed.ok());
+    for (const v1::RegionStatus& r : listed->regions()) {
+      if (r.byte_size() == (2 << 20)) {
+        EXPECT_EQ(r.jobs_total(), 2) << "reused";
+      }
+      EXPECT_TRUE(r.sealed());
+    }
+  }
+  // The client is gone: its session and its staging regions with it.
+  for (int i = 0; i < 250 && !StagingSizes(observer).empty(); ++i) usleep(20000);
+  EXPECT_TRUE(StagingSizes(observer).empty());
+}
+
+TEST(SameHostTest, TwoClientsAtOnceAndTwoProcesses) {
+  Client a(RegionsServer().address()), b(RegionsServer().address());
+  std::atomic<int> wrong{0};
+  const auto run = [&](Client* c, uint64_t seed) {
+    for (int i = 0; i < 4; ++i) {
+      double error = 0;
+      JobResult r = SameHostJob(
+          *c, Operands<float>(600, 600, v1::LAYOUT_COL_MAJOR, v1::SIDE_RIGHT, seed + i), &error);
+      if (r.mode != TransferMode::kRegion || error > std::numeric_limits<float>::epsilon()) {
+        std::fprintf(stderr, "client %p seed %llu: mode %s (%s), error %g\n",
+                     static_cast<void*>(c), static_cast<unsigned long long>(seed + i),
+                     TransferModeName(r.mode), r.socket_reason.c_str(), error);
+        wrong.fetch_add(1);
+      }
+    }
+  };
+  std::thread ta(run, &a, 1000), tb(run, &b, 2000), tc(run, &a, 3000);  // a from two threads
+  ta.join();
+  tb.join();
+  tc.join();
+  EXPECT_EQ(wrong.load(), 0);
+  std::string output;
+  const std::string cli = CliBinary() + " multiply --random=600 --check --server=" +
+                          RegionsServer().address();
+  EXPECT_EQ(RunCommand("(" + cli + " & " + cli + " & wait) 2>&1", &output), 0) << output;
+  EXPECT_EQ(CountSubstr(output, "mode:       shm"), 2) << output;
+  EXPECT_EQ(CountSubstr(output, "): OK"), 2) << output;
+}
+
+TEST(SameHostTest, AClientKilledMidJobLeavesNothingOnTheServer) {
+  ServerProcess server({"--backend=cpu", "--threads=1", "--allow_regions"});
+  Client observer(server.address());
+  // A large job (a few hundred ms on this CPU server); the process is
+  // killed while it runs (or just before or after: either way nothing of
+  // it may stay).
+  const std::string cmd = CliBinary() + " multiply --random=5000 --dtype=f64 --server=" +
+                          server.address() + " > /dev/null 2>&1 & sleep 0.4; kill -9 $!; wait";
+  std::string output;
+  RunCommand(cmd, &output);
+  int64_t registered = -1, reserved = -1;
+  for (int i = 0; i < 250; ++i) {
+    absl::StatusOr<v1::GetRegionStatusResponse> listed = GetRegionStatus(observer);
+    absl::StatusOr<v1::GetServerInfoResponse> info = observer.GetServerInfo();
+    ASSERT_TRUE(listed.ok() && info.ok());
+    registered = listed->registered_bytes();
+    reserved = 0;
+    for (const v1::DeviceInfo& d : info->devices()) reserved += d.reserved_bytes();
+    if (registered == 0 && reserved == 0) break;
+    usleep(20000);
+  }
+  EXPECT_EQ(registered, 0);
+  EXPECT_EQ(reserved, 0);
+  // And the server serves.
+  double error = 0;
+  JobResult r = SameHostJob(observer, Operands<float>(600, 600, v1::LAYOUT_ROW_MAJOR,
+                                                      v1::SIDE_RIGHT, 9), &error);
+  EXPECT_EQ(r.mode, TransferMode::kRegion) << r.socket_reason;
+  EXPECT_LE(error, std::numeric_limits<float>::epsilon());
 }
 
 // dgmm-cli against `server`: output (stdout and stderr) and exit code.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -104,13 +105,14 @@ absl::StatusOr<std::shared_ptr<Client::Staging>> Client::TakeStaging(size_t byte
       return s;
     }
   }
-  int64_t n;
-  {
-    std::lock_guard lock(staging_mu_);
-    n = staging_made_++;
-  }
-  auto region = SharedMemoryRegion::Create(
-      *this, StagingSize(bytes), absl::StrFormat("dgmm-staging-%d-%d", getpid(), n));
+  // Unique among the regions of this uid: names are the uid's (with its
+  // token), shared by every client object and process of it, and pids repeat
+  // across PID namespaces.
+  static std::atomic<uint64_t> made{0};
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  const std::string name = absl::StrFormat("dgmm-staging-%d-%d-%08x", getpid(), made.fetch_add(1),
+                                           static_cast<uint32_t>(rng()));
+  auto region = SharedMemoryRegion::Create(*this, StagingSize(bytes), name);
   if (!region.ok()) return region.status();
   auto s = std::make_shared<Staging>();
   s->region = std::move(*region);

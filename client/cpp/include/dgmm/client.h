@@ -471,7 +471,6 @@ class Client {
   // (checked again a minute later); OK: usable or not checked yet.
   absl::Status same_host_off_;          // guarded by staging_mu_
   absl::Time same_host_checked_;        // guarded by staging_mu_
-  int64_t staging_made_ = 0;            // guarded by staging_mu_
 };
 
 // For a short-lived program (a command-line tool, a batch job): call first
