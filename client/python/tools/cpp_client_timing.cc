@@ -4,9 +4,12 @@
 //
 //   dgmm_cpp_client_timing SERVER N REPEATS [WARMUP] [f32|f64]
 //
-// Prints one line: `{"n": N, "seconds": [t1, t2, ...]}` (each one Multiply,
-// after WARMUP untimed ones). Exits 1 on an RPC error, 3 when the first
-// result differs from a float64 reference.
+// Prints one line: `{"n": N, "seconds": [t1, t2, ...], "first": t0, "mode":
+// M}` (each one Multiply after WARMUP untimed ones; `first` is the client's
+// first job, connection and same-host set-up included; M the last job's
+// TransferModeName). DGMM_SAME_HOST=0 in the environment turns the
+// same-host path off (ClientOptions.same_host). Exits 1 on an RPC error, 3
+// when the first result differs from a float64 reference.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,7 +30,12 @@ int Run(const std::string& server, int64_t n, int repeats, int warmup, dgmm::v1:
   for (T& x : a) x = static_cast<T>(dist(rng));
   for (T& x : d) x = static_cast<T>(dist(rng));
   std::vector<T> c(a.size(), static_cast<T>(NAN));
-  dgmm::Client client(server);
+  dgmm::ClientOptions options;
+  const char* same_host = std::getenv("DGMM_SAME_HOST");
+  options.same_host = same_host == nullptr || std::string(same_host) != "0";
+  dgmm::Client client(server, options);
+  double first = 0;
+  std::string mode;
   dgmm::Job job;
   job.matrix = {a.data(), n, n, dtype, dgmm::v1::LAYOUT_ROW_MAJOR};
   job.diagonal = d.data();
@@ -56,11 +64,13 @@ int Run(const std::string& server, int64_t n, int repeats, int warmup, dgmm::v1:
         }
       }
     }
+    if (i == 0) first = std::chrono::duration<double>(end - start).count();
+    mode = dgmm::TransferModeName(r->mode);
     if (i >= warmup) seconds.push_back(std::chrono::duration<double>(end - start).count());
   }
   std::printf("{\"n\": %lld, \"seconds\": [", static_cast<long long>(n));
   for (size_t i = 0; i < seconds.size(); ++i) std::printf(i ? ", %.9f" : "%.9f", seconds[i]);
-  std::printf("]}\n");
+  std::printf("], \"first\": %.9f, \"mode\": \"%s\"}\n", first, mode.c_str());
   return 0;
 }
 

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""The user's path (issue 25): one float32 job C = A·diag(d), N x N, as a user
+with NumPy arrays or .npy files on the server's host runs it, next to what
+that user would run instead. Every row has its ratio to NumPy `A*d` measured
+in the same run, and dgmm's rows are timed as a first job (cold: a new
+client, its connection and same-host set-up included) and as later ones
+(warm). The server is a separate process started here with --allow_regions.
+
+Rows:
+  numpy A*d               in this process (a new array per call)
+  numpy .npy files        np.load(A.npy), np.load(d.npy), A*d, np.save(C.npy)
+  cupy pageable / pinned  H2D, A*d[None, :], D2H (GPU only, CuPy importable)
+  PCIe duplex floor       H2D and D2H of the matrix at once on two streams
+  python socket / shm     dgmm.Client(same_host=False|True).multiply(a, d, out=c)
+  c++ socket / shm        dgmm::Client::Multiply (dgmm_cpp_client_timing)
+  cli .npy socket / shm   dgmm-cli multiply --matrix A.npy --diag d.npy --out C.npy
+                          (--shm=off, or the default), a process per job
+  region reused           a region registered once, the data living in it
+                          (client.multiply_region), the engine's best case
+
+Targets (issue 25; on the GPU host at N = 10000 and 20000; on a CPU host
+only the last one): Python shm warm <= 0.33 x NumPy and faster than CuPy
+pageable; C++ shm warm <= 0.25 x NumPy; a first shm job no slower than a
+first socket job (Python, C++); CPU backend: C++ shm warm <= 1.0 x NumPy.
+Each printed MET or MISSED with its ratio.
+
+  build/python-venv/bin/python bench/user_path_bench.py --n 1000 2000 --backend cpu
+  python3 bench/user_path_bench.py --n 4000 10000 20000 --build .gpu/build   # GPU host
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
+from dgmm_server import ServerProcess  # noqa: E402
+
+
+def import_dgmm(build):
+    staged = os.path.join(build, "python")
+    if os.path.isdir(os.path.join(staged, "dgmm")):
+        sys.path.insert(0, staged)
+    import dgmm  # noqa: F401
+    return sys.modules["dgmm"]
+
+
+def commit():
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def median_ms(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def check(c, a, d):
+    want = a.astype(np.float64) * d.astype(np.float64)
+    err = np.max(np.abs(c.astype(np.float64) - want) / np.maximum(np.abs(want), 1e-30))
+    if not err <= 1e-6:
+        raise SystemExit("wrong result: max relative error %g" % err)
+
+
+def cupy_rows(a, d, reps):
+    """CuPy pageable, CuPy pinned and the duplex floor (ms), or None."""
+    try:
+        import cupy as cp
+        import cupyx
+    except ImportError:
+        return None
+    cp.cuda.runtime.deviceSynchronize()
+
+    def pageable():
+        ga = cp.asarray(a)
+        gd = cp.asarray(d)
+        out = (ga * gd[None, :]).get()
+        cp.cuda.runtime.deviceSynchronize()
+        return out
+
+    check(pageable(), a, d)
+    pageable_ms = median_ms(pageable, reps)
+    ha = cupyx.empty_pinned(a.shape, a.dtype)
+    ha[...] = a
+    hc = cupyx.empty_pinned(a.shape, a.dtype)
+    ga = cp.empty_like(ha)
+    gc = cp.empty_like(ha)
+    gd = cp.asarray(d)
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def pinned():
+        with stream:
+            ga.set(ha, stream=stream)
+            cp.multiply(ga, gd[None, :], out=gc)
+            gc.get(stream=stream, out=hc)
+        stream.synchronize()
+
+    pinned()
+    check(hc, a, d)
+    pinned_ms = median_ms(pinned, reps)
+    up, down = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+
+    def duplex():
+        ga.set(ha, stream=up)
+        gc.get(stream=down, out=hc)
+        up.synchronize()
+        down.synchronize()
+
+    duplex()
+    floor_ms = median_ms(duplex, reps)
+    return pageable_ms, pinned_ms, floor_ms
+
+
+def python_rows(dgmm, address, a, d, reps, same_host):
+    """(cold ms, warm ms, mode) of the Python client."""
+    c = np.empty_like(a)
+    t0 = time.perf_counter()
+    client = dgmm.Client(address, same_host=same_host)
+    _, info = client.multiply(a, d, out=c, return_info=True)
+    cold = (time.perf_counter() - t0) * 1e3
+    check(c, a, d)
+    warm = median_ms(lambda: client.multiply(a, d, out=c), reps)
+    _, info = client.multiply(a, d, out=c, return_info=True)
+    client.close()
+    return cold, warm, info.mode + (" (%s)" % info.socket_reason if info.socket_reason else "")
+
+
+def cpp_rows(tool, address, n, reps, same_host):
+    env = dict(os.environ, DGMM_SAME_HOST="1" if same_host else "0")
+    run = subprocess.run([tool, address, str(n), str(reps), "1"], capture_output=True,
+                         text=True, env=env, timeout=600)
+    if run.returncode != 0:
+        raise SystemExit("%s: %s" % (tool, run.stderr.strip()))
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    return out["first"] * 1e3, statistics.median(out["seconds"]) * 1e3, out["mode"]
+
+
+def cli_rows(cli, address, files, reps, same_host):
+    a_path, d_path, c_path = files
+    base = [cli, "multiply", "--matrix", a_path, "--diag", d_path, "--out", c_path,
+            "--server", address] + ([] if same_host else ["--shm=off"])
+    cmd = base + ["--quiet"]
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        times.append((time.perf_counter() - t0) * 1e3)
+        if run.returncode != 0:
+            raise SystemExit("dgmm-cli: %s" % run.stderr.strip())
+    report = subprocess.run(base, capture_output=True, text=True, timeout=600).stdout
+    mode = next((line.split(None, 1)[1].split(",")[0] for line in report.splitlines()
+                 if line.startswith("mode:")), "?")
+    return times[0], statistics.median(times[1:]), mode
+
+
+def region_row(dgmm, address, a, d, reps):
+    client = dgmm.Client(address)
+    region = dgmm.SharedMemoryRegion(2 * a.nbytes)
+    region.register(client, "bench-reused")
+    ra = region.ndarray(a.shape, a.dtype)
+    rc = region.ndarray(a.shape, a.dtype, offset=a.nbytes)
+    ra[...] = a
+    client.multiply_region(ra, d, out=rc)
+    check(rc, a, d)
+    warm = median_ms(lambda: client.multiply_region(ra, d, out=rc), reps)
+    region.close()
+    client.close()
+    return warm
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[1000, 2000])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--build", default=os.environ.get("DGMM_BUILD_DIR",
+                                                          os.path.join(REPO, "build")))
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--server-flags", default="")
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--out", help="also write the report here")
+    args = parser.parse_args()
+    build = os.path.abspath(args.build)
+    dgmm = import_dgmm(build)
+    tool = os.path.join(build, "python", "dgmm_cpp_client_timing")
+    cli = os.path.join(build, "client", "cpp", "dgmm-cli")
+    server_bin = os.path.join(build, "service", "dgmm-server")
+    lines = []
+
+    def say(line=""):
+        print(line, flush=True)
+        lines.append(line)
+
+    flags = ["--allow_regions", "--region_memory_budget=8GiB"] + shlex.split(args.server_flags)
+    server = ServerProcess(binary=server_bin, flags=flags, backend=args.backend)
+    try:
+        say("# The user's path (issue 25)")
+        say()
+        say("- date: %s" % datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
+        say("- host: %s, %d CPUs, Python %s" % (platform.node(), os.cpu_count(),
+                                                 platform.python_version()))
+        gpu = subprocess.run("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader",
+                             shell=True, capture_output=True, text=True).stdout.strip()
+        say("- gpu: %s" % (gpu or "none (CPU backend)"))
+        say("- commit: %s" % (args.commit or commit()))
+        say("- command: `%s`" % " ".join(shlex.quote(x) for x in sys.argv))
+        say("- server: `dgmm-server %s --backend=%s`" % (" ".join(flags), args.backend))
+        say("- float32, C = A·diag(d), side right; ms, medians of %d; cold = a new client's "
+            "first job (its connection and same-host set-up included); CLI rows are whole "
+            "processes" % args.reps)
+        say()
+        results = {}
+        for n in args.n:
+            rng = np.random.default_rng(n)
+            a = rng.uniform(-4, 4, (n, n)).astype(np.float32)
+            d = rng.uniform(-4, 4, n).astype(np.float32)
+            row = {}
+            row["numpy A*d"] = (None, median_ms(lambda: a * d, args.reps), "")
+            with tempfile.TemporaryDirectory(prefix="dgmm-user-path-") as tmp:
+                files = tuple(os.path.join(tmp, x) for x in ("A.npy", "d.npy", "C.npy"))
+                np.save(files[0], a)
+                np.save(files[1], d)
+
+                def numpy_files():
+                    np.save(files[2], np.load(files[0]) * np.load(files[1]))
+
+                row["numpy .npy files"] = (None, median_ms(numpy_files, args.reps), "")
+                for same_host in (False, True):
+                    tag = "shm" if same_host else "socket"
+                    row["cli .npy " + tag] = cli_rows(cli, server.address, files, args.reps,
+                                                      same_host)
+                    check(np.load(files[2]), a, d)
+            cupy = cupy_rows(a, d, args.reps) if args.backend != "cpu" else None
+            if cupy is not None:
+                row["cupy pageable"] = (None, cupy[0], "")
+                row["cupy pinned"] = (None, cupy[1], "")
+                row["PCIe duplex floor"] = (None, cupy[2], "")
+            for same_host in (False, True):
+                tag = "shm" if same_host else "socket"
+                row["python " + tag] = python_rows(dgmm, server.address, a, d, args.reps,
+                                                   same_host)
+                row["c++ " + tag] = cpp_rows(tool, server.address, n, args.reps, same_host)
+            row["region reused"] = (None, region_row(dgmm, server.address, a, d, args.reps), "")
+            results[n] = row
+        numpy_ms = {n: results[n]["numpy A*d"][1] for n in results}
+        say("| path | " + " | ".join("N=%d cold | N=%d warm | × NumPy" % (n, n) for n in results)
+            + " | mode |")
+        say("|---|" + "---|---|---|" * len(results) + "---|")
+        for name in results[args.n[0]]:
+            cells = []
+            mode = ""
+            for n in results:
+                cold, warm, m = results[n][name]
+                mode = m or mode
+                cells.append("%s | %.1f | %.2f" % ("" if cold is None else "%.1f" % cold, warm,
+                                                   warm / numpy_ms[n]))
+            say("| %s | %s | %s |" % (name, " | ".join(cells), mode))
+        say()
+        say("## Targets")
+        say()
+        say("| target | measured | ratio | verdict |")
+        say("|---|---|---|---|")
+
+        def target(name, value, limit, measured):
+            say("| %s | %s | %.2f | %s |" % (name, measured, value,
+                                             "MET" if value <= limit else "MISSED"))
+
+        gpu_host = args.backend != "cpu" and any("cupy pageable" in r for r in results.values())
+        for n in results:
+            r = results[n]
+            if gpu_host and n >= 10000:
+                target("python shm warm <= 0.33 x NumPy, N=%d" % n,
+                       r["python shm"][1] / numpy_ms[n], 0.33,
+                       "%.1f vs %.1f ms" % (r["python shm"][1], numpy_ms[n]))
+                target("python shm warm faster than CuPy pageable, N=%d" % n,
+                       r["python shm"][1] / r["cupy pageable"][1], 1.0,
+                       "%.1f vs %.1f ms" % (r["python shm"][1], r["cupy pageable"][1]))
+                target("c++ shm warm <= 0.25 x NumPy, N=%d" % n,
+                       r["c++ shm"][1] / numpy_ms[n], 0.25,
+                       "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n]))
+            for who in ("python", "c++"):
+                target("%s first shm job no slower than a first socket job, N=%d" % (who, n),
+                       r[who + " shm"][0] / r[who + " socket"][0], 1.0,
+                       "%.1f vs %.1f ms" % (r[who + " shm"][0], r[who + " socket"][0]))
+            if not gpu_host:
+                target("CPU backend: c++ shm warm <= 1.0 x NumPy, N=%d" % n,
+                       r["c++ shm"][1] / numpy_ms[n], 1.0,
+                       "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n]))
+    finally:
+        server.stop()
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
