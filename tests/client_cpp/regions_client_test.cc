@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dgmm/client.h"
+#include "dgmm/npy.h"
 #include "dgmm/regions.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -535,6 +536,57 @@ TEST(CliShmTest, OnFailsWhenItCannot) {
   run = Cli("multiply --shm=maybe --random=64", RegionsServer());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_THAT(run.output, HasSubstr("--shm=maybe is not valid"));
+}
+
+// .npy files on the same-host path: A is read into a region, C written from
+// it; the file C equals the float64 reference for every dtype, layout and
+// side, and equals what the socket path writes.
+template <typename T>
+void CheckFiles(const Operands<T>& ops, const std::string& dir, const std::string& flags) {
+  NpyHeader a;
+  a.dtype = sizeof(T) == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64;
+  a.fortran_order = ops.layout == v1::LAYOUT_COL_MAJOR;
+  a.shape = {ops.rows, ops.cols};
+  NpyHeader d = a;
+  d.fortran_order = false;
+  d.shape = {static_cast<int64_t>(ops.d.size())};
+  ASSERT_TRUE(WriteNpy(dir + "/A.npy", a, ops.a.data(), ops.a.size() * sizeof(T)).ok());
+  ASSERT_TRUE(WriteNpy(dir + "/d.npy", d, ops.d.data(), ops.d.size() * sizeof(T)).ok());
+  for (const char* path : {"", "--shm=off "}) {
+    SCOPED_TRACE(path);
+    std::vector<T> poison = ops.NanOutput();
+    ASSERT_TRUE(WriteNpy(dir + "/C.npy", a, poison.data(), poison.size() * sizeof(T)).ok());
+    CliRun run = Cli(absl::StrCat("multiply ", path, flags, " --matrix=", dir, "/A.npy --diag=",
+                                  dir, "/d.npy --out=", dir, "/C.npy"),
+                     RegionsServer());
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_THAT(run.output, HasSubstr(*path == '\0' ? "path:       same host (A read from"
+                                                     : "path:       socket (--shm=off)"));
+    absl::StatusOr<NpyArray> c = ReadNpy(dir + "/C.npy");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->header().fortran_order, a.fortran_order);
+    std::vector<T> got(ops.a.size());
+    std::memcpy(got.data(), c->data(), got.size() * sizeof(T));
+    EXPECT_LE(ops.MaxRelativeError(got), std::numeric_limits<T>::epsilon());
+  }
+}
+
+TEST(CliShmTest, NpyFilesGoStraightThroughARegion) {
+  char tmpl[] = "/tmp/dgmm-cli-npy-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  uint64_t seed = 70;
+  for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
+    for (v1::Side side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
+      SCOPED_TRACE(absl::StrCat(v1::Layout_Name(layout), " ", v1::Side_Name(side)));
+      const char* side_flag = side == v1::SIDE_LEFT ? "--side=left" : "--side=right";
+      CheckFiles(Operands<float>(640, 450, layout, side, seed++), dir, side_flag);
+      CheckFiles(Operands<double>(420, 330, layout, side, seed++), dir,
+                 absl::StrCat(side_flag, " --check"));
+    }
+  }
+  for (const char* f : {"A.npy", "d.npy", "C.npy"}) unlink((dir + "/" + f).c_str());
+  rmdir(dir.c_str());
 }
 
 TEST(CliShmTest, OffUsesTheSocket) {

@@ -302,6 +302,96 @@ std::optional<absl::StatusOr<JobResult>> RunShm(Client& client, const Job& job, 
   return result;
 }
 
+// The same-host path with files (issue 25): A is read from its .npy file
+// straight into a region the server maps, the job runs there (in place, or
+// into the region's second half with --check, which then reads A and C from
+// the region), and C is written to --out from the region: no heap copy of
+// either. nullopt when the path cannot be used and `required` is false (the
+// caller then reads the files and runs the job as usual; the client says
+// why); else the exit code.
+std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool required) {
+  const std::string matrix_path = absl::GetFlag(FLAGS_matrix);
+  const std::string diag_path = absl::GetFlag(FLAGS_diag);
+  const std::string out_path = absl::GetFlag(FLAGS_out);
+  if (matrix_path.empty() || diag_path.empty() || out_path.empty()) return std::nullopt;
+  size_t offset = 0;
+  absl::StatusOr<NpyHeader> header = ReadNpyHeader(matrix_path, &offset);
+  absl::StatusOr<NpyArray> diagonal = ReadNpy(diag_path);
+  if (!header.ok() || !diagonal.ok() || header->shape.size() != 2 ||
+      diagonal->header().shape.size() != 1 || header->dtype != diagonal->header().dtype ||
+      header->data_bytes() == 0) {
+    return std::nullopt;  // the usual path reads them again and names the problem
+  }
+  const bool check = absl::GetFlag(FLAGS_check);
+  const size_t bytes = header->data_bytes();
+  if (!required && static_cast<int64_t>(bytes) < client.options().same_host_min_bytes) {
+    return std::nullopt;  // small: one message costs less
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
+      SharedMemoryRegion::Create(client, check ? 2 * bytes : bytes);
+  if (!region.ok()) {
+    if (!required) return std::nullopt;
+    return ReportError(absl::Status(region.status().code(),
+                                    absl::StrCat("--shm: ", region.status().message())),
+                       kExitRpcError);
+  }
+  SharedMemoryRegion& shm = **region;
+  if (absl::Status read = ReadNpyData(matrix_path, *header, offset, shm.bytes()); !read.ok()) {
+    return ReportError(read, kExitUsage);
+  }
+  Job job;
+  job.matrix.data = shm.bytes();
+  job.matrix.rows = header->shape[0];
+  job.matrix.cols = header->shape[1];
+  job.matrix.dtype = header->dtype;
+  job.matrix.layout = header->fortran_order ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
+  job.diagonal = diagonal->data();
+  job.diagonal_bytes = diagonal->size_bytes();
+  job.side = choices.side;
+  job.backend = choices.backend;
+  RegionJob region_job;
+  region_job.rows = job.matrix.rows;
+  region_job.cols = job.matrix.cols;
+  region_job.dtype = job.matrix.dtype;
+  region_job.layout = job.matrix.layout;
+  region_job.side = job.side;
+  region_job.backend = job.backend;
+  region_job.matrix = shm.Ref();
+  region_job.result = shm.Ref(check ? static_cast<int64_t>(bytes) : 0);
+  region_job.diagonal = job.diagonal;
+  region_job.diagonal_bytes = job.diagonal_bytes;
+  absl::StatusOr<JobResult> result = MultiplyRegion(client, region_job);
+  if (!result.ok()) {
+    const absl::StatusCode code = result.status().code();
+    if (!required && code != absl::StatusCode::kInvalidArgument &&
+        code != absl::StatusCode::kDeadlineExceeded && code != absl::StatusCode::kCancelled) {
+      return std::nullopt;  // the socket path runs it from the files again
+    }
+    return ReportError(result.status(), kExitRpcError);
+  }
+  const char* c = shm.bytes() + (check ? bytes : 0);
+  if (absl::Status written = WriteNpy(out_path, *header, c, bytes); !written.ok()) {
+    return ReportError(written, kExitRpcError);
+  }
+  const absl::Duration wall = absl::Now() - start;
+  result->mode = TransferMode::kRegion;
+  if (!absl::GetFlag(FLAGS_quiet)) {
+    PrintReport(job, *result, "shm", wall);
+    std::printf("path:       same host (A read from %s into a region the server maps, C "
+                "written to %s from it)\n",
+                matrix_path.c_str(), out_path.c_str());
+  }
+  if (!check) return kExitOk;
+  const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)
+                                                              : DefaultTolerance(job.matrix.dtype);
+  const double error = MaxRelativeError(job, c);
+  const bool passed = error <= tolerance;
+  std::printf("max relative error: %.3g (tolerance %.3g): %s\n", error, tolerance,
+              passed ? "OK" : "FAILED");
+  return passed ? kExitOk : kExitCheckFailed;
+}
+
 }  // namespace
 
 int RunMultiply() {
@@ -312,11 +402,17 @@ int RunMultiply() {
     return ReportError(absl::InvalidArgumentError("give either --random or --matrix, not both"),
                        kExitUsage);
   }
-  absl::StatusOr<Operands> ops = random ? RandomOperands(choices->side) : ReadOperands();
-  if (!ops.ok()) return ReportError(ops.status(), kExitUsage);
   absl::StatusOr<std::unique_ptr<Client>> client =
       MakeClient(absl::GetFlag(FLAGS_stripes), /*same_host=*/choices->shm == Shm::kAuto);
   if (!client.ok()) return ReportError(client.status(), kExitUsage);
+  if (!random && choices->shm != Shm::kOff && choices->mode == Mode::kAuto) {
+    if (std::optional<int> done = RunFilesSameHost(**client, *choices, choices->shm == Shm::kOn);
+        done.has_value()) {
+      return *done;
+    }
+  }
+  absl::StatusOr<Operands> ops = random ? RandomOperands(choices->side) : ReadOperands();
+  if (!ops.ok()) return ReportError(ops.status(), kExitUsage);
 
   const Job job = MakeJob(*ops, *choices);
   if (!absl::GetFlag(FLAGS_quiet) && choices->shm != Shm::kOn) {  // --shm=on never stripes

@@ -301,7 +301,10 @@ NpyArray::NpyArray(NpyHeader header)
     : header_(std::move(header)),
       storage_(std::make_unique_for_overwrite<double[]>((header_.data_bytes() + 7) / 8 + 1)) {}
 
-absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
+NpyArray::NpyArray(NpyHeader header, void* external)
+    : header_(std::move(header)), external_(external) {}
+
+absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path, size_t* data_offset) {
   File file(std::fopen(path.c_str(), "rb"));
   if (file == nullptr) return FileError(path, "open", errno);
   auto with_path = [&path](const absl::Status& s) {
@@ -327,14 +330,13 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   if (prefix.size() > have) {
     prefix.resize(have + std::fread(prefix.data() + have, 1, prefix.size() - have, file.get()));
   }
-  size_t data_offset = 0;
-  absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix, &data_offset);
+  absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix, data_offset);
   if (!header.ok()) return with_path(header.status());
 
   struct stat st;
   if (fstat(fileno(file.get()), &st) != 0) return FileError(path, "stat", errno);
-  const size_t file_data_bytes = static_cast<size_t>(st.st_size) > data_offset
-                                     ? static_cast<size_t>(st.st_size) - data_offset
+  const size_t file_data_bytes = static_cast<size_t>(st.st_size) > *data_offset
+                                     ? static_cast<size_t>(st.st_size) - *data_offset
                                      : 0;
   if (file_data_bytes != header->data_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -342,13 +344,30 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
         " data of shape ", ShapeText(header->shape), " (", header->data_bytes(),
         " bytes) but the file holds ", file_data_bytes, " bytes of data"));
   }
+  return header;
+}
 
-  NpyArray array(*std::move(header));
+absl::Status ReadNpyData(const std::string& path, const NpyHeader& header, size_t data_offset,
+                         void* into) {
+  File file(std::fopen(path.c_str(), "rb"));
+  if (file == nullptr) return FileError(path, "open", errno);
   if (std::fseek(file.get(), static_cast<long>(data_offset), SEEK_SET) != 0) {
     return FileError(path, "seek in", errno);
   }
-  if (std::fread(array.data(), 1, array.size_bytes(), file.get()) != array.size_bytes()) {
+  if (std::fread(into, 1, header.data_bytes(), file.get()) != header.data_bytes()) {
     return FileError(path, "read", std::ferror(file.get()) ? errno : EIO);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
+  size_t data_offset = 0;
+  absl::StatusOr<NpyHeader> header = ReadNpyHeader(path, &data_offset);
+  if (!header.ok()) return header.status();
+  NpyArray array(*std::move(header));
+  if (absl::Status read = ReadNpyData(path, array.header(), data_offset, array.data());
+      !read.ok()) {
+    return read;
   }
   return array;
 }

@@ -50,16 +50,29 @@ class NpyArray {
  public:
   // An array of `header`'s shape with uninitialized contents.
   explicit NpyArray(NpyHeader header);
+  // An array of `header`'s shape in the caller's memory `external` (at
+  // least header.data_bytes(); it must outlive the array).
+  NpyArray(NpyHeader header, void* external);
 
   const NpyHeader& header() const { return header_; }
-  void* data() { return storage_.get(); }
-  const void* data() const { return storage_.get(); }
+  void* data() { return external_ != nullptr ? external_ : storage_.get(); }
+  const void* data() const { return external_ != nullptr ? external_ : storage_.get(); }
   size_t size_bytes() const { return header_.data_bytes(); }
 
  private:
   NpyHeader header_;
   std::unique_ptr<double[]> storage_;
+  void* external_ = nullptr;
 };
+
+// The header of the .npy file at `path` (checked against the file's size, as
+// ReadNpy does) and where its data starts.
+absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path, size_t* data_offset);
+
+// Reads the data of the .npy file at `path` (its header is `header`, its data
+// at `data_offset`: ReadNpyHeader) into `into`, header.data_bytes() bytes.
+absl::Status ReadNpyData(const std::string& path, const NpyHeader& header, size_t data_offset,
+                         void* into);
 
 // Reads the .npy file at `path`. The data is read straight from the file
 // into the returned array (no staging copy). NOT_FOUND / PERMISSION_DENIED
