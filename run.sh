@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages), builds, starts dgmm-server (on
-# the GPU if there is one, else the CPU), runs one real job through dgmm-cli
+# the GPU if there is one, else the CPU; with regions, so that a client on
+# this host takes the same-host path), runs one real job through dgmm-cli
 # with a local float64 check, prints the outcome and stops the server.
 #
 #   ./run.sh [N]        (default N=4096)
@@ -21,7 +22,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$work/port" 2>"$work/server.log" &
+"$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$work/port" --allow_regions \
+  2>"$work/server.log" &
 server_pid=$!
 for _ in $(seq 300); do [[ -s $work/port ]] && break; sleep 0.1; done
 [[ -s $work/port ]] || { echo "dgmm-server did not start:"; cat "$work/server.log"; exit 1; }
