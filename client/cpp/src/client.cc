@@ -527,10 +527,15 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   if (!bytes.ok()) return bytes.status();
   std::string socket_reason;
   if (!mode.has_value() && options_.same_host &&
-      static_cast<int64_t>(*bytes) >= options_.same_host_min_bytes &&
-      (cancel == nullptr || !cancel->cancelled())) {
+      static_cast<int64_t>(*bytes) >= options_.same_host_min_bytes) {
+    if (cancel != nullptr && cancel->cancelled()) {
+      return absl::CancelledError("the job was cancelled before it started");
+    }
+    absl::StatusOr<JobPlan> socket_plan = Plan(job, mode);
+    if (!socket_plan.ok()) return socket_plan.status();
     std::optional<absl::StatusOr<JobResult>> done =
-        SameHostJob(job, out, *bytes, progress, &socket_reason);
+        SameHostJob(job, out, *bytes, progress, GetLane(0, socket_plan->stripes > 1),
+                    &socket_reason);
     if (done.has_value()) return *std::move(done);
   }
   JobRun run;
@@ -816,6 +821,17 @@ Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHead
   return attempt;
 }
 
+
+absl::StatusOr<v1::GetServerInfoResponse> Client::InfoOn(Lane* lane) {
+  if (!options_status_.ok()) return options_status_;
+  grpc::ClientContext context;
+  PrepareContext(&context, Deadline());
+  v1::GetServerInfoResponse response;
+  grpc::Status status = v1::Dgmm::NewStub(lane->channel)
+                            ->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
 
 absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
   if (!options_status_.ok()) return options_status_;

@@ -238,11 +238,21 @@ absl::StatusOr<v1::LocalTicket> LocalSession::OpenShm(const std::string& key) {
 }
 
 absl::StatusOr<std::shared_ptr<LocalSession>> Client::RegionSession() {
+  {
+    std::lock_guard lock(session_mu_);
+    if (session_ != nullptr && session_->open()) return session_;
+  }
+  absl::StatusOr<v1::GetServerInfoResponse> info = GetServerInfo();
+  if (!info.ok()) return info.status();
+  return RegionSessionWith(*info);
+}
+
+absl::StatusOr<std::shared_ptr<LocalSession>> Client::RegionSessionWith(
+    const v1::GetServerInfoResponse& server) {
   std::lock_guard lock(session_mu_);
   if (session_ != nullptr && session_->open()) return session_;
   session_ = nullptr;
-  absl::StatusOr<v1::GetServerInfoResponse> info = GetServerInfo();
-  if (!info.ok()) return info.status();
+  const v1::GetServerInfoResponse* info = &server;
   if (!info->limits().regions_enabled()) {
     return absl::FailedPreconditionError(
         "this server does not take regions (it runs without --allow_regions); stream the job");

@@ -26,7 +26,8 @@ namespace dgmm {
 // session closes; dropped from the free list, it is unregistered here.
 struct Client::Staging {
   // No unregister call on the way out: the client is going (its session
-  // closes and the server drops the region) or the session already closed.
+  // closes and the server drops the region), the session already closed, or
+  // the region is known to be gone.
   ~Staging() {
     if (region != nullptr) region->Abandon();
   }
@@ -140,11 +141,14 @@ void Client::ReturnStaging(std::shared_ptr<Staging> staging) {
 std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, void* out,
                                                              size_t matrix_bytes,
                                                              const ProgressCallback& progress,
-                                                             std::string* why) {
+                                                             Lane* probe, std::string* why) {
+  const auto reason = [](const absl::Status& s) {
+    return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+  };
   {
     std::lock_guard lock(staging_mu_);
     if (!same_host_off_.ok() && absl::Now() - same_host_checked_ < kRecheckAfter) {
-      *why = std::string(same_host_off_.message());
+      *why = reason(same_host_off_);
       return std::nullopt;
     }
   }
@@ -152,67 +156,87 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     std::lock_guard lock(staging_mu_);
     same_host_off_ = s;
     same_host_checked_ = absl::Now();
-    *why = absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+    *why = reason(s);
     return std::nullopt;
   };
-  // The session: the server's local socket, reached and its own.
-  absl::StatusOr<std::shared_ptr<LocalSession>> session = RegionSession();
-  if (!session.ok()) return not_here(session.status());
-  absl::StatusOr<std::shared_ptr<Staging>> staging = TakeStaging(matrix_bytes);
-  if (!staging.ok()) {
-    // A full region budget or too many regions: this job goes over the
-    // socket, and the path is tried again for later ones.
-    *why = absl::StrCat(absl::StatusCodeToString(staging.status().code()), ": ",
-                        staging.status().message());
-    if (staging.status().code() != absl::StatusCode::kResourceExhausted) {
-      return not_here(staging.status());
+  // The session: the server's local socket, reached and its own. Whether
+  // the server takes regions is asked on the connection the job would use
+  // over the socket: a server that does not costs no connection more.
+  {
+    bool open;
+    {
+      std::lock_guard lock(session_mu_);
+      open = session_ != nullptr && session_->open();
     }
-    return std::nullopt;
+    if (!open) {
+      absl::StatusOr<v1::GetServerInfoResponse> info = InfoOn(probe);
+      if (!info.ok()) return not_here(info.status());
+      absl::StatusOr<std::shared_ptr<LocalSession>> session = RegionSessionWith(*info);
+      if (!session.ok()) return not_here(session.status());
+    }
   }
-  SharedMemoryRegion& region = *(*staging)->region;
-  ParallelCopy(region.bytes(), static_cast<const char*>(job.matrix.data), matrix_bytes);
-  if (progress) progress(static_cast<int64_t>(matrix_bytes), 0, static_cast<int64_t>(matrix_bytes));
-  RegionJob rj;
-  rj.rows = job.matrix.rows;
-  rj.cols = job.matrix.cols;
-  rj.dtype = job.matrix.dtype;
-  rj.layout = job.matrix.layout;
-  rj.side = job.side;
-  rj.backend = job.backend;
-  rj.matrix = region.Ref(0);
-  rj.result = region.Ref(0);  // in place: the staging holds a copy of A
-  rj.diagonal = job.diagonal;
-  rj.diagonal_bytes = job.diagonal_bytes;
-  absl::StatusOr<JobResult> done = MultiplyRegion(*this, rj);
-  if (!done.ok()) {
-    if (SocketCanStillDoIt(done.status())) {
-      *why = absl::StrCat("the same-host job failed, so the socket carried it: ",
-                          absl::StatusCodeToString(done.status().code()), ": ",
-                          done.status().message());
-      // This staging is not reused; when its session is gone, no free one is.
-      if (done.status().code() == absl::StatusCode::kNotFound ||
-          done.status().code() == absl::StatusCode::kUnauthenticated ||
-          done.status().code() == absl::StatusCode::kUnavailable) {
-        std::vector<std::shared_ptr<Staging>> stale;
-        std::lock_guard lock(staging_mu_);
-        stale.swap(staging_);
+  // Twice at most: a staging region the server dropped (idle past its
+  // timeout) is replaced once.
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<std::shared_ptr<Staging>> staging = TakeStaging(matrix_bytes);
+    if (!staging.ok()) {
+      // A full region budget or too many regions: this job goes over the
+      // socket, and the path is tried again for later ones.
+      if (staging.status().code() != absl::StatusCode::kResourceExhausted) {
+        return not_here(staging.status());
       }
+      *why = reason(staging.status());
       return std::nullopt;
     }
-    ReturnStaging(*std::move(staging));
-    return absl::StatusOr<JobResult>(done.status());
+    SharedMemoryRegion& region = *(*staging)->region;
+    ParallelCopy(region.bytes(), static_cast<const char*>(job.matrix.data), matrix_bytes);
+    if (progress) {
+      progress(static_cast<int64_t>(matrix_bytes), 0, static_cast<int64_t>(matrix_bytes));
+    }
+    RegionJob rj;
+    rj.rows = job.matrix.rows;
+    rj.cols = job.matrix.cols;
+    rj.dtype = job.matrix.dtype;
+    rj.layout = job.matrix.layout;
+    rj.side = job.side;
+    rj.backend = job.backend;
+    rj.matrix = region.Ref(0);
+    rj.result = region.Ref(0);  // in place: the staging holds a copy of A
+    rj.diagonal = job.diagonal;
+    rj.diagonal_bytes = job.diagonal_bytes;
+    absl::StatusOr<JobResult> done = MultiplyRegion(*this, rj);
+    if (done.ok()) {
+      ParallelCopy(static_cast<char*>(out), region.bytes(), matrix_bytes);
+      ReturnStaging(*std::move(staging));
+      if (progress) {
+        progress(static_cast<int64_t>(matrix_bytes), static_cast<int64_t>(matrix_bytes),
+                 static_cast<int64_t>(matrix_bytes));
+      }
+      done->mode = TransferMode::kRegion;
+      done->stripes = 1;
+      done->received_bytes = static_cast<int64_t>(matrix_bytes);
+      done->part_stats = {done->stats};
+      return done;
+    }
+    const absl::StatusCode code = done.status().code();
+    if (code == absl::StatusCode::kNotFound) {
+      // This staging region is gone (dropped while idle): not reused.
+      (*staging)->region->Abandon();
+      if (attempt == 0) continue;
+    } else if (code == absl::StatusCode::kUnauthenticated ||
+               code == absl::StatusCode::kUnavailable) {
+      // The session (or the server) went: so did every staging region.
+      std::vector<std::shared_ptr<Staging>> stale;
+      std::lock_guard lock(staging_mu_);
+      stale.swap(staging_);
+    } else {
+      ReturnStaging(*std::move(staging));  // still registered and good
+    }
+    if (!SocketCanStillDoIt(done.status())) return absl::StatusOr<JobResult>(done.status());
+    *why = absl::StrCat("the same-host job failed, so the socket carried it: ",
+                        reason(done.status()));
+    return std::nullopt;
   }
-  ParallelCopy(static_cast<char*>(out), region.bytes(), matrix_bytes);
-  ReturnStaging(*std::move(staging));
-  if (progress) {
-    progress(static_cast<int64_t>(matrix_bytes), static_cast<int64_t>(matrix_bytes),
-             static_cast<int64_t>(matrix_bytes));
-  }
-  done->mode = TransferMode::kRegion;
-  done->stripes = 1;
-  done->received_bytes = static_cast<int64_t>(matrix_bytes);
-  done->part_stats = {done->stats};
-  return done;
 }
 
 }  // namespace dgmm

@@ -458,10 +458,18 @@ class Client {
   struct Staging;
   // The job through a staging region: its result, or nullopt (with *why)
   // when it should go over the socket instead.
+  // `probe`: the connection the job would use over the socket, where the
+  // server is asked whether it takes regions (so that a server that does not
+  // costs no extra connection).
   std::optional<absl::StatusOr<JobResult>> SameHostJob(const Job& job, void* out,
                                                        size_t matrix_bytes,
                                                        const ProgressCallback& progress,
-                                                       std::string* why);
+                                                       Lane* probe, std::string* why);
+  // GetServerInfo over `lane`'s connection.
+  absl::StatusOr<v1::GetServerInfoResponse> InfoOn(Lane* lane);
+  // RegionSession() with the server's info already at hand.
+  absl::StatusOr<std::shared_ptr<LocalSession>> RegionSessionWith(
+      const v1::GetServerInfoResponse& info);
   // A staging region of at least `bytes` (from the free list, else new).
   absl::StatusOr<std::shared_ptr<Staging>> TakeStaging(size_t bytes);
   void ReturnStaging(std::shared_ptr<Staging> staging);
