@@ -7,7 +7,10 @@
 
 Jobs run in the C++ client (dgmm._core, built with the package); the gRPC
 stubs (dgmm.v1) were generated when the package was built. asyncio:
-dgmm.aio.Client.
+dgmm.aio.Client. On the server's host (--allow_regions), matrices of 1 MiB
+and more go through shared memory by default (info.mode "shm"), and
+dgmm.empty / zeros / asarray make arrays that live in memory the server
+maps, so that jobs on them copy nothing (dgmm.arrays).
 """
 
 import os as _os
@@ -24,7 +27,9 @@ from .v1 import dgmm_pb2 as pb  # noqa: E402
 from .v1 import dgmm_pb2_grpc as pb_grpc  # noqa: E402
 from .client import Client, DgmmError, InvalidArgumentError, MultiplyInfo, RetryPolicy  # noqa: E402,E501
 from .regions import CudaIpcRegion, SharedMemoryRegion  # noqa: E402
+from .arrays import asarray, empty, empty_like, region_of, zeros  # noqa: E402
 
 __all__ = ["Client", "CudaIpcRegion", "DgmmError", "InvalidArgumentError", "MultiplyInfo",
-           "RetryPolicy", "SharedMemoryRegion", "pb", "pb_grpc"]
+           "RetryPolicy", "SharedMemoryRegion", "asarray", "empty", "empty_like", "pb", "pb_grpc",
+           "region_of", "zeros"]
 __version__ = "0.1.0"

@@ -531,7 +531,8 @@ class Client:
         staging region of this client (a sealed memfd the server maps,
         registered once and reused) instead of the socket: info.mode is then
         "shm". Otherwise, or when that path fails before the job ran, the
-        socket, and info.socket_reason says why. False: always the socket.
+        socket, and info.socket_reason says why. False: always the socket
+        (dgmm arrays too: see dgmm.arrays).
 
     Each Client has its own connection, as a client in another process would.
     A striped job with K parts uses K connections, made when first needed
@@ -582,6 +583,7 @@ class Client:
             "same_host": bool(same_host),
             "local_socket": local_socket or os.environ.get("DGMM_LOCAL_SOCKET") or None,
         }
+        self._same_host = bool(same_host)
         self._target = target
         self._credentials = credentials
         self._metadata = (("authorization", "Bearer " + token),) if token else None
@@ -698,7 +700,11 @@ class Client:
         out: optional array for C (A's shape, wire dtype float32/float64 and
         layout, contiguous and writable; for a CUDA A, a CUDA array of that
         shape): the result lands in it in place and it is returned; by
-        default a new array.
+        default a new array. When A (and out) are dgmm arrays of this
+        client (dgmm.empty, zeros, asarray) or views of SharedMemoryRegions
+        registered with it, the job runs on that memory with no copy
+        (MultiplyRegion: in place when out is A; out=None makes C a new
+        dgmm array); see dgmm.arrays.
         progress: optional callable(lines_done, total_lines), called from the
         client's threads as result lines arrive; an exception it raises
         cancels the job and is raised by multiply().
@@ -720,6 +726,13 @@ class Client:
     def _start(self, a, d, side, backend, timeout, stream, stripes, out, return_stats,
                return_info, progress):
         """Checks the arrays and makes the job (not started yet): a _Pending."""
+        if stream is None and self._same_host and isinstance(a, np.ndarray):
+            # A (and out) in regions registered with this client: a
+            # MultiplyRegion on them, no copy (dgmm.arrays); else None.
+            pending = self._region_arrays_job(a, d, side, backend, timeout, out, return_stats,
+                                              return_info, progress)
+            if pending is not None:
+                return pending
         like, device_out, kind = a, None, None
         if type(a) is not np.ndarray or type(d) is not np.ndarray:  # NumPy's is the fast path
             kind = _device_kind(a)
@@ -743,6 +756,12 @@ class Client:
         except _core.Error as e:
             raise _error(e) from None
         return _Pending(handle, c, kind, like, device_out, return_stats, return_info)
+
+    def _region_arrays_job(self, a, d, side, backend, timeout, out, return_stats, return_info,
+                           progress):
+        """Replaced by dgmm.arrays (imported with the package): the job on
+        registered regions as a pending job, or None for the C++ client."""
+        return None
 
     def server_info(self, timeout=None):
         """The server's dgmm.pb.GetServerInfoResponse (devices, budgets, limits)."""
