@@ -383,6 +383,47 @@ TEST(SameHostTest, StagingGrowsWithTheJobsAndIsReused) {
   EXPECT_TRUE(StagingSizes(observer).empty());
 }
 
+// Data already in a SharedMemoryRegion of the client: Client::Multiply runs
+// the job there, with no staging region and no copy, into another region or
+// in place.
+TEST(SameHostTest, DataInTheClientsRegionRunsWithoutACopy) {
+  Client observer(RegionsServer().address());
+  Client client(RegionsServer().address());
+  Operands<float> ops(600, 520, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 808);
+  const size_t bytes = ops.a.size() * sizeof(float);
+  auto region = SharedMemoryRegion::Create(client, 2 * bytes, "zero-copy");
+  ASSERT_TRUE(region.ok()) << region.status();
+  char* base = (*region)->bytes();
+  std::memcpy(base, ops.a.data(), bytes);
+  std::vector<float> poison = ops.NanOutput();
+  std::memcpy(base + bytes, poison.data(), bytes);
+  Job job = ops.MakeJob();
+  job.matrix.data = base;
+  absl::StatusOr<JobResult> r = client.Multiply(job, base + bytes, bytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kRegion);
+  EXPECT_LE(ops.MaxRelativeError(ReadBack<float>(**region, static_cast<int64_t>(bytes),
+                                                 ops.a.size())),
+            std::numeric_limits<float>::epsilon());
+  // In place.
+  r = client.Multiply(job, base, bytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, TransferMode::kRegion);
+  EXPECT_LE(ops.MaxRelativeError(ReadBack<float>(**region, 0, ops.a.size())),
+            std::numeric_limits<float>::epsilon());
+  // The region did both jobs; no staging region was made.
+  absl::StatusOr<v1::GetRegionStatusResponse> listed = GetRegionStatus(observer, "zero-copy");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->regions(0).jobs_total(), 2);
+  EXPECT_TRUE(StagingSizes(observer).empty());
+  // Output outside the region: the staging path (a copy), still right.
+  std::vector<float> out = ops.NanOutput();
+  std::memcpy(base, ops.a.data(), bytes);
+  r = client.Multiply(job, out.data(), bytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LE(ops.MaxRelativeError(out), std::numeric_limits<float>::epsilon());
+}
+
 TEST(SameHostTest, TwoClientsAtOnceAndTwoProcesses) {
   Client a(RegionsServer().address()), b(RegionsServer().address());
   std::atomic<int> wrong{0};

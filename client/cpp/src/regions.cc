@@ -428,6 +428,10 @@ absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> SharedMemoryRegion::Create(
   if (!registered.ok()) return registered.status();
   region->registered_ = true;
   region->registration_ = *std::move(registered);
+  {
+    std::lock_guard lock(client.own_regions_mu_);
+    client.own_regions_[reinterpret_cast<uintptr_t>(data)] = {byte_size, region_name};
+  }
   return region;
 }
 
@@ -440,7 +444,23 @@ SharedMemoryRegion::SharedMemoryRegion(Client* client, std::string name, std::st
       data_(data),
       size_(size) {}
 
+void SharedMemoryRegion::Forget() {
+  std::lock_guard lock(client_->own_regions_mu_);
+  client_->own_regions_.erase(reinterpret_cast<uintptr_t>(data_));
+}
+
+std::optional<v1::RegionRef> Client::OwnRegionRef(const void* p, size_t bytes) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(own_regions_mu_);
+  auto it = own_regions_.upper_bound(at);
+  if (it == own_regions_.begin()) return std::nullopt;
+  --it;
+  if (at + bytes > it->first + it->second.bytes) return std::nullopt;
+  return MakeRegionRef(it->second.name, static_cast<int64_t>(at - it->first));
+}
+
 SharedMemoryRegion::~SharedMemoryRegion() {
+  Forget();
   if (registered_) {
     registered_ = false;
     (void)dgmm::Unregister(*client_, name_,
@@ -452,6 +472,7 @@ SharedMemoryRegion::~SharedMemoryRegion() {
 }
 
 absl::Status SharedMemoryRegion::Unregister() {
+  Forget();
   if (!registered_) return absl::OkStatus();
   registered_ = false;
   absl::StatusOr<int> unregistered = UnregisterRegion(*client_, name_);

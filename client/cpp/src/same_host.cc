@@ -159,6 +159,37 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     *why = reason(s);
     return std::nullopt;
   };
+  // The caller's data already in this client's regions: no copy at all.
+  if (std::optional<v1::RegionRef> in = OwnRegionRef(job.matrix.data, matrix_bytes)) {
+    if (std::optional<v1::RegionRef> at = OwnRegionRef(out, matrix_bytes)) {
+      RegionJob rj;
+      rj.rows = job.matrix.rows;
+      rj.cols = job.matrix.cols;
+      rj.dtype = job.matrix.dtype;
+      rj.layout = job.matrix.layout;
+      rj.side = job.side;
+      rj.backend = job.backend;
+      rj.matrix = *in;
+      rj.result = *at;
+      rj.diagonal = job.diagonal;
+      rj.diagonal_bytes = job.diagonal_bytes;
+      absl::StatusOr<JobResult> done = MultiplyRegion(*this, rj);
+      if (done.ok()) {
+        done->mode = TransferMode::kRegion;
+        done->received_bytes = static_cast<int64_t>(matrix_bytes);
+        done->part_stats = {done->stats};
+        return done;
+      }
+      // In place, A may be half-written: only a job into other memory can
+      // be run again over the socket.
+      if (out == job.matrix.data || !SocketCanStillDoIt(done.status())) {
+        return absl::StatusOr<JobResult>(done.status());
+      }
+      *why = absl::StrCat("the job on this client's region failed, so the socket carried it: ",
+                          reason(done.status()));
+      return std::nullopt;
+    }
+  }
   // The session: the server's local socket, reached and its own. Whether
   // the server takes regions is asked on the connection the job would use
   // over the socket: a server that does not costs no connection more.

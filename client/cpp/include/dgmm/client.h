@@ -40,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -453,6 +454,18 @@ class Client {
   std::vector<std::unique_ptr<Lane>> stripe_lanes_;  // guarded by lanes_mu_
   std::mutex session_mu_;
   std::shared_ptr<LocalSession> session_;  // guarded by session_mu_
+
+  // Regions this client's SharedMemoryRegions registered, by base address:
+  // a job whose matrix (and output) lie in them runs there, with no copy.
+  friend class SharedMemoryRegion;
+  struct OwnRegion {
+    size_t bytes = 0;
+    std::string name;
+  };
+  std::mutex own_regions_mu_;
+  std::map<uintptr_t, OwnRegion> own_regions_;  // guarded by own_regions_mu_
+  // Where [p, p + bytes) lies in one of them, as a ref.
+  std::optional<v1::RegionRef> OwnRegionRef(const void* p, size_t bytes);
 
   // The same-host path (src/same_host.cc).
   struct Staging;

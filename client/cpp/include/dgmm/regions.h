@@ -177,6 +177,11 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job);
 // Unregister() to see them) and unmaps it. A process that dies without that
 // leaves nothing behind: its session closes and the server drops the region.
 //
+// Client::Multiply recognises this memory: a job whose matrix (and output)
+// lie in SharedMemoryRegions of the same Client runs there with
+// MultiplyRegion, with no copy (JobResult::mode kRegion); so a region is
+// also the C++ buffer type of the same-host path.
+//
 // The Client must outlive the region. Not thread-safe to destroy while
 // another thread uses it; jobs on it may run from several threads.
 class SharedMemoryRegion {
@@ -213,11 +218,17 @@ class SharedMemoryRegion {
   // Forgets the registration without a call (the destructor then only
   // unmaps): for a region whose session is known to have closed, where the
   // server has dropped it already.
-  void Abandon() { registered_ = false; }
+  void Abandon() {
+    Forget();
+    registered_ = false;
+  }
 
  private:
   SharedMemoryRegion(Client* client, std::string name, std::string key, int fd, void* data,
                      size_t size);
+  // Takes it off the client's list of its regions (Client::Multiply no
+  // longer runs jobs in it).
+  void Forget();
 
   Client* client_;
   std::string name_;
