@@ -18,6 +18,8 @@ const DEFAULT_CHUNK_BYTES = 4 * MIB;
 // Auto striping: one part per 32 MiB of matrix, at most 8 parts.
 const STRIPE_UNIT_BYTES = 32 * MIB;
 const MAX_AUTO_STRIPES = 8;
+// Rule 0: the same-host path takes jobs of at least this much matrix.
+const SAME_HOST_MIN_BYTES = MIB;
 // Rule 4: these backend names and nothing else.
 const BACKEND_NAMES = Object.freeze({
   auto: 'BACKEND_AUTO',
@@ -116,6 +118,8 @@ const STRIPES = Symbol('dgmm.stripes');
 const FINAL = Symbol('dgmm.final');
 // createClient's localSocket option (read by regions.js).
 const LOCAL_SOCKET = Symbol('dgmm.localSocket');
+// createClient's sameHost option: multiply()'s default for options.sameHost.
+const SAME_HOST = Symbol('dgmm.sameHost');
 
 function checkRetryPolicy(policy) {
   const p = { ...DEFAULT_RETRY_POLICY, ...policy };
@@ -190,6 +194,8 @@ function pushbackMs(metadata) {
 //     it, for regions (regions.js); default: what GetServerInfo reports
 //     (limits.localSocket), which is the server's own path. Set it in a
 //     container that mounts the socket's directory elsewhere.
+//   sameHost (true): multiply()'s default for its sameHost option (the
+//     same-host path, same_host.js).
 // Each client has its own connection (grpc.use_local_subchannel_pool) rather
 // than sharing one with other clients of the same server in this process. A
 // job striped into K parts uses K connections: the client itself and K - 1
@@ -198,7 +204,7 @@ function pushbackMs(metadata) {
 // until client.close().
 function createClient(address, credentials = grpc.credentials.createInsecure(), {
   token, retry, initialReconnectBackoffMs = 100, minReconnectBackoffMs = 2000, maxReconnectBackoffMs = 1000,
-  loadBalancingPolicy, channelOptions = {}, localSocket,
+  loadBalancingPolicy, channelOptions = {}, localSocket, sameHost = true,
 } = {}) {
   if (!(initialReconnectBackoffMs > 0 && maxReconnectBackoffMs >= initialReconnectBackoffMs && minReconnectBackoffMs > 0)) {
     throw new RangeError('dgmm: reconnect backoffs must be positive and maxReconnectBackoffMs >= initialReconnectBackoffMs');
@@ -226,6 +232,7 @@ function createClient(address, credentials = grpc.credentials.createInsecure(), 
   }
   const client = new dgmmProto.Dgmm(address, credentials, options);
   client[RETRY_POLICY] = policy;
+  client[SAME_HOST] = sameHost !== false;
   if (localSocket !== undefined && localSocket !== null) {
     if (typeof localSocket !== 'string' || localSocket === '') throw new TypeError('dgmm: localSocket must be a path');
     client[LOCAL_SOCKET] = localSocket;
@@ -475,6 +482,7 @@ class Run {
       resumed: this.resumed,
       groupId: this.groupId,
       stats,
+      socketReason: this.socketReason || '',
     };
     if (this.error) {
       this.error.info = info;
@@ -639,7 +647,10 @@ function checkOutput(job, out) {
 // layout, or options.out filled in place. With options.returnStats, resolves
 // to { result, stats } (for a striped job: byte counts summed over the parts,
 // times the longest part's); with options.returnInfo, to { result, stats,
-// info }, info = { mode, stripes, attempts, resumed, groupId, stats: [per part] }.
+// info }, info = { mode, stripes, attempts, resumed, groupId, stats: [per part],
+// socketReason }: mode 'shm' (the same-host path), 'unary' or 'stream';
+// socketReason: why a job that could have taken the same-host path went
+// over the socket ('' when it took it, or was not a candidate).
 // Rejects with a DgmmError when the job fails, after the retries of the
 // client's retry policy (see DEFAULT_RETRY_POLICY); its .info describes the
 // failed job (null when the client refused it before any call).
@@ -658,13 +669,43 @@ function checkOutput(job, out) {
 //     one per line.
 //   out: a typed array of a's type and length for the result.
 //   progress(linesDone, totalLines): called as result lines arrive.
+//   sameHost: true (default: createClient's sameHost, true): a job of at
+//     least 1 MiB of matrix with `stream` unset goes through memory when the
+//     server is on this host and takes regions (docs/protocol.md section 9,
+//     rule 0; same_host.js): A is written into the client's staging region,
+//     one MultiplyRegion computes in place, C is read back; info.mode 'shm'.
+//     Otherwise, or when that path fails in a way the socket may not, the
+//     socket, and info.socketReason says why. false: always the socket.
 async function multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
   const deadline = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
   const job = describeJob(a, rows, cols, diag, side, options);
   const k = stripeCount(a.byteLength, job.numLines, options.stripes ?? null);
   const out = options.out === undefined ? new job.Ctor(a.length) : checkOutput(job, options.out);
+  let socketReason = '';
+  const sameHost = options.sameHost ?? client[SAME_HOST] ?? true;
+  const forced = options.stream !== undefined && options.stream !== null;
+  if (sameHost && !forced && a.byteLength >= SAME_HOST_MIN_BYTES) {
+    let done;
+    try {
+      done = await require('./same_host').sameHostJob(client, job, out, options, deadline);
+    } catch (err) {
+      if (err instanceof DgmmError) err.info = shmInfo(null);
+      throw err;
+    }
+    if (done.stats) return finished(options, out, shmInfo(done.stats));
+    socketReason = done.socketReason;
+  }
   const run = new Run(client, job, options, deadline, k);
+  run.socketReason = socketReason;
   const info = await run.execute(out);
+  return finished(options, out, info);
+}
+
+function shmInfo(stats) {
+  return { mode: 'shm', stripes: 1, attempts: 1, resumed: 0, groupId: '', stats: stats ? [stats] : [], socketReason: '' };
+}
+
+function finished(options, out, info) {
   if (!options.returnStats && !options.returnInfo) return out;
   const done = { result: out, stats: mergedStats(info.stats) };
   if (options.returnInfo) done.info = info;
@@ -705,7 +746,7 @@ function health(client, service = '', options = {}) {
 
 module.exports = {
   createClient, multiply, serverInfo, health, DgmmError, grpc, DEFAULT_RETRY_POLICY, retryDelay, madeByServer,
-  DEFAULT_MAX_UNARY_MESSAGE_BYTES, DEFAULT_CHUNK_BYTES, BACKEND_NAMES,
+  DEFAULT_MAX_UNARY_MESSAGE_BYTES, DEFAULT_CHUNK_BYTES, BACKEND_NAMES, SAME_HOST_MIN_BYTES,
   unaryThreshold, transferMode, linesPerBlock, stripeCount, stripeRanges, backendEnumName,
   describeJob,  // for regions.js: one set of input checks
   LOCAL_SOCKET, PROTO_DIR, LOADER_OPTIONS,  // for regions.js and local_socket.js
