@@ -243,7 +243,8 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapHost(PassedMemory mem
   r->fd_ = memory.fd.Release();
   struct stat st;
   if (fstat(r->fd_, &st) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot fstat ", r->key_, ": ", ErrnoText(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot fstat ", r->key_, ": ", ErrnoText(errno)));
   }
   if (at.offset() > st.st_size || at.byte_size() > st.st_size - at.offset()) {
     return absl::InvalidArgumentError(absl::StrFormat(

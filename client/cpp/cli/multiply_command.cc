@@ -244,60 +244,20 @@ absl::StatusOr<JobResult> Run(Client& client, const Job& job, Mode mode, void* o
   return client.Multiply(job, out, out_bytes, progress);
 }
 
-// --shm: why a region could not be set up, when streaming may still work;
-// nullopt for failures streaming would meet too (no server, bad token, ...).
-std::optional<std::string> ShmFallbackReason(const absl::Status& status) {
-  const std::string detail =
-      status.message().empty()
-          ? absl::StatusCodeToString(status.code())
-          : absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
-  switch (status.code()) {
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kCancelled:
-      return std::nullopt;
-    case absl::StatusCode::kFailedPrecondition:
-      // Regions off, or the local socket out of reach (a remote server).
-      return detail;
-    case absl::StatusCode::kUnimplemented:
-      return absl::StrCat("the server has no regions (", detail, ")");
-    default:
-      return detail;
-  }
-}
-
-// --shm=auto|on: A is copied into a fresh region, C is computed there in
-// place and copied to `out`. nullopt (after one line on stderr saying why)
-// when the region cannot be set up and `required` is false: stream instead.
-std::optional<absl::StatusOr<JobResult>> RunShm(Client& client, const Job& job, bool required,
-                                                void* out, size_t out_bytes) {
+// --shm=on (with --random): A is copied into a fresh region, C is computed
+// there in place and copied to `out`; a region that cannot be set up is the
+// job's error.
+absl::StatusOr<JobResult> RunShm(Client& client, const Job& job, void* out, size_t out_bytes) {
   absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
       SharedMemoryRegion::Create(client, out_bytes);
   if (!region.ok()) {
-    const std::optional<std::string> reason = ShmFallbackReason(region.status());
-    if (required || !reason.has_value()) {
-      return absl::Status(region.status().code(),
-                          absl::StrCat("--shm: ", region.status().message()));
-    }
-    std::fprintf(stderr, "dgmm-cli: --shm=auto: streaming instead of shared memory: %s\n",
-                 reason->c_str());
-    return std::nullopt;
+    return absl::Status(region.status().code(),
+                        absl::StrCat("--shm: ", region.status().message()));
   }
   SharedMemoryRegion& shm = **region;
   std::memcpy(shm.bytes(), job.matrix.data, out_bytes);
-  RegionJob region_job;
-  region_job.rows = job.matrix.rows;
-  region_job.cols = job.matrix.cols;
-  region_job.dtype = job.matrix.dtype;
-  region_job.layout = job.matrix.layout;
-  region_job.side = job.side;
-  region_job.backend = job.backend;
-  region_job.matrix = shm.Ref();
-  region_job.result = shm.Ref();
-  region_job.diagonal = job.diagonal;
-  region_job.diagonal_bytes = job.diagonal_bytes;
-  absl::StatusOr<JobResult> result = MultiplyRegion(client, region_job);
+  absl::StatusOr<JobResult> result =
+      MultiplyRegion(client, RegionJobOf(job, shm.Ref(), shm.Ref()));
   if (result.ok()) std::memcpy(out, shm.bytes(), out_bytes);
   return result;
 }
@@ -350,18 +310,8 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
   job.diagonal_bytes = diagonal->size_bytes();
   job.side = choices.side;
   job.backend = choices.backend;
-  RegionJob region_job;
-  region_job.rows = job.matrix.rows;
-  region_job.cols = job.matrix.cols;
-  region_job.dtype = job.matrix.dtype;
-  region_job.layout = job.matrix.layout;
-  region_job.side = job.side;
-  region_job.backend = job.backend;
-  region_job.matrix = shm.Ref();
-  region_job.result = shm.Ref(check ? static_cast<int64_t>(bytes) : 0);
-  region_job.diagonal = job.diagonal;
-  region_job.diagonal_bytes = job.diagonal_bytes;
-  absl::StatusOr<JobResult> result = MultiplyRegion(client, region_job);
+  absl::StatusOr<JobResult> result = MultiplyRegion(
+      client, RegionJobOf(job, shm.Ref(), shm.Ref(check ? static_cast<int64_t>(bytes) : 0)));
   if (!result.ok()) {
     const absl::StatusCode code = result.status().code();
     if (!required && code != absl::StatusCode::kInvalidArgument &&
@@ -422,7 +372,7 @@ int RunMultiply() {
   const absl::Time start = absl::Now();
   std::optional<absl::StatusOr<JobResult>> shm_result;
   if (choices->shm == Shm::kOn) {
-    shm_result = RunShm(**client, job, /*required=*/true, out.data(), out.size_bytes());
+    shm_result = RunShm(**client, job, out.data(), out.size_bytes());
   }
   absl::StatusOr<JobResult> result =
       shm_result.has_value() ? *std::move(shm_result)

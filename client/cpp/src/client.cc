@@ -525,17 +525,16 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   if (!options_status_.ok()) return options_status_;
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<JobPlan> plan = Plan(job, mode);
+  if (!plan.ok()) return plan.status();
   std::string socket_reason;
   if (!mode.has_value() && options_.same_host &&
       static_cast<int64_t>(*bytes) >= options_.same_host_min_bytes) {
     if (cancel != nullptr && cancel->cancelled()) {
       return absl::CancelledError("the job was cancelled before it started");
     }
-    absl::StatusOr<JobPlan> socket_plan = Plan(job, mode);
-    if (!socket_plan.ok()) return socket_plan.status();
-    std::optional<absl::StatusOr<JobResult>> done =
-        SameHostJob(job, out, *bytes, progress, GetLane(0, socket_plan->stripes > 1),
-                    &socket_reason);
+    std::optional<absl::StatusOr<JobResult>> done = SameHostJob(
+        job, out, *bytes, progress, GetLane(0, plan->stripes > 1), &socket_reason);
     if (done.has_value()) return *std::move(done);
   }
   JobRun run;
@@ -555,8 +554,6 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   run.out = static_cast<char*>(out);
   run.deadline = Deadline();
   run.matrix_bytes = *bytes;
-  absl::StatusOr<JobPlan> plan = Plan(job, mode);
-  if (!plan.ok()) return plan.status();
   run.mode = plan->forced;
   const bool col_major = job.matrix.layout == v1::LAYOUT_COL_MAJOR;
   run.total_lines = col_major ? job.matrix.cols : job.matrix.rows;

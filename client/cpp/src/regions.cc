@@ -128,7 +128,8 @@ absl::Status PrepareRegionCall(Client& client, grpc::ClientContext* context, abs
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::RegionStatus> Register(Client& client, const v1::RegisterRegionRequest& request) {
+absl::StatusOr<v1::RegionStatus> Register(Client& client,
+                                          const v1::RegisterRegionRequest& request) {
   grpc::ClientContext context;
   if (absl::Status ok = PrepareRegionCall(client, &context, DeadlineFromNow(client)); !ok.ok()) {
     return ok;
@@ -212,29 +213,32 @@ absl::StatusOr<v1::LocalResponse> LocalSession::Call(const v1::LocalRequest& req
   return response;
 }
 
+namespace {
+
+// The ticket of a pass_fd or open_shm reply, or its refusal as a status.
+absl::StatusOr<v1::LocalTicket> TicketOf(absl::StatusOr<v1::LocalResponse> reply) {
+  if (!reply.ok()) return reply.status();
+  if (reply->code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply->code()), reply->message());
+  }
+  return std::move(*reply->mutable_ticket());
+}
+
+}  // namespace
+
 absl::StatusOr<v1::LocalTicket> LocalSession::PassFd(int fd, v1::LocalFdKind kind, int device,
                                                      int64_t allocation_bytes) {
   v1::LocalRequest request;
   request.mutable_pass_fd()->set_kind(kind);
   request.mutable_pass_fd()->set_device(device);
   request.mutable_pass_fd()->set_allocation_bytes(allocation_bytes);
-  auto reply = Call(request, fd);
-  if (!reply.ok()) return reply.status();
-  if (reply->code() != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(reply->code()), reply->message());
-  }
-  return reply->ticket();
+  return TicketOf(Call(request, fd));
 }
 
 absl::StatusOr<v1::LocalTicket> LocalSession::OpenShm(const std::string& key) {
   v1::LocalRequest request;
   request.mutable_open_shm()->set_key(key);
-  auto reply = Call(request, -1);
-  if (!reply.ok()) return reply.status();
-  if (reply->code() != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(reply->code()), reply->message());
-  }
-  return reply->ticket();
+  return TicketOf(Call(request, -1));
 }
 
 absl::StatusOr<std::shared_ptr<LocalSession>> Client::RegionSession() {
@@ -267,11 +271,16 @@ absl::StatusOr<std::shared_ptr<LocalSession>> Client::RegionSessionWith(
 
 // ---------------------------------------------------------------- register
 
-absl::StatusOr<v1::RegionStatus> RegisterFdRegion(Client& client, const std::string& name,
-                                                  int fd, int64_t offset, int64_t byte_size) {
+namespace {
+
+// Passes `fd` through the client's session and registers its ticket.
+absl::StatusOr<v1::RegionStatus> RegisterPassed(Client& client, const std::string& name, int fd,
+                                                v1::LocalFdKind kind, int device,
+                                                int64_t allocation_bytes, int64_t offset,
+                                                int64_t byte_size) {
   auto session = client.RegionSession();
   if (!session.ok()) return session.status();
-  auto ticket = (*session)->PassFd(fd);
+  auto ticket = (*session)->PassFd(fd, kind, device, allocation_bytes);
   if (!ticket.ok()) return ticket.status();
   v1::RegisterRegionRequest request;
   request.set_name(name);
@@ -280,6 +289,13 @@ absl::StatusOr<v1::RegionStatus> RegisterFdRegion(Client& client, const std::str
   at->set_offset(offset);
   at->set_byte_size(byte_size);
   return Register(client, request);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RegionStatus> RegisterFdRegion(Client& client, const std::string& name,
+                                                  int fd, int64_t offset, int64_t byte_size) {
+  return RegisterPassed(client, name, fd, v1::LOCAL_FD_KIND_MEMORY, -1, 0, offset, byte_size);
 }
 
 absl::StatusOr<v1::RegionStatus> RegisterShmRegion(Client& client, const std::string& name,
@@ -297,17 +313,8 @@ absl::StatusOr<v1::RegionStatus> RegisterCudaVmmRegion(Client& client, const std
                                                        int fd, int device,
                                                        int64_t allocation_bytes, int64_t offset,
                                                        int64_t byte_size) {
-  auto session = client.RegionSession();
-  if (!session.ok()) return session.status();
-  auto ticket = (*session)->PassFd(fd, v1::LOCAL_FD_KIND_CUDA_VMM, device, allocation_bytes);
-  if (!ticket.ok()) return ticket.status();
-  v1::RegisterRegionRequest request;
-  request.set_name(name);
-  v1::LocalFdRegion* at = request.mutable_local_fd();
-  at->set_ticket(ticket->ticket());
-  at->set_offset(offset);
-  at->set_byte_size(byte_size);
-  return Register(client, request);
+  return RegisterPassed(client, name, fd, v1::LOCAL_FD_KIND_CUDA_VMM, device, allocation_bytes,
+                        offset, byte_size);
 }
 
 absl::StatusOr<v1::RegionStatus> RegisterCudaIpcRegion(Client& client, const std::string& name,
@@ -346,6 +353,21 @@ v1::RegionRef MakeRegionRef(const std::string& name, int64_t offset) {
   ref.set_name(name);
   ref.set_offset(offset);
   return ref;
+}
+
+RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result) {
+  RegionJob rj;
+  rj.rows = job.matrix.rows;
+  rj.cols = job.matrix.cols;
+  rj.dtype = job.matrix.dtype;
+  rj.layout = job.matrix.layout;
+  rj.side = job.side;
+  rj.backend = job.backend;
+  rj.matrix = std::move(matrix);
+  rj.result = std::move(result);
+  rj.diagonal = job.diagonal;
+  rj.diagonal_bytes = job.diagonal_bytes;
+  return rj;
 }
 
 absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {

@@ -96,7 +96,8 @@ absl::StatusOr<std::shared_ptr<Client::Staging>> Client::TakeStaging(size_t byte
     // The smallest free one that fits.
     auto best = staging_.end();
     for (auto it = staging_.begin(); it != staging_.end(); ++it) {
-      if ((*it)->bytes() >= bytes && (best == staging_.end() || (*it)->bytes() < (*best)->bytes())) {
+      const size_t have = (*it)->bytes();
+      if (have >= bytes && (best == staging_.end() || have < (*best)->bytes())) {
         best = it;
       }
     }
@@ -162,18 +163,7 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
   // The caller's data already in this client's regions: no copy at all.
   if (std::optional<v1::RegionRef> in = OwnRegionRef(job.matrix.data, matrix_bytes)) {
     if (std::optional<v1::RegionRef> at = OwnRegionRef(out, matrix_bytes)) {
-      RegionJob rj;
-      rj.rows = job.matrix.rows;
-      rj.cols = job.matrix.cols;
-      rj.dtype = job.matrix.dtype;
-      rj.layout = job.matrix.layout;
-      rj.side = job.side;
-      rj.backend = job.backend;
-      rj.matrix = *in;
-      rj.result = *at;
-      rj.diagonal = job.diagonal;
-      rj.diagonal_bytes = job.diagonal_bytes;
-      absl::StatusOr<JobResult> done = MultiplyRegion(*this, rj);
+      absl::StatusOr<JobResult> done = MultiplyRegion(*this, RegionJobOf(job, *in, *at));
       if (done.ok()) {
         done->mode = TransferMode::kRegion;
         done->received_bytes = static_cast<int64_t>(matrix_bytes);
@@ -224,18 +214,9 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     if (progress) {
       progress(static_cast<int64_t>(matrix_bytes), 0, static_cast<int64_t>(matrix_bytes));
     }
-    RegionJob rj;
-    rj.rows = job.matrix.rows;
-    rj.cols = job.matrix.cols;
-    rj.dtype = job.matrix.dtype;
-    rj.layout = job.matrix.layout;
-    rj.side = job.side;
-    rj.backend = job.backend;
-    rj.matrix = region.Ref(0);
-    rj.result = region.Ref(0);  // in place: the staging holds a copy of A
-    rj.diagonal = job.diagonal;
-    rj.diagonal_bytes = job.diagonal_bytes;
-    absl::StatusOr<JobResult> done = MultiplyRegion(*this, rj);
+    // In place: the staging holds a copy of A.
+    absl::StatusOr<JobResult> done =
+        MultiplyRegion(*this, RegionJobOf(job, region.Ref(0), region.Ref(0)));
     if (done.ok()) {
       ParallelCopy(static_cast<char*>(out), region.bytes(), matrix_bytes);
       ReturnStaging(*std::move(staging));

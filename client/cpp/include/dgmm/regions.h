@@ -155,6 +155,10 @@ struct RegionJob {
   std::optional<v1::RegionRef> diagonal_ref;
 };
 
+// The RegionJob of `job` (its shape, dtype, layout, side, backend and
+// inline diagonal) with the matrix read at `matrix` and C written at `result`.
+RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result);
+
 // Runs `job` (MultiplyRegion). The result's stats count the region bytes
 // read and written (bytes_in, bytes_out); its mode is kUnary (one unary
 // call). Retried, within ClientOptions.deadline, only when the server's
