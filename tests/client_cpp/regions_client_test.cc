@@ -308,6 +308,58 @@ TEST(SameHostTest, EveryDtypeLayoutAndSideThroughMemory) {
   }
 }
 
+// A job in blocks (ClientOptions.same_host_blocks; by default from 64 MiB
+// on): A copied in, the block jobs and C copied out overlap. Every block's
+// lines are right, uneven splits and the diagonal's slices included, into
+// another buffer and in place (out == A: C is copied out only after every
+// block ran).
+TEST(SameHostTest, BlocksOfLinesOverlapAndGiveTheSameResults) {
+  uint64_t seed = 90;
+  for (int blocks : {3, 8}) {
+    ClientOptions options;
+    options.same_host_blocks = blocks;
+    Client client(RegionsServer().address(), options);
+    for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
+      for (v1::Side side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
+        SCOPED_TRACE(absl::StrCat(blocks, " blocks, ", v1::Layout_Name(layout), " ",
+                                  v1::Side_Name(side)));
+        double error = 0;
+        JobResult f = SameHostJob(client, Operands<float>(613, 487, layout, side, seed++), &error);
+        EXPECT_EQ(f.mode, TransferMode::kRegion) << f.socket_reason;
+        EXPECT_EQ(f.part_stats.size(), static_cast<size_t>(blocks));
+        EXPECT_LE(error, std::numeric_limits<float>::epsilon());
+        EXPECT_GT(f.same_host.copy_in, 0);
+        EXPECT_GT(f.same_host.copy_out, 0);
+        JobResult d = SameHostJob(client, Operands<double>(389, 403, layout, side, seed++), &error);
+        EXPECT_EQ(d.mode, TransferMode::kRegion) << d.socket_reason;
+        EXPECT_EQ(d.part_stats.size(), static_cast<size_t>(blocks));
+        EXPECT_LE(error, std::numeric_limits<double>::epsilon());
+        // In place.
+        Operands<float> ops(509, 521, layout, side, seed++);
+        std::vector<float> c = ops.a;
+        Job job = ops.MakeJob();
+        job.matrix.data = c.data();
+        absl::StatusOr<JobResult> r = client.Multiply(job, c.data(), c.size() * sizeof(float));
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->mode, TransferMode::kRegion) << r->socket_reason;
+        EXPECT_EQ(r->part_stats.size(), static_cast<size_t>(blocks));
+        EXPECT_LE(ops.MaxRelativeError(c), std::numeric_limits<float>::epsilon());
+      }
+    }
+    // A diagonal of the wrong length is not split: the server names the
+    // whole job's error.
+    Operands<float> bad(600, 500, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, seed++);
+    Job job = bad.MakeJob();
+    job.diagonal_bytes -= sizeof(float);
+    std::vector<float> out = bad.NanOutput();
+    absl::StatusOr<JobResult> r = client.Multiply(job, out.data(), out.size() * sizeof(float));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  }
+  ClientOptions negative;
+  negative.same_host_blocks = -1;
+  EXPECT_EQ(CheckClientOptions(negative).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SameHostTest, NotCoLocatedGoesOverTheSocketWithTheSameResults) {
   Operands<float> ops(700, 500, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 77);
   double error = 0;

@@ -290,6 +290,7 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
       SharedMemoryRegion::Create(client, check ? 2 * bytes : bytes);
+  const absl::Time made = absl::Now();
   if (!region.ok()) {
     if (!required) return std::nullopt;
     return ReportError(absl::Status(region.status().code(),
@@ -300,6 +301,7 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
   if (absl::Status read = ReadNpyData(matrix_path, *header, offset, shm.bytes()); !read.ok()) {
     return ReportError(read, kExitUsage);
   }
+  const absl::Time read_in = absl::Now();
   Job job;
   job.matrix.data = shm.bytes();
   job.matrix.rows = header->shape[0];
@@ -320,6 +322,7 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
     }
     return ReportError(result.status(), kExitRpcError);
   }
+  const absl::Time ran = absl::Now();
   const char* c = shm.bytes() + (check ? bytes : 0);
   if (absl::Status written = WriteNpy(out_path, *header, c, bytes); !written.ok()) {
     return ReportError(written, kExitRpcError);
@@ -331,6 +334,10 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
     std::printf("path:       same host (A read from %s into a region the server maps, C "
                 "written to %s from it)\n",
                 matrix_path.c_str(), out_path.c_str());
+    const auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
+    std::printf("phases:     region %.1f ms, read A %.1f ms, job %.1f ms, write C %.1f ms\n",
+                ms(made - start), ms(read_in - made), ms(ran - read_in),
+                ms(start + wall - ran));
   }
   if (!check) return kExitOk;
   const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)

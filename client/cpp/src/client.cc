@@ -237,6 +237,11 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
         absl::StrCat("ClientOptions: max_unary_message_bytes (", options.max_unary_message_bytes,
                      ") and chunk_bytes (", options.chunk_bytes, ") must be at least 1"));
   }
+  if (options.same_host_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.same_host_blocks must be 0 (auto) or more, not ",
+                     options.same_host_blocks));
+  }
   const RetryPolicy& retry = options.retry;
   if (retry.max_attempts < 1 || retry.initial_backoff <= absl::ZeroDuration() ||
       retry.max_backoff < retry.initial_backoff || !(retry.backoff_multiplier >= 1.0) ||

@@ -1,12 +1,18 @@
 #include "dgmm/npy.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -349,14 +355,38 @@ absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path, size_t* data_of
 
 absl::Status ReadNpyData(const std::string& path, const NpyHeader& header, size_t data_offset,
                          void* into) {
-  File file(std::fopen(path.c_str(), "rb"));
-  if (file == nullptr) return FileError(path, "open", errno);
-  if (std::fseek(file.get(), static_cast<long>(data_offset), SEEK_SET) != 0) {
-    return FileError(path, "seek in", errno);
-  }
-  if (std::fread(into, 1, header.data_bytes(), file.get()) != header.data_bytes()) {
-    return FileError(path, "read", std::ferror(file.get()) ? errno : EIO);
-  }
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return FileError(path, "open", errno);
+  // Large arrays are read by several threads at once, each a slice: reading
+  // from the page cache and the first touch of the destination's pages
+  // (often a new shared-memory region) both go further with more threads.
+  constexpr size_t kSliceBytes = size_t{16} << 20;
+  const size_t bytes = header.data_bytes();
+  const size_t threads = std::clamp<size_t>(
+      bytes / kSliceBytes, 1, std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+  const size_t slice = (bytes / threads + 4095) / 4096 * 4096;
+  std::atomic<int> error{0};
+  const auto read_slice = [&](size_t at) {
+    const size_t end = std::min(bytes, at + slice);
+    char* dst = static_cast<char*>(into);
+    while (at < end && error.load() == 0) {
+      const ssize_t got = pread(fd, dst + at, end - at, static_cast<off_t>(data_offset + at));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        int expected = 0;
+        error.compare_exchange_strong(expected, got < 0 ? errno : EIO);
+        return;
+      }
+      at += static_cast<size_t>(got);
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads && t * slice < bytes; ++t)
+    helpers.emplace_back(read_slice, t * slice);
+  read_slice(0);
+  for (std::thread& t : helpers) t.join();
+  close(fd);
+  if (error.load() != 0) return FileError(path, "read", error.load());
   return absl::OkStatus();
 }
 

@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -45,11 +48,12 @@ constexpr size_t kMaxFreeStaging = 4;
 // Copies split over threads from this size on, in slices of at least this.
 constexpr size_t kParallelCopyBytes = size_t{8} << 20;
 
-// memcpy with up to 8 threads (the copies are memory-bound: a few threads
-// reach the host's bandwidth where one does not).
-void ParallelCopy(char* dst, const char* src, size_t bytes) {
-  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t parts = std::min<size_t>({8, hw, std::max<size_t>(1, bytes / kParallelCopyBytes)});
+// memcpy with up to `max_threads` threads (the copies are memory-bound, and
+// into a new staging region page-fault-bound: a few threads go further than
+// one).
+void ParallelCopy(char* dst, const char* src, size_t bytes, size_t max_threads) {
+  const size_t parts =
+      std::min<size_t>({max_threads, std::max<size_t>(1, bytes / kParallelCopyBytes)});
   if (parts <= 1) {
     std::memcpy(dst, src, bytes);
     return;
@@ -63,6 +67,12 @@ void ParallelCopy(char* dst, const char* src, size_t bytes) {
   }
   std::memcpy(dst, src, std::min(slice, bytes));
   for (std::thread& t : threads) t.join();
+}
+
+size_t HardwareThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 size_t StagingSize(size_t need) {
@@ -86,6 +96,167 @@ bool SocketCanStillDoIt(const absl::Status& s) {
     default:
       return false;  // the job's own error (INVALID_ARGUMENT, DEADLINE_EXCEEDED, ...)
   }
+}
+
+// A staging job runs in blocks of whole lines (rows of a row-major matrix,
+// columns of a column-major one), one region job each, so that copying
+// block k+1 in, the job on block k and copying block k-1 out overlap.
+constexpr size_t kBlockBytes = size_t{32} << 20;
+constexpr int kMaxBlocks = 8;
+
+struct Blocks {
+  std::vector<LineRange> ranges;
+  size_t line_bytes = 0;
+  size_t elem = 0;
+  bool slice_diagonal = false;  // the diagonal runs along the lines
+  bool col_major = false;
+};
+
+// One block when the job cannot be split safely (its diagonal has not the
+// length the job needs: the server names that error, on the whole job).
+Blocks PlanBlocks(const Job& job, size_t matrix_bytes, int blocks_option) {
+  Blocks plan;
+  plan.col_major = job.matrix.layout == v1::LAYOUT_COL_MAJOR;
+  const int64_t lines = plan.col_major ? job.matrix.cols : job.matrix.rows;
+  const int64_t line_len = plan.col_major ? job.matrix.rows : job.matrix.cols;
+  plan.elem = ElementSize(job.matrix.dtype);
+  plan.line_bytes = static_cast<size_t>(std::max<int64_t>(line_len, 0)) * plan.elem;
+  plan.slice_diagonal = plan.col_major != (job.side == v1::SIDE_LEFT);
+  const int64_t diag_len = plan.slice_diagonal ? lines : line_len;
+  int64_t blocks =
+      std::clamp<int64_t>(static_cast<int64_t>(matrix_bytes / kBlockBytes), 1, kMaxBlocks);
+  if (blocks_option > 0) blocks = std::min<int64_t>(blocks_option, kMaxBlocks);
+  if (lines <= 0 || plan.elem == 0 || job.diagonal == nullptr ||
+      job.diagonal_bytes != static_cast<size_t>(diag_len) * plan.elem ||
+      plan.line_bytes * static_cast<size_t>(lines) != matrix_bytes) {
+    blocks = 1;
+  }
+  plan.ranges = SplitLines(std::max<int64_t>(lines, 1),
+                           static_cast<int>(std::min(blocks, std::max<int64_t>(lines, 1))));
+  return plan;
+}
+
+void AddStats(const v1::JobStats& part, v1::JobStats* sum) {
+  sum->set_queue_wait_ns(std::max(sum->queue_wait_ns(), part.queue_wait_ns()));
+  sum->set_h2d_ns(sum->h2d_ns() + part.h2d_ns());
+  sum->set_compute_ns(sum->compute_ns() + part.compute_ns());
+  sum->set_d2h_ns(sum->d2h_ns() + part.d2h_ns());
+  sum->set_total_ns(sum->total_ns() + part.total_ns());
+  sum->set_bytes_in(sum->bytes_in() + part.bytes_in());
+  sum->set_bytes_out(sum->bytes_out() + part.bytes_out());
+}
+
+// Runs `job` on the staging `region` block by block: a thread copies A in, this
+// thread runs each block's region job as soon as its lines are in, and
+// another copies C out as soon as a block is done -- unless `out` overlaps A
+// (in place), where C is copied out only after every block succeeded, so that
+// a failed job leaves A whole for the socket path. On failure, the first
+// error; `out` may then hold some blocks of C (never when it overlaps A).
+absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemoryRegion& region,
+                                      void* out, size_t matrix_bytes,
+                                      const ProgressCallback& progress,
+                                      JobResult::SameHostPhases* phases) {
+  const Blocks plan = PlanBlocks(job, matrix_bytes, client.options().same_host_blocks);
+  const size_t count = plan.ranges.size();
+  const char* a = static_cast<const char*>(job.matrix.data);
+  char* c = static_cast<char*>(out);
+  const bool overlaps = c < a + matrix_bytes && a < c + matrix_bytes;
+  const size_t hw = HardwareThreads();
+  // One block: the copies take every thread; several: in and out share them.
+  const size_t copy_threads =
+      count == 1 ? std::min<size_t>(8, hw) : std::max<size_t>(1, std::min<size_t>(4, hw / 2));
+  const auto offset = [&](size_t k) { return plan.ranges[k].first_line * plan.line_bytes; };
+  const auto size = [&](size_t k) { return plan.ranges[k].lines * plan.line_bytes; };
+
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t copied_in = 0;  // blocks whose lines are in the region
+  size_t computed = 0;   // blocks whose job succeeded
+  bool failed = false;
+  double copy_in_s = 0, copy_out_s = 0;
+
+  std::thread in([&] {
+    for (size_t k = 0; k < count; ++k) {
+      {
+        std::lock_guard lock(mu);
+        if (failed) return;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      ParallelCopy(region.bytes() + offset(k), a + offset(k), size(k), copy_threads);
+      copy_in_s += SecondsSince(start);
+      std::lock_guard lock(mu);
+      copied_in = k + 1;
+      cv.notify_all();
+    }
+  });
+  std::thread out_copier;
+  if (!overlaps) {
+    out_copier = std::thread([&] {
+      for (size_t k = 0; k < count; ++k) {
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return failed || computed > k; });
+          if (failed) return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        ParallelCopy(c + offset(k), region.bytes() + offset(k), size(k), copy_threads);
+        copy_out_s += SecondsSince(start);
+      }
+    });
+  }
+
+  absl::StatusOr<JobResult> whole = absl::UnknownError("no block ran");
+  for (size_t k = 0; k < count; ++k) {
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return copied_in > k; });
+    }
+    Job part = job;
+    const int64_t lines = plan.ranges[k].lines;
+    (plan.col_major ? part.matrix.cols : part.matrix.rows) = lines;
+    if (plan.slice_diagonal) {
+      part.diagonal = static_cast<const char*>(job.diagonal) +
+                      static_cast<size_t>(plan.ranges[k].first_line) * plan.elem;
+      part.diagonal_bytes = static_cast<size_t>(lines) * plan.elem;
+    }
+    const v1::RegionRef at = region.Ref(static_cast<int64_t>(offset(k)));
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<JobResult> done = MultiplyRegion(client, RegionJobOf(part, at, at));
+    phases->job += SecondsSince(start);
+    if (!done.ok()) {
+      whole = done.status();
+      std::lock_guard lock(mu);
+      failed = true;
+      cv.notify_all();
+      break;
+    }
+    if (k == 0) {
+      whole = *std::move(done);
+      whole->part_stats = {whole->stats};
+    } else {
+      AddStats(done->stats, &whole->stats);
+      whole->part_stats.push_back(done->stats);
+    }
+    {
+      std::lock_guard lock(mu);
+      computed = k + 1;
+      cv.notify_all();
+    }
+    if (progress) {
+      const auto bytes = static_cast<int64_t>(offset(k) + size(k));
+      progress(bytes, overlaps ? 0 : bytes, static_cast<int64_t>(matrix_bytes));
+    }
+  }
+  in.join();
+  if (out_copier.joinable()) out_copier.join();
+  if (whole.ok() && overlaps) {
+    const auto start = std::chrono::steady_clock::now();
+    ParallelCopy(c, region.bytes(), matrix_bytes, std::min<size_t>(8, hw));
+    copy_out_s += SecondsSince(start);
+  }
+  phases->copy_in = copy_in_s;
+  phases->copy_out = copy_out_s;
+  return whole;
 }
 
 }  // namespace
@@ -163,8 +334,10 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
   // The caller's data already in this client's regions: no copy at all.
   if (std::optional<v1::RegionRef> in = OwnRegionRef(job.matrix.data, matrix_bytes)) {
     if (std::optional<v1::RegionRef> at = OwnRegionRef(out, matrix_bytes)) {
+      const auto start = std::chrono::steady_clock::now();
       absl::StatusOr<JobResult> done = MultiplyRegion(*this, RegionJobOf(job, *in, *at));
       if (done.ok()) {
+        done->same_host.job = SecondsSince(start);
         done->mode = TransferMode::kRegion;
         done->received_bytes = static_cast<int64_t>(matrix_bytes);
         done->part_stats = {done->stats};
@@ -180,6 +353,7 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
       return std::nullopt;
     }
   }
+  const auto setup_start = std::chrono::steady_clock::now();
   // The session: the server's local socket, reached and its own. Whether
   // the server takes regions is asked on the connection the job would use
   // over the socket: a server that does not costs no connection more.
@@ -209,25 +383,17 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
       *why = reason(staging.status());
       return std::nullopt;
     }
+    JobResult::SameHostPhases phases;
+    phases.setup = SecondsSince(setup_start);
     SharedMemoryRegion& region = *(*staging)->region;
-    ParallelCopy(region.bytes(), static_cast<const char*>(job.matrix.data), matrix_bytes);
-    if (progress) {
-      progress(static_cast<int64_t>(matrix_bytes), 0, static_cast<int64_t>(matrix_bytes));
-    }
-    // In place: the staging holds a copy of A.
     absl::StatusOr<JobResult> done =
-        MultiplyRegion(*this, RegionJobOf(job, region.Ref(0), region.Ref(0)));
+        RunInBlocks(*this, job, region, out, matrix_bytes, progress, &phases);
     if (done.ok()) {
-      ParallelCopy(static_cast<char*>(out), region.bytes(), matrix_bytes);
       ReturnStaging(*std::move(staging));
-      if (progress) {
-        progress(static_cast<int64_t>(matrix_bytes), static_cast<int64_t>(matrix_bytes),
-                 static_cast<int64_t>(matrix_bytes));
-      }
       done->mode = TransferMode::kRegion;
       done->stripes = 1;
       done->received_bytes = static_cast<int64_t>(matrix_bytes);
-      done->part_stats = {done->stats};
+      done->same_host = phases;
       return done;
     }
     const absl::StatusCode code = done.status().code();
@@ -245,8 +411,8 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
       ReturnStaging(*std::move(staging));  // still registered and good
     }
     if (!SocketCanStillDoIt(done.status())) return absl::StatusOr<JobResult>(done.status());
-    *why = absl::StrCat("the same-host job failed, so the socket carried it: ",
-                        reason(done.status()));
+    *why =
+        absl::StrCat("the same-host job failed, so the socket carried it: ", reason(done.status()));
     return std::nullopt;
   }
 }

@@ -5,11 +5,14 @@
 //   dgmm_cpp_client_timing SERVER N REPEATS [WARMUP] [f32|f64]
 //
 // Prints one line: `{"n": N, "seconds": [t1, t2, ...], "first": t0, "mode":
-// M}` (each one Multiply after WARMUP untimed ones; `first` is the client's
-// first job, connection and same-host set-up included; M the last job's
-// TransferModeName). DGMM_SAME_HOST=0 in the environment turns the
-// same-host path off (ClientOptions.same_host). Exits 1 on an RPC error, 3
-// when the first result differs from a float64 reference.
+// M, "first_phases": P0, "last_phases": P}` (each one Multiply after WARMUP
+// untimed ones; `first` is the client's first job, connection and same-host
+// set-up included; M the last job's TransferModeName; P0 and P the first and
+// last job's JobResult::same_host phases in seconds, zeros on the socket,
+// and "server": that job's stats.total_ns in seconds). DGMM_SAME_HOST=0 in the
+// environment turns the same-host path off (ClientOptions.same_host),
+// DGMM_SAME_HOST_BLOCKS=K sets ClientOptions.same_host_blocks. Exits 1
+// on an RPC error, 3 when the first result differs from a float64 reference.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -33,9 +36,14 @@ int Run(const std::string& server, int64_t n, int repeats, int warmup, dgmm::v1:
   dgmm::ClientOptions options;
   const char* same_host = std::getenv("DGMM_SAME_HOST");
   options.same_host = same_host == nullptr || std::string(same_host) != "0";
+  if (const char* blocks = std::getenv("DGMM_SAME_HOST_BLOCKS"); blocks != nullptr) {
+    options.same_host_blocks = std::atoi(blocks);
+  }
   dgmm::Client client(server, options);
   double first = 0;
   std::string mode;
+  dgmm::JobResult::SameHostPhases first_phases, last_phases;
+  double first_server = 0, last_server = 0;
   dgmm::Job job;
   job.matrix = {a.data(), n, n, dtype, dgmm::v1::LAYOUT_ROW_MAJOR};
   job.diagonal = d.data();
@@ -64,13 +72,32 @@ int Run(const std::string& server, int64_t n, int repeats, int warmup, dgmm::v1:
         }
       }
     }
-    if (i == 0) first = std::chrono::duration<double>(end - start).count();
+    if (i == 0) {
+      first = std::chrono::duration<double>(end - start).count();
+      first_phases = r->same_host;
+      first_server = static_cast<double>(r->stats.total_ns()) * 1e-9;
+    }
+    last_phases = r->same_host;
+    last_server = static_cast<double>(r->stats.total_ns()) * 1e-9;
     mode = dgmm::TransferModeName(r->mode);
     if (i >= warmup) seconds.push_back(std::chrono::duration<double>(end - start).count());
   }
   std::printf("{\"n\": %lld, \"seconds\": [", static_cast<long long>(n));
   for (size_t i = 0; i < seconds.size(); ++i) std::printf(i ? ", %.9f" : "%.9f", seconds[i]);
-  std::printf("], \"first\": %.9f, \"mode\": \"%s\"}\n", first, mode.c_str());
+  const auto phases = [](const dgmm::JobResult::SameHostPhases& p, double server) {
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "{\"setup\": %.6f, \"copy_in\": %.6f, \"job\": %.6f, "
+                  "\"copy_out\": %.6f, "
+                  "\"server\": %.6f}",
+                  p.setup, p.copy_in, p.job, p.copy_out, server);
+    return std::string(text);
+  };
+  std::printf(
+      "], \"first\": %.9f, \"mode\": \"%s\", \"first_phases\": %s, "
+      "\"last_phases\": %s}\n",
+      first, mode.c_str(), phases(first_phases, first_server).c_str(),
+      phases(last_phases, last_server).c_str());
   return 0;
 }
 

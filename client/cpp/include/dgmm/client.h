@@ -197,13 +197,18 @@ struct ClientOptions {
   // server maps, registered once, grown geometrically, reused by every job
   // and pinned by the server once reused), runs the job there in place and
   // copies C out, with several threads: no payload crosses the socket.
-  // Otherwise, or when that path fails before the job ran, the socket
+  // A job of 64 MiB or more runs in blocks of whole lines (up to 8, one
+  // region job each) so that copying A in, the job and copying C out
+  // overlap. Otherwise, or when that path fails before the job ran, the socket
   // (JobResult.socket_reason says why). Off: always the socket.
   // MultiplyUnary and MultiplyStream always use the socket.
   bool same_host = true;
   // Smaller matrices go over the socket (one small message costs less than
   // the copies and the region call).
   int64_t same_host_min_bytes = int64_t{1} << 20;
+  // Blocks of a same-host job: 0 picks (one per 32 MiB, 1 to 8); 1 runs it
+  // as one region job, copies before and after it (no overlap).
+  int same_host_blocks = 0;
 };
 
 // OK when `options` can be used: positive sizes, a sane retry policy and
@@ -289,6 +294,16 @@ struct JobResult {
   // empty when it took that path (mode kRegion) or was not a candidate
   // (same_host off, a forced mode, a matrix under same_host_min_bytes).
   std::string socket_reason;
+  // The same-host path's phases as this client saw them, in seconds (zero on
+  // other paths): opening the session and taking (or making and
+  // registering) the staging region, copying A in, the region job's RPC, and
+  // copying C out. A job in the caller's own regions has only `job`.
+  struct SameHostPhases {
+    double setup = 0;
+    double copy_in = 0;
+    double job = 0;
+    double copy_out = 0;
+  } same_host;
 };
 
 // Attempts a failed job made over all its parts (a Multiply error carries
