@@ -12,17 +12,25 @@ Rows:
   cupy pageable / pinned  H2D, A*d[None, :], D2H (GPU only, CuPy importable)
   PCIe duplex floor       H2D and D2H of the matrix at once on two streams
   python socket / shm     dgmm.Client(same_host=False|True).multiply(a, d, out=c)
+  python dgmm.empty       a and c from dgmm.empty (region memory): client.multiply(a, d,
+                          out=c) copies nothing; cold = the arrays' first job
   c++ socket / shm        dgmm::Client::Multiply (dgmm_cpp_client_timing)
+  c++ shm one block       the same with ClientOptions.same_host_blocks = 1: A copied in,
+                          one region job, C copied out, nothing overlapped (what the
+                          default's blocks are measured against)
   cli .npy socket / shm   dgmm-cli multiply --matrix A.npy --diag d.npy --out C.npy
                           (--shm=off, or the default), a process per job
   region reused           a region registered once, the data living in it
                           (client.multiply_region), the engine's best case
 
-Targets (issue 25; on the GPU host at N = 10000 and 20000; on a CPU host
-only the last one): Python shm warm <= 0.33 x NumPy and faster than CuPy
-pageable; C++ shm warm <= 0.25 x NumPy; a first shm job no slower than a
-first socket job (Python, C++); CPU backend: C++ shm warm <= 1.0 x NumPy.
-Each printed MET or MISSED with its ratio.
+Targets (issue 25; on the GPU host at N = 10000 and 20000): Python shm warm
+<= 0.33 x NumPy and faster than CuPy pageable; Python dgmm.empty warm <= 1.15
+x the PCIe duplex floor; dgmm-cli .npy (default flags) <= 0.8 x NumPy load +
+multiply + save; C++ shm warm <= 0.25 x NumPy; a first shm job no slower
+than a first socket job (Python, C++; every host); CPU backend: C++ shm warm
+<= 1.0 x NumPy. Each printed MET or MISSED with its ratio. Then the C++
+client's same-host phases (setup, copy in, job, copy out) of its first and
+a warm job, and dgmm-cli's phases, which say where the time went.
 
   build/python-venv/bin/python bench/user_path_bench.py --n 1000 2000 --backend cpu
   python3 bench/user_path_bench.py --n 4000 10000 20000 --build .gpu/build   # GPU host
@@ -142,13 +150,16 @@ def python_rows(dgmm, address, a, d, reps, same_host):
     return cold, warm, info.mode + (" (%s)" % info.socket_reason if info.socket_reason else "")
 
 
-def cpp_rows(tool, address, n, reps, same_host):
-    env = dict(os.environ, DGMM_SAME_HOST="1" if same_host else "0")
+def cpp_rows(tool, address, n, reps, same_host, blocks=0, phases=None):
+    env = dict(os.environ, DGMM_SAME_HOST="1" if same_host else "0",
+               DGMM_SAME_HOST_BLOCKS=str(blocks))
     run = subprocess.run([tool, address, str(n), str(reps), "1"], capture_output=True,
                          text=True, env=env, timeout=600)
     if run.returncode != 0:
         raise SystemExit("%s: %s" % (tool, run.stderr.strip()))
     out = json.loads(run.stdout.strip().splitlines()[-1])
+    if phases is not None:
+        phases.append((out.get("first_phases"), out.get("last_phases")))
     return out["first"] * 1e3, statistics.median(out["seconds"]) * 1e3, out["mode"]
 
 
@@ -167,7 +178,29 @@ def cli_rows(cli, address, files, reps, same_host):
     report = subprocess.run(base, capture_output=True, text=True, timeout=600).stdout
     mode = next((line.split(None, 1)[1].split(",")[0] for line in report.splitlines()
                  if line.startswith("mode:")), "?")
+    phases = next((line.split(None, 1)[1] for line in report.splitlines()
+                   if line.startswith("phases:")), "")
+    if phases:
+        mode += " [%s]" % phases
     return times[0], statistics.median(times[1:]), mode
+
+
+def empty_rows(dgmm, address, a, d, reps):
+    """(cold ms, warm ms, mode): A and C in dgmm.empty arrays; cold is their
+    first job (the server maps the regions, and pins them from the second)."""
+    client = dgmm.Client(address)
+    ra = dgmm.empty(a.shape, a.dtype, client=client)
+    rc = dgmm.empty(a.shape, a.dtype, client=client)
+    ra[...] = a
+    rc[...] = np.nan
+    t0 = time.perf_counter()
+    _, info = client.multiply(ra, d, out=rc, return_info=True)
+    cold = (time.perf_counter() - t0) * 1e3
+    check(rc, a, d)
+    warm = median_ms(lambda: client.multiply(ra, d, out=rc), reps)
+    del ra, rc
+    client.close()
+    return cold, warm, info.mode
 
 
 def region_row(dgmm, address, a, d, reps):
@@ -226,6 +259,7 @@ def main():
             "processes" % args.reps)
         say()
         results = {}
+        cpp_phases = {}
         for n in args.n:
             rng = np.random.default_rng(n)
             a = rng.uniform(-4, 4, (n, n)).astype(np.float32)
@@ -255,7 +289,13 @@ def main():
                 tag = "shm" if same_host else "socket"
                 row["python " + tag] = python_rows(dgmm, server.address, a, d, args.reps,
                                                    same_host)
-                row["c++ " + tag] = cpp_rows(tool, server.address, n, args.reps, same_host)
+                row["c++ " + tag] = cpp_rows(tool, server.address, n, args.reps, same_host,
+                                             phases=cpp_phases.setdefault(n, []) if same_host
+                                             else None)
+            row["c++ shm one block"] = cpp_rows(tool, server.address, n, args.reps, True,
+                                                blocks=1,
+                                                phases=cpp_phases.setdefault(n, []))
+            row["python dgmm.empty"] = empty_rows(dgmm, server.address, a, d, args.reps)
             row["region reused"] = (None, region_row(dgmm, server.address, a, d, args.reps), "")
             results[n] = row
         numpy_ms = {n: results[n]["numpy A*d"][1] for n in results}
@@ -291,6 +331,12 @@ def main():
                 target("python shm warm faster than CuPy pageable, N=%d" % n,
                        r["python shm"][1] / r["cupy pageable"][1], 1.0,
                        "%.1f vs %.1f ms" % (r["python shm"][1], r["cupy pageable"][1]))
+                target("python dgmm.empty warm <= 1.15 x PCIe duplex floor, N=%d" % n,
+                       r["python dgmm.empty"][1] / r["PCIe duplex floor"][1], 1.15,
+                       "%.1f vs %.1f ms" % (r["python dgmm.empty"][1], r["PCIe duplex floor"][1]))
+                target("dgmm-cli .npy (default flags) <= 0.8 x NumPy load+multiply+save, N=%d" % n,
+                       r["cli .npy shm"][1] / r["numpy .npy files"][1], 0.8,
+                       "%.1f vs %.1f ms" % (r["cli .npy shm"][1], r["numpy .npy files"][1]))
                 target("c++ shm warm <= 0.25 x NumPy, N=%d" % n,
                        r["c++ shm"][1] / numpy_ms[n], 0.25,
                        "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n]))
@@ -302,6 +348,22 @@ def main():
                 target("CPU backend: c++ shm warm <= 1.0 x NumPy, N=%d" % n,
                        r["c++ shm"][1] / numpy_ms[n], 1.0,
                        "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n]))
+        say()
+        say("## Where the same-host time goes (C++ client, ms)")
+        say()
+        say("JobResult.same_host: setup (session, staging region made and registered), copy in, "
+            "the region job(s), copy out; with blocks the three overlap, so they add up to more "
+            "than the job's wall time. server = the job's stats.total_ns (summed over blocks).")
+        say()
+        say("| N | run | job | setup | copy in | region job(s) | copy out | server |")
+        say("|---|---|---|---|---|---|---|---|")
+        for n in cpp_phases:
+            for (first, last), run in zip(cpp_phases[n], ("default blocks", "one block")):
+                for label, p in (("first", first), ("warm", last)):
+                    if p:
+                        say("| %d | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f |" % (
+                            n, run, label, p["setup"] * 1e3, p["copy_in"] * 1e3,
+                            p["job"] * 1e3, p["copy_out"] * 1e3, p["server"] * 1e3))
     finally:
         server.stop()
     if args.out:
