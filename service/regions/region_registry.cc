@@ -265,6 +265,9 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapHost(PassedMemory mem
                      ErrnoText(err)));
   }
   r->map_ = m;
+  // Huge pages where the host allows them for shared memory (as the C++
+  // client asks for its own mapping); no effect elsewhere.
+  madvise(m, r->map_bytes_, MADV_HUGEPAGE);
   r->guard_slot_ = SigbusGuard::Guard(m, r->map_bytes_);
   if (r->guard_slot_ < 0) {
     return absl::ResourceExhaustedError("too many shared-memory regions mapped at once");

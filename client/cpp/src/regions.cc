@@ -441,6 +441,11 @@ absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> SharedMemoryRegion::Create(
     close(fd);
     return ErrnoStatus(error, absl::StrCat("mmap(", key, ", ", byte_size, ")"));
   }
+  // Transparent huge pages where the host allows them for shared memory
+  // (/sys/kernel/mm/transparent_hugepage/shmem_enabled "advise" or more): a
+  // new region's first touch then faults 2 MiB at a time, not 4 KiB. Where
+  // it does not, this changes nothing.
+  madvise(data, byte_size, MADV_HUGEPAGE);
   const std::string region_name = name.empty() ? key : name;
   // Owns the mapping and the memfd from here (the destructor releases them).
   std::unique_ptr<SharedMemoryRegion> region(
