@@ -35,6 +35,7 @@ struct Client::Staging {
     if (region != nullptr) region->Abandon();
   }
   std::unique_ptr<SharedMemoryRegion> region;
+  bool used = false;  // false until its first job: its pages are not there yet
   size_t bytes() const { return region->size(); }
 };
 
@@ -98,10 +99,15 @@ bool SocketCanStillDoIt(const absl::Status& s) {
   }
 }
 
-// A staging job runs in blocks of whole lines (rows of a row-major matrix,
-// columns of a column-major one), one region job each, so that copying
-// block k+1 in, the job on block k and copying block k-1 out overlap.
-constexpr size_t kBlockBytes = size_t{32} << 20;
+// A staging job may run in blocks of whole lines (rows of a row-major
+// matrix, columns of a column-major one), one region job each, so that
+// copying block k+1 in, the job on block k and copying block k-1 out
+// overlap: ClientOptions.same_host_blocks > 1. Not by default: on the H200
+// host (bench/results/user_path/h200_blocks_ae98e10.md) the overlapped
+// copies share the host's memory bandwidth with each other and with the
+// GPU's DMA (warm jobs 0.88-1.22 x one block), and a new region's second
+// block makes the server pin it while the rest of the job runs (first jobs
+// 1.6-1.9 x one block).
 constexpr int kMaxBlocks = 8;
 
 struct Blocks {
@@ -123,9 +129,7 @@ Blocks PlanBlocks(const Job& job, size_t matrix_bytes, int blocks_option) {
   plan.line_bytes = static_cast<size_t>(std::max<int64_t>(line_len, 0)) * plan.elem;
   plan.slice_diagonal = plan.col_major != (job.side == v1::SIDE_LEFT);
   const int64_t diag_len = plan.slice_diagonal ? lines : line_len;
-  int64_t blocks =
-      std::clamp<int64_t>(static_cast<int64_t>(matrix_bytes / kBlockBytes), 1, kMaxBlocks);
-  if (blocks_option > 0) blocks = std::min<int64_t>(blocks_option, kMaxBlocks);
+  int64_t blocks = std::clamp<int64_t>(blocks_option, 1, kMaxBlocks);
   if (lines <= 0 || plan.elem == 0 || job.diagonal == nullptr ||
       job.diagonal_bytes != static_cast<size_t>(diag_len) * plan.elem ||
       plan.line_bytes * static_cast<size_t>(lines) != matrix_bytes) {
@@ -154,7 +158,7 @@ void AddStats(const v1::JobStats& part, v1::JobStats* sum) {
 // error; `out` may then hold some blocks of C (never when it overlaps A).
 absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemoryRegion& region,
                                       void* out, size_t matrix_bytes,
-                                      const ProgressCallback& progress,
+                                      const ProgressCallback& progress, bool fresh,
                                       JobResult::SameHostPhases* phases) {
   const Blocks plan = PlanBlocks(job, matrix_bytes, client.options().same_host_blocks);
   const size_t count = plan.ranges.size();
@@ -165,6 +169,9 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
   // One block: the copies take every thread; several: in and out share them.
   const size_t copy_threads =
       count == 1 ? std::min<size_t>(8, hw) : std::max<size_t>(1, std::min<size_t>(4, hw / 2));
+  // A new region's first copy is bound by page faults (the kernel makes and
+  // zeroes each page), not by memory bandwidth: it takes twice the threads.
+  const size_t in_threads = fresh ? std::min<size_t>(2 * copy_threads, hw) : copy_threads;
   const auto offset = [&](size_t k) { return plan.ranges[k].first_line * plan.line_bytes; };
   const auto size = [&](size_t k) { return plan.ranges[k].lines * plan.line_bytes; };
 
@@ -182,7 +189,7 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
         if (failed) return;
       }
       const auto start = std::chrono::steady_clock::now();
-      ParallelCopy(region.bytes() + offset(k), a + offset(k), size(k), copy_threads);
+      ParallelCopy(region.bytes() + offset(k), a + offset(k), size(k), in_threads);
       copy_in_s += SecondsSince(start);
       std::lock_guard lock(mu);
       copied_in = k + 1;
@@ -386,8 +393,10 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     JobResult::SameHostPhases phases;
     phases.setup = SecondsSince(setup_start);
     SharedMemoryRegion& region = *(*staging)->region;
+    const bool fresh = !(*staging)->used;
+    (*staging)->used = true;
     absl::StatusOr<JobResult> done =
-        RunInBlocks(*this, job, region, out, matrix_bytes, progress, &phases);
+        RunInBlocks(*this, job, region, out, matrix_bytes, progress, fresh, &phases);
     if (done.ok()) {
       ReturnStaging(*std::move(staging));
       done->mode = TransferMode::kRegion;

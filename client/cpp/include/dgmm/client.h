@@ -197,17 +197,19 @@ struct ClientOptions {
   // server maps, registered once, grown geometrically, reused by every job
   // and pinned by the server once reused), runs the job there in place and
   // copies C out, with several threads: no payload crosses the socket.
-  // A job of 64 MiB or more runs in blocks of whole lines (up to 8, one
-  // region job each) so that copying A in, the job and copying C out
-  // overlap. Otherwise, or when that path fails before the job ran, the socket
+  // Otherwise, or when that path fails before the job ran, the socket
   // (JobResult.socket_reason says why). Off: always the socket.
   // MultiplyUnary and MultiplyStream always use the socket.
   bool same_host = true;
   // Smaller matrices go over the socket (one small message costs less than
   // the copies and the region call).
   int64_t same_host_min_bytes = int64_t{1} << 20;
-  // Blocks of a same-host job: 0 picks (one per 32 MiB, 1 to 8); 1 runs it
-  // as one region job, copies before and after it (no overlap).
+  // Blocks of a same-host job: 0 or 1 runs it as one region job with the
+  // copies before and after it; K > 1 (at most 8) splits it into K blocks of
+  // whole lines, one region job each, so that copying A in, the block jobs
+  // and copying C out overlap. One by default: on the H200 host the
+  // overlapped copies only shared the memory bandwidth
+  // (bench/results/user_path/h200_blocks_ae98e10.md).
   int same_host_blocks = 0;
 };
 
