@@ -12,7 +12,9 @@
 // For profiling (bench/profile_wire.sh): --check=false and --poison=false
 // leave the client's own work out of the timed jobs, and --ready_file /
 // --go_file make it wait, after its warm-up job, until a profiler attached
-// (it writes its pid to --ready_file, then polls for --go_file).
+// (it writes its pid to --ready_file, then polls for --go_file); after the
+// timed jobs it does the same with --ready_file + ".done", so that its
+// threads can be read before it exits.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,7 +44,8 @@ ABSL_FLAG(std::string, backend, "auto", "Backend hint: auto, cpu, cuda-kernel, c
 ABSL_FLAG(bool, check, true, "Check the first timed job's result against float64.");
 ABSL_FLAG(bool, poison, true, "Fill the output with NaN before every job.");
 ABSL_FLAG(std::string, ready_file, "",
-          "After each (N, K)'s warm-up job, write this process's pid here and wait for --go_file.");
+          "After each (N, K)'s warm-up job, write this process's pid here and wait for --go_file; "
+          "after its timed jobs, the same with this name + \".done\".");
 ABSL_FLAG(std::string, go_file, "", "See --ready_file; removed once seen.");
 
 namespace {
@@ -56,6 +59,21 @@ std::vector<int64_t> ParseList(const std::string& s) {
   return out;
 }
 
+// With --ready_file: writes this process's pid to `file` (atomically), then
+// waits until --go_file exists and removes it. Nothing when `file` is empty.
+void HoldFor(const std::string& file) {
+  if (file.empty()) return;
+  const std::string go = absl::GetFlag(FLAGS_go_file);
+  {
+    std::ofstream(file + ".tmp") << getpid() << "\n";
+  }
+  std::rename((file + ".tmp").c_str(), file.c_str());
+  struct stat st;
+  while (!go.empty() && stat(go.c_str(), &st) != 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::remove(go.c_str());
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -117,18 +135,7 @@ int main(int argc, char** argv) {
       };
       dgmm::JobResult result;
       if (run(&result) < 0) return 1;  // warm-up: connections open
-      if (const std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
-        const std::string go = absl::GetFlag(FLAGS_go_file);
-        {
-          std::ofstream(ready + ".tmp") << getpid() << "\n";
-        }
-        std::rename((ready + ".tmp").c_str(), ready.c_str());
-        struct stat st;
-        while (!go.empty() && stat(go.c_str(), &st) != 0) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-        std::remove(go.c_str());
-      }
+      HoldFor(absl::GetFlag(FLAGS_ready_file));
       std::vector<double> times;
       int attempts = 0;
       bool checked = absl::GetFlag(FLAGS_check);
@@ -158,6 +165,8 @@ int main(int argc, char** argv) {
                   reps, median, sorted.front(), 2.0 * bytes / median / 1e9, attempts,
                   !absl::GetFlag(FLAGS_check) ? "skipped" : checked ? "true" : "false", worst);
       std::fflush(stdout);
+      HoldFor(absl::GetFlag(FLAGS_ready_file).empty() ? ""
+                                                      : absl::GetFlag(FLAGS_ready_file) + ".done");
     }
   }
   return 0;
