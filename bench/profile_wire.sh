@@ -39,6 +39,8 @@
 #                       of samples (use it with --freq 199 or so)
 #     --top T           lines kept of each report (default 80)
 #     --keep_data       put the perf.data files in the archive too (large)
+#     --perf P          auto (default: PATH, else the bundle), bundle (only
+#                       $build/bench/perf.tar.xz), none (/proc only), or a perf binary
 #     --out DIR         where the archive goes (default $OUT, else bench/results/wire/latest)
 #     --commit SHA      commit to record (default: git rev-parse HEAD, +dirty)
 #
@@ -65,6 +67,7 @@ freq=999
 call_graph=fp
 top=80
 keep_data=0
+perf_choice=auto
 out=${OUT:-}
 commit=
 while [[ $# -gt 0 ]]; do
@@ -79,6 +82,7 @@ while [[ $# -gt 0 ]]; do
     --call_graph) call_graph=$2; shift 2 ;;
     --top) top=$2; shift 2 ;;
     --keep_data) keep_data=1; shift ;;
+    --perf) perf_choice=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --commit) commit=$2; shift 2 ;;
     --) shift; break ;;
@@ -146,9 +150,11 @@ cat "$res/meta" | tee -a "$log" >&2
 # ---------------------------------------------------------- perf, and what it may do here
 perf_bin=
 perf_lib=
-if command -v perf > /dev/null && perf --version > /dev/null 2>&1; then
+if [[ $perf_choice != auto && $perf_choice != bundle && $perf_choice != none ]]; then
+  perf_bin=$perf_choice
+elif [[ $perf_choice == auto ]] && command -v perf > /dev/null && perf --version > /dev/null 2>&1; then
   perf_bin=$(command -v perf)
-elif [[ -f $build/bench/perf.tar.xz ]]; then
+elif [[ $perf_choice != none && -f $build/bench/perf.tar.xz ]]; then
   mkdir -p "$tmp/perf" && tar -C "$tmp/perf" -xf "$build/bench/perf.tar.xz" 2>>"$log"
   if LD_LIBRARY_PATH="$tmp/perf/lib" "$tmp/perf/perf" --version > /dev/null 2>>"$log"; then
     perf_bin=$tmp/perf/perf
@@ -191,6 +197,14 @@ if [[ -n $perf_bin ]]; then
   else
     mode_note="perf record refused here (see profile_wire.log): no samples; perf stat and /proc only"
   fi
+  if [[ $can_record == 1 ]]; then
+    # perf record quietly falls back to cpu-clock where cycles do not exist.
+    used=$(perf evlist -i "$tmp/probe.data" 2>/dev/null | head -1)
+    if [[ -n $used && $used != "$event" ]]; then
+      mode_note="${mode_note:+$mode_note; }asked for $event, perf sampled $used (no such hardware event here)"
+      event=$used
+    fi
+  fi
   if perf stat -e "$stat_events" -o "$tmp/probe.stat" -- true >> "$log" 2>&1; then
     can_stat=1
   else
@@ -198,6 +212,7 @@ if [[ -n $perf_bin ]]; then
   fi
 else
   mode_note="no perf (PATH, or $build/bench/perf.tar.xz: cmake --build $build --target perf_bundle): /proc per-thread CPU and context switches only"
+  [[ $perf_choice == none ]] && mode_note="--perf none: /proc per-thread CPU and context switches only"
 fi
 [[ -n $mode_note ]] && say "profile_wire: $mode_note"
 echo "perf_mode=record=$can_record stat=$can_stat event=$event freq=$freq call_graph=${cg_flags[*]:-none}" >> "$res/meta"
