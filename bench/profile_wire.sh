@@ -285,7 +285,11 @@ counts, stack, comm = collections.Counter(), [], None
 def flush():
     global stack, comm
     if comm is not None:
-        counts[";".join([comm] + [s for s in reversed(stack)])] += 1
+        frames = [comm]
+        for s in reversed(stack):  # runs of [unknown] (no frame pointers) as one
+            if not (s == "[unknown]" and frames[-1] == s):
+                frames.append(s)
+        counts[";".join(frames)] += 1
     stack, comm = [], None
 for line in sys.stdin:
     line = line.rstrip("\n")
