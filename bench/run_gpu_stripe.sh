@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after
 # `source .gpu/env.sh`: the striping benchmark (issue 15) on the GPU backend,
-# K = 1, 2, 4, 8 and auto at N = 10000 and 20000 next to iperf3 -P K, plus
-# small N. Everything goes to $OUT (or ./gpu-out), the console log headed
-# with the date, the GPU, the commit and the command.
+# K = 1, 2, 4, 8 and auto at N = 10000 and 20000 next to K separate iperf3
+# pairs (one way and --bidir), plus small N and dgmm-cli against the bench.
+# Everything goes to $OUT (or ./gpu-out), the console log headed with the
+# date, the GPU, the commit and the command.
 #
 #   bench/run_gpu_stripe.sh COMMIT [BUILD_DIR] [stripe_bench.sh flags...]
 #
 # What the packed tree must hold (../shared/device/pack.sh plus pruning):
-#   $BUILD_DIR/service/dgmm-server, $BUILD_DIR/bench/stripe_bench and the
+#   $BUILD_DIR/service/dgmm-server, $BUILD_DIR/bench/stripe_bench,
+#   $BUILD_DIR/client/cpp/dgmm-cli and the
 #   gRPC/protobuf/Abseil libraries they load (pack.sh adds them);
 #   $BUILD_DIR/bench/iperf3 (bench/CMakeLists.txt copies the build machine's)
 #   with the libraries it loads: libiperf.so.0, libsctp.so.1 (and

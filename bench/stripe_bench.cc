@@ -8,15 +8,26 @@
 // poisoned with NaN before every job. Prints one CSV line per (N, K):
 //   n,k_option,k_used,mode,reps,median_s,best_s,gbps_in_out,attempts,checked,max_rel_err
 // gbps_in_out = 2 x matrix bytes / median wall time of Client::Multiply.
+//
+// For profiling (bench/profile_wire.sh): --check=false and --poison=false
+// leave the client's own work out of the timed jobs, and --ready_file /
+// --go_file make it wait, after its warm-up job, until a profiler attached
+// (it writes its pid to --ready_file, then polls for --go_file); after the
+// timed jobs it does the same with --ready_file + ".done", so that its
+// threads can be read before it exits.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -30,6 +41,12 @@ ABSL_FLAG(std::string, sizes, "10000,20000", "N values.");
 ABSL_FLAG(std::string, stripes, "1,2,4,8,0", "K values; 0 = auto.");
 ABSL_FLAG(int, reps, 3, "Timed jobs per (N, K); the median is reported.");
 ABSL_FLAG(std::string, backend, "auto", "Backend hint: auto, cpu, cuda-kernel, cublas.");
+ABSL_FLAG(bool, check, true, "Check the first timed job's result against float64.");
+ABSL_FLAG(bool, poison, true, "Fill the output with NaN before every job.");
+ABSL_FLAG(std::string, ready_file, "",
+          "After each (N, K)'s warm-up job, write this process's pid here and wait for --go_file; "
+          "after its timed jobs, the same with this name + \".done\".");
+ABSL_FLAG(std::string, go_file, "", "See --ready_file; removed once seen.");
 
 namespace {
 
@@ -42,6 +59,21 @@ std::vector<int64_t> ParseList(const std::string& s) {
   return out;
 }
 
+// With --ready_file: writes this process's pid to `file` (atomically), then
+// waits until --go_file exists and removes it. Nothing when `file` is empty.
+void HoldFor(const std::string& file) {
+  if (file.empty()) return;
+  const std::string go = absl::GetFlag(FLAGS_go_file);
+  {
+    std::ofstream(file + ".tmp") << getpid() << "\n";
+  }
+  std::rename((file + ".tmp").c_str(), file.c_str());
+  struct stat st;
+  while (!go.empty() && stat(go.c_str(), &st) != 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::remove(go.c_str());
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,7 +119,9 @@ int main(int argc, char** argv) {
       options.load_balancing_policy = absl::GetFlag(FLAGS_lb);
       dgmm::Client client(absl::GetFlag(FLAGS_target), options);
       auto run = [&](dgmm::JobResult* result) {
-        std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+        if (absl::GetFlag(FLAGS_poison)) {
+          std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+        }
         const auto t0 = std::chrono::steady_clock::now();
         absl::StatusOr<dgmm::JobResult> r = client.Multiply(job, c.data(), c.size() * 4);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -101,16 +135,17 @@ int main(int argc, char** argv) {
       };
       dgmm::JobResult result;
       if (run(&result) < 0) return 1;  // warm-up: connections open
+      HoldFor(absl::GetFlag(FLAGS_ready_file));
       std::vector<double> times;
       int attempts = 0;
-      bool checked = true;
+      bool checked = absl::GetFlag(FLAGS_check);
       double worst = 0;
       for (int i = 0; i < reps; ++i) {
         const double s = run(&result);
         if (s < 0) return 1;
         times.push_back(s);
         attempts += result.attempts;
-        if (i == 0) {
+        if (i == 0 && absl::GetFlag(FLAGS_check)) {
           for (int64_t r = 0; r < n; ++r) {
             for (int64_t col = 0; col < n; ++col) {
               const size_t idx = static_cast<size_t>(r * n + col);
@@ -128,8 +163,10 @@ int main(int argc, char** argv) {
       std::printf("%lld,%lld,%d,%s,%d,%.4f,%.4f,%.3f,%d,%s,%.3g\n", static_cast<long long>(n),
                   static_cast<long long>(k), result.stripes, dgmm::TransferModeName(result.mode),
                   reps, median, sorted.front(), 2.0 * bytes / median / 1e9, attempts,
-                  checked ? "true" : "false", worst);
+                  !absl::GetFlag(FLAGS_check) ? "skipped" : checked ? "true" : "false", worst);
       std::fflush(stdout);
+      HoldFor(absl::GetFlag(FLAGS_ready_file).empty() ? ""
+                                                      : absl::GetFlag(FLAGS_ready_file) + ".done");
     }
   }
   return 0;

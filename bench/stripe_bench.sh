@@ -1,29 +1,42 @@
 #!/usr/bin/env bash
-# Striping benchmark (issue 15): one float32 job at N = 10000 and 20000 with
-# K = 1, 2, 4, 8 and the client's auto K, next to `iperf3 -P K` on loopback
-# for the same K, plus small N with the default (auto) K against one stream.
-# K = 1 is the unstriped job as before striping: one MultiplyStream on one
-# connection. Starts one dgmm-server, runs bench/stripe_bench (the C++
-# client), prints a Markdown table with each target MET or MISSED and its
-# ratio, and writes it, the CSV and the log to the output folder.
+# Striping benchmark (issues 15 and 26): one float32 job at N = 10000 and
+# 20000 with K = 1, 2, 4, 8 and the client's auto K, against the loopback's
+# TCP capacity for the same K measured in the same run: K separate iperf3
+# server+client pairs started at once (bench/loopback_ceiling.sh), one way and
+# --bidir, summed (one iperf3 3.12 process is single-threaded, so
+# `iperf3 -P K` is not a ceiling). Then small N with the default (auto) K
+# against one stream, and `dgmm-cli multiply --random=N --stripes=K` (its RPC,
+# as the CLI reports it) against this bench's figure for the same job.
+# K = 1 is the unstriped job: one MultiplyStream on one connection. Starts
+# one dgmm-server, runs bench/stripe_bench (the C++ client), prints a
+# Markdown table with each job's GB/s in+out and its share of the --bidir
+# ceiling at its K, and the issue 26 targets MET or MISSED with their ratio;
+# writes it, the CSVs and the log to the output folder.
 #
 #   bench/stripe_bench.sh [options] [-- extra dgmm-server flags]
-#     --build DIR      build tree with service/dgmm-server and bench/stripe_bench
-#                      (default build)
+#     --build DIR      build tree with service/dgmm-server, bench/stripe_bench
+#                      and client/cpp/dgmm-cli (default build)
 #     --backend B      dgmm-server --backend (default auto: the GPU if any)
 #     --sizes LIST     large N values (default 10000,20000)
 #     --small LIST     small N values for "never slower than one stream"
-#                      (default 1000,2000)
+#                      (default 1000,2000; "" skips them)
 #     --stripes LIST   K values (default 1,2,4,8; auto is always added)
 #     --reps R         timed jobs per (N, K), median reported (default 3)
 #     --tcp_seconds S  length of each iperf3 run (default 3)
+#     --cli_stripes L  K values of the dgmm-cli rows, at the largest N
+#                      (default 1,8; "" skips dgmm-cli)
+#     --cli_reps R     dgmm-cli runs per K, median reported (default 3)
 #     --out DIR        where results go (default $OUT, else bench/results/stripe/latest)
 #     --commit SHA     commit to record (default: git rev-parse HEAD, +dirty)
 #
 # Needs python3 (the table) and iperf3: from PATH, else $build/bench/iperf3
 # (bench/CMakeLists.txt copies this machine's there; it loads libiperf.so.0,
-# libsctp.so.1 and libcrypto.so.3, which a packed tree must carry). Without a
-# working iperf3 the iperf columns say n/a.
+# libsctp.so.1 and libcrypto.so.3, which ../shared/device/pack.sh carries
+# with a packed tree). Without a working iperf3 the ceiling columns say n/a.
+#
+# Time: the ceiling takes 2 x (number of K) x (S + ~1) s (about 35 s with the
+# defaults); each dgmm-cli run makes its random N x N matrix on one thread
+# first (about 3 s at N = 20000).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,6 +48,8 @@ small=1000,2000
 stripes=1,2,4,8
 reps=3
 tcp_seconds=3
+cli_stripes=1,8
+cli_reps=3
 out=${OUT:-}
 commit=
 while [[ $# -gt 0 ]]; do
@@ -46,6 +61,8 @@ while [[ $# -gt 0 ]]; do
     --stripes) stripes=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --tcp_seconds) tcp_seconds=$2; shift 2 ;;
+    --cli_stripes) cli_stripes=$2; shift 2 ;;
+    --cli_reps) cli_reps=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --commit) commit=$2; shift 2 ;;
     --) shift; break ;;
@@ -58,9 +75,14 @@ out=${out:-bench/results/stripe/latest}
 mkdir -p "$out"
 server_bin=$build/service/dgmm-server
 bench_bin=$build/bench/stripe_bench
+cli_bin=$build/client/cpp/dgmm-cli
 for b in "$server_bin" "$bench_bin"; do
-  [[ -x $b ]] || { echo "stripe_bench.sh: $b not built (cmake --build $build --target dgmm-server stripe_bench)" >&2; exit 2; }
+  [[ -x $b ]] || { echo "stripe_bench.sh: $b not built (cmake --build $build --target dgmm-server stripe_bench dgmm-cli)" >&2; exit 2; }
 done
+if [[ -n $cli_stripes && ! -x $cli_bin ]]; then
+  echo "stripe_bench.sh: $cli_bin not built: dgmm-cli rows skipped" >&2
+  cli_stripes=
+fi
 if [[ -z $commit ]]; then
   commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
   [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && commit="$commit+dirty"
@@ -68,9 +90,7 @@ fi
 
 tmp=$(mktemp -d)
 server_pid=
-iperf_pid=
 cleanup() {
-  [[ -n $iperf_pid ]] && kill "$iperf_pid" 2>/dev/null
   [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
   rm -rf "$tmp"
 }
@@ -90,36 +110,26 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 } > "$tmp/meta"
 cat "$tmp/meta" | tee -a "$log" >&2
 
-# ---------------------------------------------------------- iperf3 -P K
+# ---------------------------------------------------------- the loopback's ceiling
+# K separate iperf3 pairs, started at once, summed (bench/loopback_ceiling.sh).
 iperf=$(command -v iperf3 || true)
 [[ -z $iperf && -x $build/bench/iperf3 ]] && iperf=$build/bench/iperf3
 if [[ -n $iperf ]] && ! "$iperf" --version >/dev/null 2>&1; then
-  say "iperf3 at $iperf does not run here (missing libraries?); iperf columns n/a"
+  say "iperf3 at $iperf does not run here (missing libraries?); ceiling columns n/a"
   iperf=
 fi
-: > "$tmp/iperf.csv"
+echo "k,how,gbps" > "$tmp/iperf.csv"
 if [[ -n $iperf ]]; then
-  tcp_port=$(( 20000 + RANDOM % 20000 ))
-  "$iperf" -s -p "$tcp_port" > "$tmp/iperf-server.log" 2>&1 &
-  iperf_pid=$!
-  sleep 0.5
   for k in ${stripes//,/ }; do
     for how in uni bidir; do
-      flags="-P $k"; [[ $how == bidir ]] && flags="$flags --bidir"
-      # shellcheck disable=SC2086
-      "$iperf" -c 127.0.0.1 -p "$tcp_port" -t "$tcp_seconds" -J $flags > "$tmp/iperf.json" 2>>"$log" || continue
-      rate=$(python3 - "$tmp/iperf.json" <<'PY'
-import json, sys
-end = json.load(open(sys.argv[1]))["end"]
-bps = end["sum_received"]["bits_per_second"] + end.get("sum_received_bidir_reverse", {}).get("bits_per_second", 0)
-print(f"{bps / 8e9:.3f}")
-PY
-)
+      rate=$(bench/loopback_ceiling.sh "$iperf" "$k" "$how" "$tcp_seconds" 2>>"$log") || {
+        say "loopback ceiling K=$k $how failed (see the log)"; continue; }
       echo "$k,$how,$rate" >> "$tmp/iperf.csv"
-      say "iperf3 $flags -t $tcp_seconds: $rate GB/s"
+      say "loopback ceiling, $k iperf3 pair(s)${how/uni/ one way}${how/bidir/ --bidir}, ${tcp_seconds}s: $rate GB/s"
     done
   done
-  kill "$iperf_pid" 2>/dev/null; wait "$iperf_pid" 2>/dev/null; iperf_pid=
+else
+  say "no iperf3 (PATH or $build/bench/iperf3): ceiling columns n/a"
 fi
 cp "$tmp/iperf.csv" "$out/iperf3.csv"
 
@@ -133,63 +143,133 @@ target=127.0.0.1:$(cat "$tmp/port")
 say "server at $target"
 "$bench_bin" --target="$target" --sizes="$sizes" --stripes="$stripes,0" --reps="$reps" \
   > "$out/stripe_bench.csv" 2>>"$log" || { say "stripe_bench failed"; exit 1; }
-"$bench_bin" --target="$target" --sizes="$small" --stripes="1,0,2" --reps="$(( reps * 3 ))" \
-  | tail -n +2 >> "$out/stripe_bench.csv" 2>>"$log" || { say "stripe_bench (small N) failed"; exit 1; }
-grep -E 'dgmm: (device|jobs run)' "$tmp/server.log" >> "$log"
+if [[ -n $small ]]; then
+  "$bench_bin" --target="$target" --sizes="$small" --stripes="1,0,2" --reps="$(( reps * 3 ))" \
+    2>>"$log" | tail -n +2 >> "$out/stripe_bench.csv" || { say "stripe_bench (small N) failed"; exit 1; }
+fi
 cat "$out/stripe_bench.csv" >> "$log"
 
+# ---------------------------------------------------------- dgmm-cli, the same jobs
+# `dgmm-cli multiply --random=N --stripes=K`: its RPC time is the "ms wall
+# (client)" it prints (Client::Multiply into a fresh output array, connections
+# opened by that job); the process's own wall time is recorded beside it.
+# --shm=off: the socket, as the bench (this server has no --allow_regions).
+echo "n,k_option,k_used,mode,rep,rpc_s,gbps_in_out,process_s" > "$out/dgmm_cli.csv"
+n_cli=${sizes##*,}
+for k in ${cli_stripes//,/ }; do
+  for (( i = 1; i <= cli_reps; i++ )); do
+    t0=$(date +%s%N)
+    "$cli_bin" multiply --server="$target" --random="$n_cli" --stripes="$k" --shm=off \
+      > "$tmp/cli.txt" 2>&1 || { say "dgmm-cli N=$n_cli K=$k failed: $(tail -1 "$tmp/cli.txt")"; continue; }
+    t1=$(date +%s%N)
+    cat "$tmp/cli.txt" >> "$log"
+    python3 - "$tmp/cli.txt" "$n_cli" "$k" "$i" "$(( (t1 - t0) / 1000 ))" >> "$out/dgmm_cli.csv" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+n, k, rep, process_us = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+wall = float(re.search(r"([0-9.]+) ms wall \(client\)", text).group(1)) / 1e3
+gbps = float(re.search(r"throughput: ([0-9.]+) GB/s", text).group(1))
+m = re.search(r"mode: +(\w+), (\d+) stripe", text)
+print(f"{n},{k},{m.group(2)},{m.group(1)},{rep},{wall:.4f},{gbps:.3f},{process_us / 1e6:.3f}")
+PY
+    say "dgmm-cli N=$n_cli --stripes=$k run $i: $(tail -1 "$out/dgmm_cli.csv")"
+  done
+done
+grep -E 'dgmm: (device|jobs run)' "$tmp/server.log" >> "$log"
+
 # ---------------------------------------------------------- the table
-python3 - "$tmp/meta" "$out/stripe_bench.csv" "$out/iperf3.csv" "$sizes" "$small" > "$out/stripe_bench.md" <<'PY'
-import csv, sys
+python3 - "$tmp/meta" "$out/stripe_bench.csv" "$out/iperf3.csv" "$sizes" "$small" "$out/dgmm_cli.csv" "$tcp_seconds" \
+  > "$out/stripe_bench.md" <<'PY'
+import csv, statistics, sys
 meta = dict(line.rstrip("\n").split("=", 1) for line in open(sys.argv[1]) if "=" in line)
 rows = list(csv.DictReader(open(sys.argv[2])))
-iperf = {}
-for line in open(sys.argv[3]):
-    k, how, rate = line.strip().split(",")
-    iperf[(int(k), how)] = float(rate)
+iperf = {(int(r["k"]), r["how"]): float(r["gbps"]) for r in csv.DictReader(open(sys.argv[3]))}
 large = [int(x) for x in sys.argv[4].split(",") if x]
 small = [int(x) for x in sys.argv[5].split(",") if x]
-print("# Striped jobs over loopback (issue 15)\n")
+cli = list(csv.DictReader(open(sys.argv[6])))
+tcp_seconds = sys.argv[7]
+SHARE_MIN, ONE_STREAM_MIN, CLI_MIN = 0.5, 0.8, 0.9
+
+def fmt(x, f="{:.3f}"):
+    return "n/a" if x is None else f.format(x)
+def verdict(ok):
+    return "MET" if ok else "MISSED"
+
+print("# Striped jobs over loopback (issues 15 and 26)\n")
 for key in ("date", "machine", "load", "commit", "command", "server_flags"):
     print(f"- {key}: `{meta.get(key, '')}`")
 print("- client: bench/stripe_bench (dgmm::Client, ClientOptions.stripes = K; 0 = auto), "
-      "float32 N x N row-major, side right; K = 1 is the unstriped job as before striping "
-      "(one MultiplyStream on one connection)")
-print("- GB/s in+out = 2 x matrix bytes / median wall time of Client::Multiply; "
-      "iperf3 -P K: K TCP streams one way (and --bidir: both ways, summed), same loopback\n")
-print("| N | K asked | K used | mode | median s | best s | GB/s in+out | iperf3 -P K GB/s | ratio to iperf3 -P K | iperf3 -P K --bidir GB/s | attempts | checked |")
+      "float32 N x N row-major, side right; K = 1 is the unstriped job (one MultiplyStream on one connection)")
+print("- GB/s in+out = 2 x matrix bytes / median wall time of Client::Multiply")
+print(f"- loopback ceiling at K (bench/loopback_ceiling.sh): K separate iperf3 server+client pairs on K ports, "
+      f"started at once, {tcp_seconds} s, bytes received summed; one way (each client sends), and --bidir "
+      f"(each pair one connection each way, both directions summed). Share = job's GB/s in+out / the --bidir "
+      f"ceiling at the K it used\n")
+print("| N | K asked | K used | mode | median s | best s | GB/s in+out | ceiling one way GB/s | ceiling --bidir GB/s | share of --bidir | attempts | checked |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-def fmt(x, f="{:.3f}"):
-    return "n/a" if x is None else f.format(x)
 for r in rows:
     n, kopt, k = int(r["n"]), int(r["k_option"]), int(r["k_used"])
     uni, bidir = iperf.get((k, "uni")), iperf.get((k, "bidir"))
     g = float(r["gbps_in_out"])
-    ratio = g / uni if uni else None
     print(f"| {n} | {'auto' if kopt == 0 else kopt} | {k} | {r['mode']} | {r['median_s']} | {r['best_s']} | "
-          f"{g:.3f} | {fmt(uni)} | {fmt(ratio, '{:.2f}')} | {fmt(bidir)} | {r['attempts']} | {r['checked']} |")
+          f"{g:.3f} | {fmt(uni)} | {fmt(bidir)} | {fmt(g / bidir if bidir else None, '{:.2f}')} | {r['attempts']} | {r['checked']} |")
 by = {(int(r["n"]), int(r["k_option"])): r for r in rows}
+
+cli_med = {}
+if cli:
+    print("\n`dgmm-cli multiply --random=N --stripes=K --shm=off` against the same server, each run a fresh process "
+          "(RPC: the CLI's own \"ms wall (client)\", Client::Multiply into a fresh output array, its connections "
+          "opened by that job; process: the whole command, random matrix included):\n")
+    print("| N | --stripes | K used | mode | runs | RPC median s | GB/s in+out (CLI) | process median s | bench GB/s, same N and K | CLI / bench |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kopt in sorted({int(r["k_option"]) for r in cli}):
+        rs = [r for r in cli if int(r["k_option"]) == kopt]
+        n = int(rs[0]["n"])
+        g = statistics.median(float(r["gbps_in_out"]) for r in rs)
+        b = by.get((n, kopt))
+        ratio = g / float(b["gbps_in_out"]) if b else None
+        cli_med[(n, kopt)] = (g, b, ratio, rs[0]["k_used"])
+        print(f"| {n} | {'auto' if kopt == 0 else kopt} | {rs[0]['k_used']} | {rs[0]['mode']} | {len(rs)} | "
+              f"{statistics.median(float(r['rpc_s']) for r in rs):.4f} | {g:.3f} | "
+              f"{statistics.median(float(r['process_s']) for r in rs):.3f} | "
+              f"{fmt(float(b['gbps_in_out']) if b else None)} | {fmt(ratio, '{:.2f}')} |")
+
 print("\n| target | measured | ratio | verdict |")
 print("|---|---|---|---|")
-n_big = max(large) if large else None
 gpu = "GPU" in meta.get("machine", "")
-if n_big and (n_big, 0) in by:
-    r = by[(n_big, 0)]
-    g = float(r["gbps_in_out"])
-    verdict = "MET" if g >= 8 else "MISSED"
-    why = "" if gpu else " (this machine has no GPU: the target is the H200's; recorded for the ratio only)"
-    print(f"| one N={n_big} job >= 8 GB/s in+out (auto K = {r['k_used']}) | {g:.3f} GB/s | {g / 8:.2f} | {verdict}{why} |")
-for n in large:
-    if (n, 0) not in by:
-        continue
-    r = by[(n, 0)]
-    k = int(r["k_used"])
-    uni = iperf.get((k, "uni"))
-    if uni:
-        ratio = float(r["gbps_in_out"]) / uni
-        print(f"| N={n}, auto K={k}: >= 70% of iperf3 -P {k} | {float(r['gbps_in_out']):.3f} vs {uni:.3f} GB/s | {ratio:.2f} | {'MET' if ratio >= 0.7 else 'MISSED'} |")
+host_note = "" if gpu else " (no GPU here: the target is the H200 host's, recorded for the ratio)"
+n_big = max(large) if large else None
+if n_big:
+    for kopt in sorted({k for (n, k) in by if n == n_big}, key=lambda k: (k == 0, k)):
+        r = by[(n_big, kopt)]
+        k = int(r["k_used"])
+        g = float(r["gbps_in_out"])
+        bidir = iperf.get((k, "bidir"))
+        name = f"one N={n_big} f32 job (K={'auto, ' if kopt == 0 else ''}{k}) >= 0.5 x the loopback's --bidir ceiling at K={k}"
+        if bidir:
+            ratio = g / bidir
+            print(f"| {name} | {g:.3f} vs {bidir:.3f} GB/s | {ratio:.2f} | {verdict(ratio >= SHARE_MIN)}{host_note} |")
+        else:
+            print(f"| {name} | {g:.3f} GB/s, ceiling not measured | n/a | NOT MEASURED |")
+    if (n_big, 1) in by:
+        g = float(by[(n_big, 1)]["gbps_in_out"])
+        bidir = iperf.get((1, "bidir"))
+        name = f"one stream (K=1), N={n_big}: >= 0.8 x one TCP connection both ways"
+        if bidir:
+            ratio = g / bidir
+            print(f"| {name} | {g:.3f} vs {bidir:.3f} GB/s | {ratio:.2f} | {verdict(ratio >= ONE_STREAM_MIN)}{host_note} |")
+        else:
+            print(f"| {name} | {g:.3f} GB/s, ceiling not measured | n/a | NOT MEASURED |")
+    if (n_big, 0) in by:
+        g = float(by[(n_big, 0)]["gbps_in_out"])
+        print(f"| issue 15: one N={n_big} job >= 8 GB/s in+out (auto K = {by[(n_big, 0)]['k_used']}) | {g:.3f} GB/s | {g / 8:.2f} | {verdict(g >= 8)}{host_note} |")
+for (n, kopt), (g, b, ratio, kused) in sorted(cli_med.items()):
+    name = f"dgmm-cli --random={n} --stripes={'auto' if kopt == 0 else kopt} (K={kused}) >= 0.9 x the bench's figure"
+    if ratio is None:
+        print(f"| {name} | {g:.3f} GB/s, no bench row for this N and K | n/a | NOT MEASURED |")
     else:
-        print(f"| N={n}, auto K={k}: >= 70% of iperf3 -P {k} | iperf3 not available | n/a | NOT MEASURED |")
+        why = "" if ratio >= CLI_MIN else " (the CLI's RPC includes opening its connections and first-touch page faults of a fresh output array; the bench's is a warm client)"
+        print(f"| {name} | {g:.3f} vs {float(b['gbps_in_out']):.3f} GB/s | {ratio:.2f} | {verdict(ratio >= CLI_MIN)}{why} |")
 for n in small:
     if (n, 0) not in by or (n, 1) not in by:
         continue
@@ -197,7 +277,8 @@ for n in small:
     ratio = float(one["median_s"]) / float(auto["median_s"])
     # Auto K must be 1 here (the same path as one stream); timing noise aside.
     ok = int(auto["k_used"]) == 1 and ratio >= 0.9
-    print(f"| N={n}: default K ({auto['k_used']}) not slower than one stream | {float(auto['median_s']):.4f} s vs {float(one['median_s']):.4f} s | {ratio:.2f} | {'MET' if ok else 'MISSED'} |")
-print("\nratio: measured / target (GB/s rows), or one-stream time / default-K time (small N; >= 0.9 allowed for timing noise, the two are the same code path when auto K = 1).")
+    print(f"| N={n}: default K ({auto['k_used']}) not slower than one stream | {float(auto['median_s']):.4f} s vs {float(one['median_s']):.4f} s | {ratio:.2f} | {verdict(ok)} |")
+print("\nratio: job GB/s in+out / the ceiling (or CLI / bench), against the target's factor (0.5, 0.8, 0.9); GB/s target: measured / 8. Small N: "
+      "one-stream time / default-K time (>= 0.9 allowed for timing noise, the same code path when auto K = 1).")
 PY
 cat "$out/stripe_bench.md"
