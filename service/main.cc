@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -260,6 +261,11 @@ int Main(int argc, char** argv) {
   // over a long stream (bench/results/stream: 176-440 MiB peak at N=40000
   // without this, 155-165 MiB with it).
   if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 2);
+  // Debian's Abseil is built with mutex deadlock detection on: every
+  // absl::Mutex lock -- gRPC's own included -- then updates a global lock
+  // graph (GraphCycles, 0.5-1.2% of the server's samples in
+  // bench/results/wire/cpu-2core-605157f). It is a debugging aid; off here.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "computes C = A·diag(d) (side right) or diag(d)·A (side left) for "
       "clients over gRPC,\non GPUs when the host has them and on the CPU otherwise.\n\n"

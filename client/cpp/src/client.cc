@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "dgmm/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "src/retry.h"
@@ -388,6 +389,15 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
       options_status_(CheckClientOptions(options_)),
       channel_(std::move(channel)),
       stub_(v1::Dgmm::NewStub(channel_)) {
+  // Debian's Abseil is built with mutex deadlock detection on, a debugging
+  // aid that costs every absl::Mutex lock in the process, gRPC's included
+  // (bench/results/wire). The first Client turns it off (dgmm-server does
+  // the same); a program that wants it calls
+  // absl::SetMutexDeadlockDetectionMode afterwards.
+  static std::once_flag quiet_mutexes;
+  std::call_once(quiet_mutexes, [] {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  });
   auto lane = std::make_unique<Lane>();
   lane->channel = channel_;
   lane->stub = std::make_unique<grpc::GenericStub>(channel_);
