@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 26 A/B on one host: one N=20000 float32 job at K = 1 and 8
+# (bench/stripe_bench, warm client, median of --reps) against dgmm-servers
+# started with different settings, one at a time, in one run:
+#   base        the defaults
+#   bdp         --http2_bdp_probe=true (gRPC grows the HTTP/2 windows)
+#   epoll1      the client polls with epoll1 (GRPC_POLL_STRATEGY; the
+#               client tools set "poll" unless told otherwise)
+#   malloc      both sides with glibc malloc keeping freed memory
+#               (GLIBC_TUNABLES mmap_threshold 64 MiB, trim_threshold 1 GiB)
+# Prints one CSV line per (setting, K): setting,N,K,...(stripe_bench's CSV).
+#
+#   bench/wire_ab.sh [--build DIR] [--n N] [--reps R] [settings...]
+set -uo pipefail
+build=build; n=20000; reps=3
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --n) n=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+settings=${*:-base bdp epoll1 malloc}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for s in $settings; do
+  flags=(); cenv=(); senv=()
+  case $s in
+    base) ;;
+    bdp) flags=(--http2_bdp_probe=true) ;;
+    epoll1) cenv=(GRPC_POLL_STRATEGY=epoll1) ;;
+    malloc) senv=(GLIBC_TUNABLES=glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=1073741824)
+            cenv=("${senv[@]}") ;;
+    *) echo "unknown setting $s" >&2; continue ;;
+  esac
+  rm -f "$tmp/port"
+  env "${senv[@]}" "$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$tmp/port" \
+    --backend=auto "${flags[@]}" > "$tmp/server_$s.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [[ -s $tmp/port ]] && break; sleep 0.1; done
+  port=$(cat "$tmp/port")
+  env "${cenv[@]}" "$build/bench/stripe_bench" --target=127.0.0.1:$port --sizes=$n \
+    --stripes=1,8 --reps=$reps --check=false 2>/dev/null | grep "^$n," | sed "s/^/$s,/"
+  kill "$pid"; wait "$pid" 2>/dev/null
+done
