@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -212,6 +213,34 @@ TEST_F(NpyTest, RejectsDataShorterOrLongerThanTheShape) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("holds 47 bytes"));
   WriteRaw("long.npy", FileWithDict(dict, 49));
   EXPECT_EQ(ReadStatus("long.npy").code(), absl::StatusCode::kInvalidArgument);
+}
+
+// 40 MiB of data: read in slices by several threads (16 MiB or more each).
+// Every byte lands where it belongs, and the data of a file shortened after
+// its header was read is an error, not a short array.
+TEST_F(NpyTest, LargeArraysAreReadInSlicesByteForByte) {
+  const int64_t rows = 2560, cols = 2048;  // 2560 x 2048 float64 = 40 MiB
+  std::vector<double> data(static_cast<size_t>(rows * cols));
+  uint64_t x = 88172645463325252ull;
+  for (double& v : data) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<double>(x % 1000003) - 500001.5;
+  }
+  NpyHeader header{v1::DTYPE_FLOAT64, false, {rows, cols}};
+  ASSERT_TRUE(WriteNpy(Path("big.npy"), header, data.data(), data.size() * 8).ok());
+  size_t offset = 0;
+  absl::StatusOr<NpyHeader> read_header = ReadNpyHeader(Path("big.npy"), &offset);
+  ASSERT_TRUE(read_header.ok()) << read_header.status();
+  std::vector<double> into(data.size(), std::nan(""));
+  ASSERT_TRUE(ReadNpyData(Path("big.npy"), *read_header, offset, into.data()).ok());
+  EXPECT_EQ(std::memcmp(into.data(), data.data(), data.size() * 8), 0);
+  ASSERT_EQ(truncate(Path("big.npy").c_str(), static_cast<off_t>(offset + data.size() * 8 / 2)),
+            0);
+  absl::Status s = ReadNpyData(Path("big.npy"), *read_header, offset, into.data());
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("big.npy"));
 }
 
 TEST_F(NpyTest, MissingFileIsNotFound) {

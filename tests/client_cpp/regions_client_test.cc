@@ -655,6 +655,9 @@ void CheckFiles(const Operands<T>& ops, const std::string& dir, const std::strin
     ASSERT_EQ(run.exit_code, 0) << run.output;
     EXPECT_THAT(run.output, HasSubstr(*path == '\0' ? "path:       same host (A read from"
                                                      : "path:       socket (--shm=off)"));
+    if (*path == '\0') {
+      EXPECT_THAT(run.output, HasSubstr("phases:     region "));
+    }
     absl::StatusOr<NpyArray> c = ReadNpy(dir + "/C.npy");
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->header().fortran_order, a.fortran_order);
