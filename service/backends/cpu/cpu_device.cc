@@ -65,6 +65,116 @@ void ScaleRangeTyped(const Problem& p, const T* d, const Tile& tile, int64_t beg
   }
 }
 
+// The loops of ScaleElements, one per form. K is the compute type; Widen and
+// Narrow are exact widening and the one rounding to the storage type.
+template <typename TA, typename TC>
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ScaleLineT(
+    const TA* in, TC* out, Compute<TC> s, int64_t n) {
+  using K = Compute<TC>;
+  for (int64_t i = 0; i < n; ++i) out[i] = Narrow<TC>::From(Mul(s, Widen<K>::From(in[i])));
+}
+
+template <typename TA, typename TC>
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ScalePosT(
+    const TA* in, TC* out, const Compute<TC>* d, int64_t n) {
+  using K = Compute<TC>;
+  for (int64_t i = 0; i < n; ++i) out[i] = Narrow<TC>::From(Mul(d[i], Widen<K>::From(in[i])));
+}
+
+// Two-sided, left scale per line: out = (l · a) · r[i].
+template <typename TA, typename TC>
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ScaleLinePosT(
+    const TA* in, TC* out, Compute<TC> l, const Compute<TC>* r, int64_t n) {
+  using K = Compute<TC>;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = Narrow<TC>::From(Mul(Mul(l, Widen<K>::From(in[i])), r[i]));
+  }
+}
+
+// Two-sided, left scale per position: out = (l[i] · a) · r.
+template <typename TA, typename TC>
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ScalePosLineT(
+    const TA* in, TC* out, const Compute<TC>* l, Compute<TC> r, int64_t n) {
+  using K = Compute<TC>;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = Narrow<TC>::From(Mul(Mul(l[i], Widen<K>::From(in[i])), r));
+  }
+}
+
+template <typename TA, typename TC>
+void ScaleElementsTyped(const ScaleArgs& args, int64_t begin, int64_t end) {
+  using K = Compute<TC>;
+  const TA* in = reinterpret_cast<const TA*>(args.in);
+  TC* out = reinterpret_cast<TC*>(args.out);
+  const K* l = reinterpret_cast<const K*>(args.left);
+  const K* r = reinterpret_cast<const K*>(args.right);
+  const int64_t len = args.line_len;
+  int64_t e = begin;
+  while (e < end) {
+    const int64_t line = args.first_line + e / len;
+    const int64_t pos = e % len;
+    const int64_t n = std::min(end - e, len - pos);
+    if (l != nullptr && r != nullptr) {
+      if (args.left_per_line) {
+        ScaleLinePosT<TA, TC>(in + e, out + e, l[line], r + pos, n);
+      } else {
+        ScalePosLineT<TA, TC>(in + e, out + e, l + pos, r[line], n);
+      }
+    } else {
+      const K* d = l != nullptr ? l : r;
+      const bool per_line = l != nullptr ? args.left_per_line : !args.left_per_line;
+      if (per_line) {
+        ScaleLineT<TA, TC>(in + e, out + e, d[line], n);
+      } else {
+        ScalePosT<TA, TC>(in + e, out + e, d + pos, n);
+      }
+    }
+    e += n;
+  }
+}
+
+// Calls f(TA{}, TC{}) for the pair of storage types, false when the pair is
+// not one KernelSupports.
+template <typename TC, typename F>
+bool WithIn(Scalar in, F&& f) {
+  constexpr Scalar c = ScalarOf<TC>::value;
+  if (!KernelSupports(in, c)) return false;
+  switch (in) {
+    case Scalar::kFloat16:
+      if constexpr (KernelSupports(Scalar::kFloat16, c)) return f(Half{}, TC{});
+      break;
+    case Scalar::kBFloat16:
+      if constexpr (KernelSupports(Scalar::kBFloat16, c)) return f(BFloat16{}, TC{});
+      break;
+    case Scalar::kFloat32:
+      if constexpr (KernelSupports(Scalar::kFloat32, c)) return f(float{}, TC{});
+      break;
+    case Scalar::kFloat64:
+      if constexpr (KernelSupports(Scalar::kFloat64, c)) return f(double{}, TC{});
+      break;
+    case Scalar::kComplex64:
+      if constexpr (KernelSupports(Scalar::kComplex64, c)) return f(Complex64{}, TC{});
+      break;
+    case Scalar::kComplex128:
+      if constexpr (KernelSupports(Scalar::kComplex128, c)) return f(Complex128{}, TC{});
+      break;
+  }
+  return false;
+}
+
+template <typename F>
+bool WithTypes(Scalar in, Scalar out, F&& f) {
+  switch (out) {
+    case Scalar::kFloat16: return WithIn<Half>(in, f);
+    case Scalar::kBFloat16: return WithIn<BFloat16>(in, f);
+    case Scalar::kFloat32: return WithIn<float>(in, f);
+    case Scalar::kFloat64: return WithIn<double>(in, f);
+    case Scalar::kComplex64: return WithIn<Complex64>(in, f);
+    case Scalar::kComplex128: return WithIn<Complex128>(in, f);
+  }
+  return false;
+}
+
 class CpuJob : public JobContext {
  public:
   CpuJob(const Problem& p, const std::byte* diag, ThreadPool* pool)
@@ -99,6 +209,14 @@ void ScaleRange(const Problem& p, const std::byte* diag, const Tile& tile,
   } else {
     ScaleRangeTyped<double>(p, reinterpret_cast<const double*>(diag), tile, begin, end);
   }
+}
+
+bool ScaleElements(const ScaleArgs& args, int64_t begin, int64_t end) {
+  if (args.line_len <= 0 || (args.left == nullptr && args.right == nullptr)) return false;
+  return WithTypes(args.in_type, args.out_type, [&](auto a, auto c) {
+    ScaleElementsTyped<decltype(a), decltype(c)>(args, begin, end);
+    return true;
+  });
 }
 
 CpuDevice::CpuDevice(int threads)

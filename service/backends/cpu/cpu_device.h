@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "service/backends/scalar_types.h"
 #include "service/device.h"
 #include "service/host_buffers.h"
 #include "util/thread_pool.h"
@@ -17,6 +18,39 @@ namespace dgmm {
 // with the widest SIMD the running CPU has. `in` may equal `out`.
 void ScaleRange(const Problem& p, const std::byte* diag, const Tile& tile,
                 int64_t begin, int64_t end);
+
+// The kernel layer for every element type and for two-sided scaling (issue
+// 27), in the tile form of service/problem.h. A tile of `lines` contiguous
+// lines of `line_len` elements is read as `in_type` and written as
+// `out_type` (KernelSupports(in_type, out_type) must hold; `in` may equal
+// `out` only when the two types are equal). Each element is
+//
+//   out = Narrow((left · in) · right)
+//
+// computed in ComputeOf(out_type) (service/backends/scalar_types.h), where
+// `left` and `right` are diagonals in ComputeOf(out_type): one of them scales
+// whole lines (indexed by first_line + the line within the tile) and the
+// other positions within a line, as left_per_line says. A null diagonal is
+// left out (one-sided scaling: out = Narrow(d · in)); both null is refused.
+// For C = diag(l)·A·diag(r): row-major has l per line, column-major l per
+// position; the order (l·a)·r is the user's, whatever the layout.
+struct ScaleArgs {
+  Scalar in_type = Scalar::kFloat32;
+  Scalar out_type = Scalar::kFloat32;
+  const std::byte* in = nullptr;   // the tile's first element
+  std::byte* out = nullptr;
+  const std::byte* left = nullptr;   // the whole diagonal, not offset
+  const std::byte* right = nullptr;  // the whole diagonal, not offset
+  bool left_per_line = true;
+  int64_t first_line = 0;
+  int64_t line_len = 0;
+};
+
+// Computes elements [begin, end) (storage order within the tile) of `args`.
+// Single-threaded, vectorized like ScaleRange. False (and nothing written)
+// when the types are not a supported pair, line_len <= 0 or both diagonals
+// are null.
+bool ScaleElements(const ScaleArgs& args, int64_t begin, int64_t end);
 
 class CpuDevice : public Device {
  public:

@@ -23,6 +23,28 @@ cublasStatus_t Dgmm(cublasHandle_t h, cublasSideMode_t side, int64_t m,
   return cublasDdgmm_64(h, side, m, n, a, lda, x, 1, c, ldc);
 }
 
+cublasStatus_t Dgmm(cublasHandle_t h, cublasSideMode_t side, int64_t m,
+                    int64_t n, const Complex64* a, int64_t lda, const Complex64* x,
+                    Complex64* c, int64_t ldc) {
+  // Complex64 is laid out as cuComplex (two floats, 8-byte aligned).
+  return cublasCdgmm_64(h, side, m, n, reinterpret_cast<const cuComplex*>(a), lda,
+                        reinterpret_cast<const cuComplex*>(x), 1,
+                        reinterpret_cast<cuComplex*>(c), ldc);
+}
+
+cublasStatus_t Dgmm(cublasHandle_t h, cublasSideMode_t side, int64_t m,
+                    int64_t n, const Complex128* a, int64_t lda, const Complex128* x,
+                    Complex128* c, int64_t ldc) {
+  // Complex128 is laid out as cuDoubleComplex (two doubles, 16-byte aligned).
+  return cublasZdgmm_64(h, side, m, n, reinterpret_cast<const cuDoubleComplex*>(a), lda,
+                        reinterpret_cast<const cuDoubleComplex*>(x), 1,
+                        reinterpret_cast<cuDoubleComplex*>(c), ldc);
+}
+
+static_assert(sizeof(Complex64) == sizeof(cuComplex) && alignof(Complex64) == alignof(cuComplex));
+static_assert(sizeof(Complex128) == sizeof(cuDoubleComplex) &&
+              alignof(Complex128) == alignof(cuDoubleComplex));
+
 }  // namespace
 
 template <typename T>
@@ -39,5 +61,9 @@ template cublasStatus_t LaunchCublasDgmm<float>(cublasHandle_t,
                                                 const DeviceTile<float>&);
 template cublasStatus_t LaunchCublasDgmm<double>(cublasHandle_t,
                                                  const DeviceTile<double>&);
+template cublasStatus_t LaunchCublasDgmm<Complex64>(cublasHandle_t,
+                                                    const DeviceTile<Complex64>&);
+template cublasStatus_t LaunchCublasDgmm<Complex128>(cublasHandle_t,
+                                                     const DeviceTile<Complex128>&);
 
 }  // namespace dgmm::cuda

@@ -23,6 +23,8 @@ struct Cublas {
   decltype(&::cublasSetStream_v2) set_stream = nullptr;
   decltype(&::cublasSdgmm_64) sdgmm = nullptr;
   decltype(&::cublasDdgmm_64) ddgmm = nullptr;
+  decltype(&::cublasCdgmm_64) cdgmm = nullptr;
+  decltype(&::cublasZdgmm_64) zdgmm = nullptr;
   decltype(&::cublasGetStatusString) status_string = nullptr;
   decltype(&::cublasGetStatusName) status_name = nullptr;
 };
@@ -46,6 +48,8 @@ const Cublas& Lib() {
     Bind(c.lib, "cublasSetStream_v2", &c.set_stream);
     Bind(c.lib, "cublasSdgmm_64", &c.sdgmm);
     Bind(c.lib, "cublasDdgmm_64", &c.ddgmm);
+    Bind(c.lib, "cublasCdgmm_64", &c.cdgmm);
+    Bind(c.lib, "cublasZdgmm_64", &c.zdgmm);
     Bind(c.lib, "cublasGetStatusString", &c.status_string);
     Bind(c.lib, "cublasGetStatusName", &c.status_name);
   });
@@ -85,6 +89,24 @@ cublasStatus_t CUBLASWINAPI cublasDdgmm_64(cublasHandle_t handle, cublasSideMode
                                            int64_t ldc) {
   const Cublas& c = Lib();
   return c.ddgmm != nullptr ? c.ddgmm(handle, mode, m, n, A, lda, x, incx, C, ldc)
+                            : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t CUBLASWINAPI cublasCdgmm_64(cublasHandle_t handle, cublasSideMode_t mode,
+                                           int64_t m, int64_t n, const cuComplex* A,
+                                           int64_t lda, const cuComplex* x, int64_t incx,
+                                           cuComplex* C, int64_t ldc) {
+  const Cublas& c = Lib();
+  return c.cdgmm != nullptr ? c.cdgmm(handle, mode, m, n, A, lda, x, incx, C, ldc)
+                            : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t CUBLASWINAPI cublasZdgmm_64(cublasHandle_t handle, cublasSideMode_t mode,
+                                           int64_t m, int64_t n, const cuDoubleComplex* A,
+                                           int64_t lda, const cuDoubleComplex* x, int64_t incx,
+                                           cuDoubleComplex* C, int64_t ldc) {
+  const Cublas& c = Lib();
+  return c.zdgmm != nullptr ? c.zdgmm(handle, mode, m, n, A, lda, x, incx, C, ldc)
                             : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 
