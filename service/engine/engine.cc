@@ -168,7 +168,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   };
   std::shared_ptr<Here> here;
   auto done = std::make_shared<StartCallback>(std::move(done_fn));
-  if (admitted_here != nullptr && RunsHere(*route, mode)) here = std::make_shared<Here>();
+  if (admitted_here != nullptr && RunsHere(*route, problem, mode)) here = std::make_shared<Here>();
   thread_local const Here* submitting = nullptr;
   auto on_admit = [this, r = *route, problem, mode, arrived, diag = std::string(job.diagonal),
                    group, done, here](absl::StatusOr<Reservation> res) mutable {
@@ -244,11 +244,11 @@ absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Activate(
   return active;
 }
 
-bool Engine::RunsHere(const Route& r, JobMode mode) const {
+bool Engine::RunsHere(const Route& r, const Problem& p, JobMode mode) const {
   // The GPU path keeps its worker: Process waits on the device (copies,
   // kernel, a sticky error), which must not hold a transport thread.
   return r.device == cpu_.get() && mode == JobMode::kWhole &&
-         r.need.host_bytes <= kRunHereMaxHostBytes;
+         p.matrix_bytes() <= kRunHereMaxMatrixBytes;
 }
 
 void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {

@@ -8,7 +8,7 @@
 //     draining: UNAVAILABLE                         admitted (worker): copy, Process,
 //                                                   End, Reply -- or Fail at any step
 //
-// A small job (Engine::kRunHereMaxHostBytes, CPU) that admission admits at
+// A small job (Engine::kRunHereMaxMatrixBytes, CPU) that admission admits at
 // once runs inside OnRequest, on the caller's thread (gRPC's callback
 // thread), after the session's and engine's locks are released: no hop to a
 // worker and back (issue 26). Any other job runs on a job worker.
