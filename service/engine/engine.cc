@@ -143,7 +143,8 @@ absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mo
 
 absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode mode,
                                                 absl::Time arrived, absl::Time deadline,
-                                                StartCallback done, const ClientId& client) {
+                                                StartCallback done_fn, const ClientId& client,
+                                                std::unique_ptr<ActiveJob>* admitted_here) {
   if (draining_) {
     const absl::Status draining =
         absl::UnavailableError("server is draining; retry on another replica");
@@ -157,56 +158,97 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   }
   const Problem problem = job.problem;
   const std::optional<v1::JobGroup> group = job.group;
+  // Start's caller may run the job itself when admission admits it within
+  // Submit below: the admission callback, run by Submit on this thread,
+  // leaves the reservation here instead of posting the job. `here` is this
+  // thread's marker for the length of Submit, so a callback run by any
+  // other thread (one that freed room, the timer) or later still posts.
+  struct Here {
+    std::optional<Reservation> reservation;
+  };
+  std::shared_ptr<Here> here;
+  auto done = std::make_shared<StartCallback>(std::move(done_fn));
+  if (admitted_here != nullptr && RunsHere(*route, problem, mode)) here = std::make_shared<Here>();
+  thread_local const Here* submitting = nullptr;
   auto on_admit = [this, r = *route, problem, mode, arrived, diag = std::string(job.diagonal),
-                   group, done = std::move(done)](absl::StatusOr<Reservation> res) mutable {
+                   group, done, here](absl::StatusOr<Reservation> res) mutable {
+    if (here != nullptr && submitting == here.get() && res.ok()) {
+      here->reservation = std::move(*res);
+      return;
+    }
     // Never run the job on the thread that freed the room (or inside Start).
     auto held = std::make_shared<absl::StatusOr<Reservation>>(std::move(res));
-    Post([this, r, problem, mode, arrived, diag = std::move(diag), group,
-          done = std::move(done), held]() mutable {
-      absl::StatusOr<Reservation>& res = *held;
-      if (!res.ok()) {
-        metrics_->Refused(r.pool, res.status(), group.has_value() ? &*group : nullptr,
-                          problem.lines());
-        done(res.status());
-        return;
-      }
-      std::unique_ptr<ActiveJob> active(new ActiveJob());
-      active->engine_ = this;
-      active->device_ = r.device;
-      active->pool_ = r.pool;
-      active->mode_ = mode;
-      active->arrived_ = arrived;
-      active->admitted_ = absl::Now();
-      active->reservation_ = std::move(*res);
-      active->stats_.set_job_id(next_job_id_++);
-      active->stats_.set_backend(ToWire(r.backend));
-      active->stats_.set_device(r.device->index() < 0
-                                    ? r.device->name()
-                                    : absl::StrCat("cuda:", r.device->index(), " ",
-                                                   r.device->name()));
-      active->stats_.set_device_index(r.device->index());
-      if (group.has_value()) *active->stats_.mutable_group() = *group;
-      active->lines_ = problem.lines();
-      auto context = r.device->Begin(problem, r.backend,
-                                     reinterpret_cast<const std::byte*>(diag.data()), mode,
-                                     options_.limits.max_block_bytes);
-      if (!context.ok()) {
-        active->End(context.status());
-        done(context.status());
-        return;
-      }
-      active->context_ = std::move(*context);
-      done(std::move(active));
+    Post([this, r, problem, mode, arrived, diag = std::move(diag), group, done,
+          held]() mutable {
+      (*done)(Activate(r, problem, mode, arrived, diag, group, std::move(*held)));
     });
   };
   GroupRef group_ref;
   if (job.group.has_value()) group_ref = {job.group->id(), job.group->parts()};
+  submitting = here.get();
   auto ticket =
       admission_->Submit(route->need, deadline, std::move(on_admit), client, group_ref);
+  submitting = nullptr;
   if (!ticket.ok()) {
     metrics_->Refused(route->pool, ticket.status(), job);
+    return ticket;
+  }
+  if (here != nullptr && here->reservation.has_value()) {
+    absl::StatusOr<std::unique_ptr<ActiveJob>> active =
+        Activate(*route, problem, mode, arrived, std::string(job.diagonal), group,
+                 std::move(*here->reservation));
+    if (active.ok()) {
+      *admitted_here = std::move(*active);
+    } else {
+      // Begin failed (counted by Activate): the caller hears it as it would
+      // have, from a worker.
+      Post([done, failed = active.status()] { (*done)(failed); });
+    }
   }
   return ticket;
+}
+
+absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Activate(
+    const Route& r, const Problem& problem, JobMode mode, absl::Time arrived,
+    const std::string& diag, const std::optional<v1::JobGroup>& group,
+    absl::StatusOr<Reservation> res) {
+  if (!res.ok()) {
+    metrics_->Refused(r.pool, res.status(), group.has_value() ? &*group : nullptr,
+                      problem.lines());
+    return res.status();
+  }
+  std::unique_ptr<ActiveJob> active(new ActiveJob());
+  active->engine_ = this;
+  active->device_ = r.device;
+  active->pool_ = r.pool;
+  active->mode_ = mode;
+  active->arrived_ = arrived;
+  active->admitted_ = absl::Now();
+  active->reservation_ = std::move(*res);
+  active->stats_.set_job_id(next_job_id_++);
+  active->stats_.set_backend(ToWire(r.backend));
+  active->stats_.set_device(r.device->index() < 0
+                                ? r.device->name()
+                                : absl::StrCat("cuda:", r.device->index(), " ", r.device->name()));
+  active->stats_.set_device_index(r.device->index());
+  if (group.has_value()) *active->stats_.mutable_group() = *group;
+  active->lines_ = problem.lines();
+  auto context = r.device->Begin(problem, r.backend,
+                                 reinterpret_cast<const std::byte*>(diag.data()), mode,
+                                 options_.limits.max_block_bytes);
+  if (!context.ok()) {
+    active->End(context.status());
+    return context.status();
+  }
+  active->context_ = std::move(*context);
+  return active;
+}
+
+bool Engine::RunsHere(const Route& r, const Problem& p, JobMode mode) const {
+  // The GPU path keeps its worker: Process waits on the device (copies,
+  // kernel, a sticky error), which must not hold a transport thread.
+  return r.device == cpu_.get() && mode == JobMode::kWhole &&
+         p.matrix_bytes() <= kRunHereMaxMatrixBytes;
 }
 
 void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {

@@ -98,9 +98,27 @@ class Engine {
   // UNAVAILABLE, INTERNAL. Use the returned ticket to Cancel while queued.
   // `client` names who asked (a token or a peer address), for the fair
   // share of the queue.
+  //
+  // `admitted_here` (null: never): the caller offers to run the job on its
+  // own thread. When the job is small (RunsHere: on the CPU, whole, a
+  // matrix of at most kRunHereMaxMatrixBytes) and admission admits it
+  // within this call, Start returns with the admitted job in
+  // *admitted_here and `done` never runs. The caller runs it once Start has
+  // returned and it holds no lock Start might need. A job admitted later,
+  // or any other job, goes to a job worker as above: a job never runs on
+  // the thread that freed its room, nor inside Start.
   absl::StatusOr<Admission::Ticket> Start(const JobRequest& job, JobMode mode,
                                           absl::Time arrived, absl::Time deadline,
-                                          StartCallback done, const ClientId& client = {});
+                                          StartCallback done, const ClientId& client = {},
+                                          std::unique_ptr<ActiveJob>* admitted_here = nullptr);
+
+  // Small jobs may run on the caller's thread (Start's `admitted_here`): a
+  // matrix of at most 64 KiB (a 128x128 float32 one), some microseconds of
+  // copy and compute on the CPU against the hundreds an RPC costs, and
+  // below the CPU backend's grain (one chunk, no pool thread;
+  // cpu_device.cc). Issue 26: a hop to a worker and back cost more than
+  // the job itself.
+  static constexpr int64_t kRunHereMaxMatrixBytes = int64_t{64} << 10;
   // The footprint check of Start alone: OK if the job could ever fit, else
   // RESOURCE_EXHAUSTED (too_large) worded as Start words it. Lets a handler
   // answer "too large" before looking at a payload.
@@ -151,6 +169,15 @@ class Engine {
   };
   Engine() = default;
   absl::StatusOr<Route> RouteJob(const JobRequest& job, JobMode mode) const;
+  // Whether a routed job may run on Start's caller's thread (see Start).
+  bool RunsHere(const Route& r, const Problem& p, JobMode mode) const;
+  // The admitted job on its device (ActiveJob and Device::Begin), or the
+  // error it ended with (counted).
+  absl::StatusOr<std::unique_ptr<ActiveJob>> Activate(const Route& r, const Problem& problem,
+                                                      JobMode mode, absl::Time arrived,
+                                                      const std::string& diag,
+                                                      const std::optional<v1::JobGroup>& group,
+                                                      absl::StatusOr<Reservation> res);
   void JobEnded(ActiveJob* job, const absl::Status& status);
   void NotifyServing();
 

@@ -179,6 +179,7 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
                                                     const GroupRef& group) {
   Fired fired;
   Ticket ticket;
+  bool wake_timer = false;
   {
     std::lock_guard lock(mu_);
     if (closed_) return absl::UnavailableError("server is shutting down; retry on another replica");
@@ -225,8 +226,14 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
     queue_.push_back(Waiter{ticket, need, deadline, absl::Now(), std::move(cb), client.connection,
                             client.host, std::move(group_key), std::max(group.parts, 1)});
     PumpLocked(&fired);
+    // The timer needs to hear of the job only when it still waits and its
+    // deadline comes before the one the timer sleeps until: a job admitted
+    // at once (most small jobs) wakes no thread (issue 26).
+    // (Still waiting: the last in the queue, where it was put above.)
+    wake_timer = deadline < timer_next_ && !queue_.empty() && queue_.back().ticket == ticket;
+    if (wake_timer) timer_next_ = deadline;
   }
-  timer_cv_.notify_all();
+  if (wake_timer) timer_cv_.notify_all();
   Run(fired);
   return ticket;
 }
@@ -355,6 +362,7 @@ void Admission::TimerLoop() {
   while (!stopping_) {
     absl::Time next = absl::InfiniteFuture();
     for (const Waiter& w : queue_) next = std::min(next, w.deadline);
+    timer_next_ = next;  // Submit wakes the timer only for an earlier deadline
     if (next == absl::InfiniteFuture()) {
       timer_cv_.wait(lock);
     } else {

@@ -268,6 +268,9 @@ class Admission {
   double ewma_hold_ms_ = 50 ABSL_GUARDED_BY(mu_);
   bool closed_ = false ABSL_GUARDED_BY(mu_);
   bool stopping_ = false ABSL_GUARDED_BY(mu_);
+  // The earliest deadline the timer thread sleeps until (InfiniteFuture:
+  // none); Submit notifies it only for an earlier one.
+  absl::Time timer_next_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::thread timer_;
 };
 

@@ -16,23 +16,32 @@ absl::Status CancelledStatus(absl::Time deadline) {
   return absl::CancelledError("the client cancelled the call");
 }
 
-absl::Status JobSession::Start(const JobRequest& job, JobMode mode, Admitted admitted) {
+absl::Status JobSession::Start(const JobRequest& job, JobMode mode, Admitted admitted,
+                              bool run_here) {
   std::unique_lock lock(mu_);
+  std::unique_ptr<ActiveJob> here;
+  auto run = std::make_shared<Admitted>(std::move(admitted));
   auto ticket = engine_->Start(
       job, mode, call_.arrived, call_.deadline,
-      [self = shared_from_this(),
-       admitted = std::move(admitted)](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
+      [self = shared_from_this(), run](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
         if (!job.ok()) {
-          admitted(job.status());
+          (*run)(job.status());
           return;
         }
-        admitted(std::make_shared<ComputeStage>(
+        (*run)(std::make_shared<ComputeStage>(
             std::move(*job), [self] { return self->cancelled_status(); }));
       },
-      call_.id());
+      call_.id(), run_here ? &here : nullptr);
   if (!ticket.ok()) return ticket.status();
   ticket_ = *ticket;
   lock.unlock();
+  if (here != nullptr) {
+    // Admitted at once and small: run here, with no lock held. A cancel
+    // that came meanwhile is seen by the job (cancelled()), as on a worker.
+    (*run)(std::make_shared<ComputeStage>(
+        std::move(here), [self = shared_from_this()] { return self->cancelled_status(); }));
+    return absl::OkStatus();
+  }
   // A cancel that came before the ticket existed found nothing to cancel:
   // both sides publish before they look, so one of them sees the other.
   if (cancelled_) engine_->Cancel(*ticket, cancelled_status());

@@ -58,7 +58,10 @@ absl::Status CancelledStatus(absl::Time deadline);
 class JobSession : public std::enable_shared_from_this<JobSession> {
  public:
   // Runs once, on a job worker: the admitted job's compute stage (destroying
-  // it returns the reservation), or why it was not admitted.
+  // it returns the reservation), or why it was not admitted. With Start's
+  // `run_here`, a small job admitted at once runs it on Start's caller's
+  // thread instead, before Start returns and with no lock of the session's
+  // or the engine's held (Engine::Start's `admitted_here`).
   using Admitted = std::function<void(absl::StatusOr<std::shared_ptr<ComputeStage>>)>;
 
   // `engine` must outlive the session.
@@ -67,7 +70,11 @@ class JobSession : public std::enable_shared_from_this<JobSession> {
   // Queues a job that passed intake. An error at once is a refusal the
   // engine has counted (too large, queue full, client limit, draining);
   // then `admitted` never runs.
-  absl::Status Start(const JobRequest& job, JobMode mode, Admitted admitted);
+  // `run_here`: the caller may have `admitted` run on its own thread (for
+  // a unary job on gRPC's callback thread, issue 26); it must then hold no
+  // lock `admitted` takes.
+  absl::Status Start(const JobRequest& job, JobMode mode, Admitted admitted,
+                     bool run_here = false);
 
   // The call was cancelled (or its deadline passed): a queued job ends with
   // cancelled_status() at once; an admitted one sees cancelled() between

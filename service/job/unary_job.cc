@@ -97,7 +97,8 @@ void UnaryJob::OnRequest(std::unique_ptr<UnaryRequest> request, bool call_cancel
       [self = shared_from_this()](absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
         self->ReleaseGate();  // the job's reservation covers the request now
         self->Run(std::move(admitted));
-      });
+      },
+      /*run_here=*/true);
   if (!started.ok()) {
     ReleaseGate();
     Finish(started);

@@ -8,6 +8,11 @@
 //     draining: UNAVAILABLE                         admitted (worker): copy, Process,
 //                                                   End, Reply -- or Fail at any step
 //
+// A small job (Engine::kRunHereMaxMatrixBytes, CPU) that admission admits at
+// once runs inside OnRequest, on the caller's thread (gRPC's callback
+// thread), after the session's and engine's locks are released: no hop to a
+// worker and back (issue 26). Any other job runs on a job worker.
+//
 // The RPC layer (service/rpc/multiply_reactor.cc) implements UnaryIo and
 // forwards its reactions; io is used until Detach. gRPC-free.
 #ifndef DGMM_SERVICE_JOB_UNARY_JOB_H_
@@ -65,7 +70,8 @@ class UnaryJob final : public StreamWatchdog::Watched,
   // Waits at the gate (or refuses at once), then asks io for the request.
   void Begin();
   // The request arrived (null: the call ended without one, cancelled or
-  // not).
+  // not). May run the job and Reply before returning (see above): the
+  // caller holds no lock the job or its io takes.
   void OnRequest(std::unique_ptr<UnaryRequest> request, bool call_cancelled);
   // The call was cancelled or its deadline passed.
   void OnCancel();

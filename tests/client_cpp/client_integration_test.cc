@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dgmm/client.h"
@@ -67,6 +68,45 @@ TEST(ClientIntegrationTest, UnaryLeftScalesRowsFloat64ColumnMajor) {
   absl::StatusOr<JobResult> r = client.MultiplyUnary(ops.MakeJob(), c.data(), c.size() * 8);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(ops.MaxRelativeError(c), 0.0);  // float64 products are exact to the reference.
+}
+
+// Small unary jobs (issue 26): those the server runs on gRPC's callback
+// thread (a matrix of at most 64 KiB) and those just over, from 4 threads
+// sharing one Client (each call completing on its caller's thread), each
+// from fresh random operands into a NaN-poisoned output, checked against
+// float64.
+TEST(ClientIntegrationTest, ManySmallUnaryJobsFromSeveralThreadsMatchTheReference) {
+  Client client(SharedServer().address());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&client, t] {
+      for (int i = 0; i < 25; ++i) {
+        const uint64_t seed = static_cast<uint64_t>(1000 * t + i);
+        const v1::Layout layout = i % 2 == 0 ? v1::LAYOUT_ROW_MAJOR : v1::LAYOUT_COL_MAJOR;
+        const v1::Side side = i % 3 == 0 ? v1::SIDE_LEFT : v1::SIDE_RIGHT;
+        // 1x1 up to 128x128 float32 (64 KiB, the bound) and 129x128 (over).
+        const int64_t rows = std::vector<int64_t>{1, 3, 100, 128, 129}[i % 5];
+        const int64_t cols = std::vector<int64_t>{1, 7, 100, 128, 128}[i % 5];
+        if (i % 4 == 3) {
+          Operands<double> ops(rows, cols, layout, side, seed);
+          std::vector<double> c = ops.NanOutput();
+          absl::StatusOr<JobResult> r =
+              client.MultiplyUnary(ops.MakeJob(), c.data(), c.size() * sizeof(double));
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_LE(ops.MaxRelativeError(c), Tolerance<double>()) << rows << "x" << cols;
+        } else {
+          Operands<float> ops(rows, cols, layout, side, seed);
+          std::vector<float> c = ops.NanOutput();
+          absl::StatusOr<JobResult> r =
+              client.MultiplyUnary(ops.MakeJob(), c.data(), c.size() * sizeof(float));
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_LE(ops.MaxRelativeError(c), Tolerance<float>()) << rows << "x" << cols;
+          EXPECT_EQ(r->stats.bytes_out(), static_cast<int64_t>(c.size() * sizeof(float)));
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
 }
 
 TEST(ClientIntegrationTest, StreamsLargeFloat32JobRightSideMatchingReference) {

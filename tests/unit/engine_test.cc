@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <future>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -101,6 +102,49 @@ TEST(Engine, StickyDeviceErrorFailsOnlyThatJobAndTurnsHealthNotServing) {
   ASSERT_EQ(info.devices_size(), 2);
   EXPECT_FALSE(info.devices(1).in_service());
   EXPECT_EQ(info.devices(1).rejected_jobs().at("internal"), 1);
+}
+
+// Engine::Start's admitted_here (issue 26): a small CPU job admitted at once
+// comes back to the caller and `done` never runs; a job routed to a GPU,
+// however small, still goes to a job worker.
+TEST(Engine, OnlyASmallCpuJobAdmittedAtOnceComesBackToTheCaller) {
+  std::vector<std::unique_ptr<Device>> gpus;
+  gpus.push_back(std::make_unique<BrokenGpu>());
+  auto engine = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), std::move(gpus));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<float> diag = {2, 3};
+
+  JobRequest cpu_job = Request(diag);
+  cpu_job.backend = BackendKind::kCpu;
+  std::unique_ptr<ActiveJob> here;
+  bool done_ran = false;
+  auto ticket = (*engine)->Start(
+      cpu_job, JobMode::kWhole, absl::Now(), absl::InfiniteFuture(),
+      [&](absl::StatusOr<std::unique_ptr<ActiveJob>>) { done_ran = true; }, {}, &here);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_NE(here, nullptr);
+  std::vector<float> in = {1, 2, 3, 4}, out(4);
+  Tile t{reinterpret_cast<const std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()),
+         0, 2};
+  EXPECT_TRUE(here->Process(t, nullptr).ok());
+  EXPECT_EQ(out, (std::vector<float>{2, 6, 6, 12}));
+  here->End(absl::OkStatus());
+  here.reset();
+  EXPECT_EQ((*engine)->total_reserved(), 0);
+
+  // The same job on the (fake) GPU, the default here: to a worker.
+  std::promise<std::thread::id> worker;
+  ticket = (*engine)->Start(
+      Request(diag), JobMode::kWhole, absl::Now(), absl::InfiniteFuture(),
+      [&](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
+        EXPECT_TRUE(job.ok()) << job.status();
+        worker.set_value(std::this_thread::get_id());
+      },
+      {}, &here);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  EXPECT_EQ(here, nullptr);
+  EXPECT_NE(worker.get_future().get(), std::this_thread::get_id());
+  EXPECT_FALSE(done_ran);
 }
 
 TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {

@@ -36,6 +36,11 @@ namespace dgmm {
 namespace {
 
 constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
+// The same, made once (PrepareUnaryCall takes a std::string).
+const std::string& MultiplyMethod() {
+  static const std::string* const method = new std::string(kMultiplyMethod);
+  return *method;
+}
 // The status payload that carries a failed job's attempts (AttemptsOf).
 constexpr char kAttemptsPayload[] = "type.dgmm.dev/dgmm.client.attempts";
 
@@ -746,24 +751,28 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
     grpc::ByteBuffer request =
         wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
-    // std::mutex: the thread sanitizer sees the hand-off of the response.
-    std::mutex mu;
-    std::condition_variable done_cv;
-    bool done = false;
     grpc::Status status;
     run->Register(&context);
-    lane->stub->UnaryCall(&context, kMultiplyMethod, grpc::StubOptions(), &request, &response,
-                          [&](grpc::Status s) {
-                            // Notified under the lock: the waiter below owns
-                            // mu and done_cv and leaves once it sees done.
-                            std::lock_guard lock(mu);
-                            status = std::move(s);
-                            done = true;
-                            done_cv.notify_all();
-                          });
     {
-      std::unique_lock lock(mu);
-      done_cv.wait(lock, [&] { return done; });
+      // Completed on this thread: it polls its own completion queue, as a
+      // synchronous call does, instead of waiting for gRPC's callback thread
+      // to wake it (two thread switches per call, which cost more than a
+      // small job's RPC itself; issue 26). A cancel (JobRun::Fail, the
+      // CancelToken) or the deadline still ends the wait: the call then
+      // completes with its status.
+      grpc::CompletionQueue cq;
+      std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+          lane->stub->PrepareUnaryCall(&context, MultiplyMethod(), request, &cq);
+      call->StartCall();
+      call->Finish(&response, &status, &cq);
+      void* tag = nullptr;
+      bool ok = false;
+      // The one event this queue ever gets: the call's end.
+      const bool got = cq.Next(&tag, &ok);
+      cq.Shutdown();
+      for (void* t; cq.Next(&t, &ok);) {
+      }
+      if (!got) status = grpc::Status(grpc::StatusCode::INTERNAL, "completion queue shut down");
     }
     run->Unregister(&context);
     request.Clear();

@@ -16,7 +16,9 @@ namespace dgmm {
 namespace {
 
 // Elements a worker handles at least: below this, threads cost more than
-// they save.
+// they save. A job the engine runs on gRPC's callback thread
+// (Engine::kRunHereMaxMatrixBytes, 64 KiB: at most 16 Ki elements) is one
+// chunk, computed on that thread without waking the pool.
 constexpr int64_t kGrainElements = int64_t{1} << 16;
 
 int64_t MemInfoBytes(const char* key) {
