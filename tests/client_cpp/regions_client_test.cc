@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <thread>
 #include <cerrno>
@@ -345,6 +346,25 @@ TEST(SameHostTest, BlocksOfLinesOverlapAndGiveTheSameResults) {
         EXPECT_EQ(r->part_stats.size(), static_cast<size_t>(blocks));
         EXPECT_LE(ops.MaxRelativeError(c), std::numeric_limits<float>::epsilon());
       }
+    }
+    // Progress: sent grows block by block, and the last call says all of C
+    // is in the caller's buffer.
+    {
+      Operands<float> ops(600, 500, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, seed++);
+      std::vector<float> out = ops.NanOutput();
+      std::vector<std::array<int64_t, 3>> calls;
+      absl::StatusOr<JobResult> r =
+          client.Multiply(ops.MakeJob(), out.data(), out.size() * sizeof(float),
+                          [&](int64_t sent, int64_t received, int64_t total) {
+                            calls.push_back({sent, received, total});
+                          });
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->mode, TransferMode::kRegion);
+      const int64_t total = static_cast<int64_t>(out.size() * sizeof(float));
+      ASSERT_EQ(calls.size(), static_cast<size_t>(blocks));
+      for (size_t i = 1; i < calls.size(); ++i) EXPECT_GT(calls[i][0], calls[i - 1][0]);
+      EXPECT_EQ(calls.back(), (std::array<int64_t, 3>{total, total, total}));
+      EXPECT_LE(ops.MaxRelativeError(out), std::numeric_limits<float>::epsilon());
     }
     // A diagonal of the wrong length is not split: the server names the
     // whole job's error.

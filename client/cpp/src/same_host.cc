@@ -249,9 +249,10 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
       computed = k + 1;
       cv.notify_all();
     }
-    if (progress) {
-      const auto bytes = static_cast<int64_t>(offset(k) + size(k));
-      progress(bytes, overlaps ? 0 : bytes, static_cast<int64_t>(matrix_bytes));
+    // Sent: the lines the server has processed; received counts C once it
+    // is in `out` (below).
+    if (progress && k + 1 < count) {
+      progress(static_cast<int64_t>(offset(k) + size(k)), 0, static_cast<int64_t>(matrix_bytes));
     }
   }
   in.join();
@@ -263,6 +264,10 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
   }
   phases->copy_in = copy_in_s;
   phases->copy_out = copy_out_s;
+  if (whole.ok() && progress) {
+    const auto total = static_cast<int64_t>(matrix_bytes);
+    progress(total, total, total);
+  }
   return whole;
 }
 
