@@ -3,6 +3,7 @@
 // selection, progress, server info, health, and errors carried with the
 // server's gRPC code.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "dgmm/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -265,6 +267,58 @@ TEST(ClientIntegrationTest, NothingListeningIsUnavailable) {
   std::vector<float> c = ops.NanOutput();
   EXPECT_EQ(client.MultiplyStream(ops.MakeJob(), c.data(), c.size() * 4).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// Established TCP connections to `port`, from /proc/net/tcp and tcp6 (gRPC
+// dials 127.0.0.1 from a dual-stack socket: an IPv4-mapped IPv6 entry).
+int EstablishedTo(int port) {
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::FILE* f = std::fopen(table, "r");
+    if (f == nullptr) continue;
+    char line[512];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      // "sl: local_address rem_address st ...", addresses as HEX:PORT.
+      char local[64], remote[64], state[8];
+      if (std::sscanf(line, " %*[^:]: %63s %63s %7s", local, remote, state) != 3) continue;
+      const char* colon = std::strrchr(remote, ':');
+      if (colon != nullptr && std::strtol(colon + 1, nullptr, 16) == port &&
+          std::strcmp(state, "01") == 0) {
+        ++n;
+      }
+    }
+    std::fclose(f);
+  }
+  return n;
+}
+
+// Connect(K) opens the K connections a striped job uses before any call,
+// without blocking; a job then runs on them. Against nothing listening it
+// returns at once, and jobs still fail the usual way.
+TEST(ClientIntegrationTest, ConnectOpensTheStripesConnectionsAheadOfTheJob) {
+  ServerProcess server({"--threads=2"});
+  const int port = std::stoi(server.address().substr(server.address().rfind(':') + 1));
+  ASSERT_EQ(EstablishedTo(port), 0);
+  ClientOptions options;
+  options.stripes = 3;
+  Client client(server.address(), options);
+  client.Connect(3);
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (EstablishedTo(port) < 3 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(EstablishedTo(port), 3);
+  Operands<float> ops(3000, 700, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 31);
+  std::vector<float> c = ops.NanOutput();
+  absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), c.data(), c.size() * 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stripes, 3);
+  EXPECT_LE(ops.MaxRelativeError(c), Tolerance<float>());
+  EXPECT_EQ(EstablishedTo(port), 3);  // the job used them: none more
+
+  ClientOptions quick;
+  quick.deadline = absl::Seconds(5);
+  Client nowhere("127.0.0.1:1", quick);
+  nowhere.Connect(4);
+  EXPECT_EQ(nowhere.Health().status().code(), absl::StatusCode::kUnavailable);
 }
 
 // A server with small limits: a unary request over its message limit and a

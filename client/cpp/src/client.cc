@@ -409,6 +409,13 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
   lanes_.push_back(std::move(lane));
 }
 
+void Client::Connect(int stripes) {
+  const int k = std::max(1, stripes);
+  for (int i = 0; i < k; ++i) {
+    GetLane(i, /*striped=*/k > 1)->channel->GetState(/*try_to_connect=*/true);
+  }
+}
+
 Client::Lane* Client::GetLane(int i, bool striped) {
   std::lock_guard lock(lanes_mu_);
   // Without a target every part shares the one channel it was given.

@@ -357,6 +357,13 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
+  // Starts opening, without waiting, the connections a job striped into
+  // `stripes` parts uses (1: the client's one channel): a caller that knows
+  // its job before it has the data (dgmm-cli while it reads or makes A)
+  // hides the connection set-up behind that work. Jobs connect by
+  // themselves; this only starts it earlier.
+  void Connect(int stripes = 1);
+
   // Runs `job` and writes C into out[0, out_bytes), which must be exactly the
   // matrix's size; C has A's shape, dtype and layout. Striped into
   // ClientOptions.stripes parts; each part uses Multiply when it is at most
