@@ -410,7 +410,8 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
 }
 
 void Client::Connect(int stripes) {
-  const int k = std::max(1, stripes);
+  // As many as a job may use (ClientOptions.stripes is at most 256).
+  const int k = std::clamp(stripes, 1, 256);
   for (int i = 0; i < k; ++i) {
     GetLane(i, /*striped=*/k > 1)->channel->GetState(/*try_to_connect=*/true);
   }

@@ -361,7 +361,7 @@ class Client {
   // `stripes` parts uses (1: the client's one channel): a caller that knows
   // its job before it has the data (dgmm-cli while it reads or makes A)
   // hides the connection set-up behind that work. Jobs connect by
-  // themselves; this only starts it earlier.
+  // themselves; this only starts it earlier. `stripes` is clamped to 1..256.
   void Connect(int stripes = 1);
 
   // Runs `job` and writes C into out[0, out_bytes), which must be exactly the
