@@ -1,5 +1,7 @@
 // `dgmm-cli multiply`: from .npy files or random operands, with an optional
 // check against a float64 reference.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -420,7 +422,13 @@ int RunMultiply() {
                                                    lines, (*client)->options().stripes)
                                    : 1);
     out.emplace(*planned);
-    touch = std::thread(TouchPages, static_cast<char*>(out->data()), out->size_bytes());
+    // Not for a C that takes a large share of this host's memory: a job the
+    // server refuses would then have committed it for nothing.
+    const double host_bytes =
+        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    if (static_cast<double>(out->size_bytes()) <= host_bytes / 8) {
+      touch = std::thread(TouchPages, static_cast<char*>(out->data()), out->size_bytes());
+    }
   }
   absl::StatusOr<Operands> ops = random ? RandomOperands(choices->side) : ReadOperands();
   if (touch.joinable()) touch.join();
