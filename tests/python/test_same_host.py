@@ -179,6 +179,12 @@ class SameHostPathTest(SameHostTestCase):
                                          ("shm", "", 1))
                         self.assertEqual(len(info.stats), 1)
                         self.assertEqual(info.stats[0].backend, pb.BACKEND_CPU)
+                        # The phases as the client saw them.
+                        self.assertEqual(sorted(info.same_host),
+                                         ["copy_in", "copy_out", "job", "setup"])
+                        self.assertGreater(info.same_host["copy_in"], 0)
+                        self.assertGreater(info.same_host["job"], 0)
+                        self.assertGreater(info.same_host["copy_out"], 0)
                         # And into a new array, which keeps A's layout.
                         info = self.job(self.client, dtype, order, side, use_out=False)
                         self.assertEqual(info.mode, "shm")
@@ -189,6 +195,7 @@ class SameHostPathTest(SameHostTestCase):
 
     def test_under_one_mib_goes_over_the_socket_without_a_reason(self):
         info = self.job(self.client, np.float64, rows=300, cols=400)  # 960000 bytes
+        self.assertEqual(set(info.same_host.values()), {0.0})
         self.assertEqual((info.mode, info.socket_reason), ("unary", ""))
         self.assertEqual(self.staging(), {})
 

@@ -254,11 +254,18 @@ class MultiplyInfo:
         (a resumed part's stats cover only the lines of that attempt).
       socket_reason: why a job that could have taken the same-host path
         went over the socket ("" when it took it, or was not a candidate).
+      same_host: the same-host path's phases as the client saw them, in
+        seconds: a dict with "setup" (session, staging region made and
+        registered), "copy_in", "job" (the region job's RPC) and "copy_out";
+        all zero on the socket path (the C++ client's JobResult::same_host).
     """
 
-    def __init__(self, mode, stripes, attempts, resumed, group_id, stats, socket_reason=""):
+    def __init__(self, mode, stripes, attempts, resumed, group_id, stats, socket_reason="",
+                 same_host=None):
         self.mode = mode
         self.socket_reason = socket_reason
+        self.same_host = same_host or {"setup": 0.0, "copy_in": 0.0, "job": 0.0,
+                                       "copy_out": 0.0}
         self.stripes = stripes
         self.attempts = attempts
         self.resumed = resumed
@@ -445,7 +452,7 @@ class _Pending:
         """The multiply() result; wait: run() the job here (Ctrl-C cancels
         it), else result() of a job start()ed before."""
         try:
-            mode, stripes, attempts, resumed, _received, stats, socket_reason = (
+            mode, stripes, attempts, resumed, _received, stats, socket_reason, phases = (
                 self.handle.run() if wait else self.handle.result())
         except _core.Error as e:
             _code, _message, failed_attempts, _pushback, plan_stripes, plan_mode = e.args
@@ -466,7 +473,9 @@ class _Pending:
         if self.return_info:
             group_id = part_stats[0].group.id if stripes > 1 and part_stats else ""
             result.append(MultiplyInfo(mode, stripes, attempts, resumed, group_id, part_stats,
-                                       socket_reason))
+                                       socket_reason,
+                                       dict(zip(("setup", "copy_in", "job", "copy_out"),
+                                                phases))))
         return tuple(result)
 
 

@@ -484,9 +484,11 @@ class Job {
     }
     py::list stats;
     for (const dgmm::v1::JobStats& s : result->part_stats) stats.append(Serialize(s));
+    const dgmm::JobResult::SameHostPhases& p = result->same_host;
     return py::make_tuple(std::string(dgmm::TransferModeName(result->mode)), result->stripes,
                           result->attempts, result->resumed, result->received_bytes, stats,
-                          result->socket_reason);
+                          result->socket_reason,
+                          py::make_tuple(p.setup, p.copy_in, p.job, p.copy_out));
   }
 
  private:
