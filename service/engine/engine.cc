@@ -1,6 +1,7 @@
 #include "service/engine/engine.h"
 
 #include <algorithm>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -314,6 +315,20 @@ v1::GetServerInfoResponse Engine::Info() const {
   l->set_max_queue(options_.max_queue);
   info.add_dtypes(v1::DTYPE_FLOAT32);
   info.add_dtypes(v1::DTYPE_FLOAT64);
+  // Every backend of a device in service, once, in the order of the enum.
+  std::set<int> backends;
+  for (const auto& d : info.devices()) {
+    if (!d.in_service()) continue;
+    for (int b : d.backends()) backends.insert(b);
+  }
+  for (int b : backends) {
+    v1::BackendCapabilities* c = info.add_capabilities();
+    c->set_backend(static_cast<v1::Backend>(b));
+    c->add_dtypes(v1::DTYPE_FLOAT32);
+    c->add_dtypes(v1::DTYPE_FLOAT64);
+    c->add_sides(v1::SIDE_LEFT);
+    c->add_sides(v1::SIDE_RIGHT);
+  }
   info.set_default_backend(
       !gpu_default_ ? v1::BACKEND_CPU
                     : ToWire(pinned_gpu_backend_.value_or(gpus_.front()->backends().front())));

@@ -2,6 +2,7 @@
 // streamed jobs checked against a float64 reference computed here, mode
 // selection, progress, server info, health, and errors carried with the
 // server's gRPC code.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -245,6 +246,21 @@ TEST(ClientIntegrationTest, ServerInfoReportsVersionLimitsAndTheCpuDevice) {
   for (const v1::DeviceInfo& d : info->devices()) has_cpu |= d.index() == -1;
   EXPECT_TRUE(has_cpu);
   EXPECT_NE(info->default_backend(), v1::BACKEND_AUTO);
+  // Each backend once, with what it takes: the CPU's entry on any host.
+  std::vector<int> backends;
+  bool cpu_listed = false;
+  for (const v1::BackendCapabilities& c : info->capabilities()) {
+    backends.push_back(c.backend());
+    if (c.backend() != v1::BACKEND_CPU) continue;
+    cpu_listed = true;
+    EXPECT_THAT(c.dtypes(), ::testing::UnorderedElementsAre(v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64));
+    EXPECT_THAT(c.sides(), ::testing::UnorderedElementsAre(v1::SIDE_LEFT, v1::SIDE_RIGHT));
+  }
+  EXPECT_TRUE(cpu_listed);
+  std::vector<int> unique = backends;
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  EXPECT_EQ(unique.size(), backends.size());
 }
 
 TEST(ClientIntegrationTest, HealthIsServingForTheServerAndTheDgmmService) {

@@ -58,6 +58,15 @@ int RunInfo() {
               ServerAddress().c_str());
   std::printf("default backend: %s\n", BackendName(info->default_backend()).c_str());
   std::printf("dtypes: %s\n", absl::StrJoin(dtypes, ", ").c_str());
+  for (const v1::BackendCapabilities& c : info->capabilities()) {
+    std::vector<std::string> types, sides;
+    for (int d : c.dtypes()) types.push_back(DTypeName(static_cast<v1::DType>(d)));
+    for (int s : c.sides()) {
+      sides.push_back(s == v1::SIDE_LEFT ? "left" : s == v1::SIDE_RIGHT ? "right" : "other");
+    }
+    std::printf("backend %s: %s; sides %s\n", BackendName(c.backend()).c_str(),
+                absl::StrJoin(types, ", ").c_str(), absl::StrJoin(sides, ", ").c_str());
+  }
   std::printf("limits: unary message %s, stream block %s, max dim %lld, max queue %lld\n",
               FormatBytes(limits.max_unary_message_bytes()).c_str(),
               FormatBytes(limits.max_block_bytes()).c_str(),
