@@ -2,7 +2,9 @@
 // inputs need not cross PCIe before the timings start.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "bench/bench_kernels.h"
 
@@ -79,5 +81,33 @@ cudaError_t FillRandom(T* out, int64_t n, uint64_t seed, cudaStream_t stream) {
 template cudaError_t FillRandom<float>(float*, int64_t, uint64_t, cudaStream_t);
 template cudaError_t FillRandom<double>(double*, int64_t, uint64_t,
                                         cudaStream_t);
+
+cudaError_t MedianEventMs(cudaStream_t stream, int reps, const std::function<void()>& enqueue,
+                          double* median_ms) {
+  cudaEvent_t a = nullptr, b = nullptr;
+  cudaError_t err = cudaEventCreate(&a);
+  if (err == cudaSuccess) err = cudaEventCreate(&b);
+  for (int i = 0; err == cudaSuccess && i < 3; ++i) enqueue();
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  std::vector<double> ms;
+  for (int i = 0; err == cudaSuccess && i < reps; ++i) {
+    err = cudaEventRecord(a, stream);
+    if (err != cudaSuccess) break;
+    enqueue();
+    err = cudaEventRecord(b, stream);
+    if (err == cudaSuccess) err = cudaEventSynchronize(b);
+    float t = 0;
+    if (err == cudaSuccess) err = cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  if (a != nullptr) cudaEventDestroy(a);
+  if (b != nullptr) cudaEventDestroy(b);
+  if (err != cudaSuccess) return err;
+  if (ms.empty()) return cudaErrorInvalidValue;
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  *median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  return cudaSuccess;
+}
 
 }  // namespace dgmm::bench

@@ -1,10 +1,11 @@
-// Device-side helpers for gpu_bench.
+// Helpers shared by the GPU benchmarks (gpu_bench, dtype_bench, ipc_vmm_bench).
 #ifndef DGMM_BENCH_BENCH_KERNELS_H_
 #define DGMM_BENCH_BENCH_KERNELS_H_
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace dgmm::bench {
 
@@ -20,6 +21,12 @@ cudaError_t ReadOnce(const void* in, int64_t vectors, int multiprocessors, cudaS
 // Writes 16·vectors bytes of `out` once, 16 bytes per access, values that
 // vary with the position (the write half of a copy).
 cudaError_t WriteOnce(void* out, int64_t vectors, int multiprocessors, cudaStream_t stream);
+
+// Times `enqueue` on `stream` with CUDA events: 3 warm-up runs, then `reps`
+// timed ones; *median_ms is their median in milliseconds. The first CUDA
+// error, if any.
+cudaError_t MedianEventMs(cudaStream_t stream, int reps, const std::function<void()>& enqueue,
+                          double* median_ms);
 
 }  // namespace dgmm::bench
 

@@ -67,25 +67,9 @@ void Line(const char* fmt, ...) {
 }
 
 double TimeMs(const std::function<void()>& enqueue) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) enqueue();
-  CK(cudaStreamSynchronize(g_s));
-  std::vector<float> ms;
-  for (int i = 0; i < g_reps; ++i) {
-    CK(cudaEventRecord(a, g_s));
-    enqueue();
-    CK(cudaEventRecord(b, g_s));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  double ms = 0;
+  CK(MedianEventMs(g_s, g_reps, enqueue, &ms));
+  return ms;
 }
 
 // Random bytes for any type: float patterns for 2-, 4- and 8-byte-element

@@ -113,24 +113,9 @@ double Median(std::vector<double> v) {
 
 // Median milliseconds of `enqueue` on `s`, by CUDA events, after warm-ups.
 double TimeMs(cudaStream_t s, int reps, const std::function<void()>& enqueue) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) enqueue();
-  CK(cudaStreamSynchronize(s));
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a, s));
-    enqueue();
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return Median(ms);
+  double ms = 0;
+  CK(dgmm::bench::MedianEventMs(s, reps, enqueue, &ms));
+  return ms;
 }
 
 // Median wall-clock milliseconds of a blocking host call, after one warm-up.

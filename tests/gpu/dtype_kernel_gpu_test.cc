@@ -97,23 +97,10 @@ void RunOnGpu(const ref::TileArgs<TA, TC>& t, int sms, Launch launch, bool in_pl
   cudaFree(right);
 }
 
-template <typename A, typename C>
-struct Pair {
-  using TA = A;
-  using TC = C;
-};
-
 template <typename P>
 class ScaleKernelGpuTest : public ::testing::Test {};
 
-using Pairs = ::testing::Types<
-    Pair<Half, Half>, Pair<BFloat16, BFloat16>, Pair<float, float>, Pair<double, double>,
-    Pair<Complex64, Complex64>, Pair<Complex128, Complex128>, Pair<Half, float>,
-    Pair<Half, double>, Pair<Half, Complex64>, Pair<Half, Complex128>, Pair<BFloat16, float>,
-    Pair<BFloat16, double>, Pair<BFloat16, Complex64>, Pair<BFloat16, Complex128>,
-    Pair<float, double>, Pair<float, Complex64>, Pair<float, Complex128>,
-    Pair<double, Complex128>, Pair<Complex64, Complex128>>;
-TYPED_TEST_SUITE(ScaleKernelGpuTest, Pairs);
+TYPED_TEST_SUITE(ScaleKernelGpuTest, ref::AllPairs);
 
 TYPED_TEST(ScaleKernelGpuTest, EveryLayoutSideAndPathBitExactAgainstReference) {
   using TA = typename TypeParam::TA;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "service/backends/scalar_types.h"
 
 namespace dgmm::ref {
@@ -351,6 +352,23 @@ std::string CheckCase(const UserCase& c, uint64_t seed, bool in_place, Run run) 
   if (count > 5) failures += std::to_string(count) + " mismatches in all\n";
   return failures;
 }
+
+// An (A, C) element-type pair for typed tests.
+template <typename A, typename C>
+struct Pair {
+  using TA = A;
+  using TC = C;
+};
+
+// Every (A, C) pair the kernels take: the six types with themselves, then each
+// narrower A with every wider C that NumPy's result_type can give.
+using AllPairs = ::testing::Types<
+    Pair<Half, Half>, Pair<BFloat16, BFloat16>, Pair<float, float>, Pair<double, double>,
+    Pair<Complex64, Complex64>, Pair<Complex128, Complex128>, Pair<Half, float>,
+    Pair<Half, double>, Pair<Half, Complex64>, Pair<Half, Complex128>, Pair<BFloat16, float>,
+    Pair<BFloat16, double>, Pair<BFloat16, Complex64>, Pair<BFloat16, Complex128>,
+    Pair<float, double>, Pair<float, Complex64>, Pair<float, Complex128>,
+    Pair<double, Complex128>, Pair<Complex64, Complex128>>;
 
 }  // namespace dgmm::ref
 

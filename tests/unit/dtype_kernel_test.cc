@@ -133,23 +133,10 @@ TEST(ResultType, FollowsNumPy) {
 
 // ------------------------------------------------------------ the kernels
 
-template <typename A, typename C>
-struct Pair {
-  using TA = A;
-  using TC = C;
-};
-
 template <typename P>
 class ScaleElementsTest : public ::testing::Test {};
 
-using Pairs = ::testing::Types<
-    Pair<Half, Half>, Pair<BFloat16, BFloat16>, Pair<float, float>, Pair<double, double>,
-    Pair<Complex64, Complex64>, Pair<Complex128, Complex128>, Pair<Half, float>,
-    Pair<Half, double>, Pair<Half, Complex64>, Pair<Half, Complex128>, Pair<BFloat16, float>,
-    Pair<BFloat16, double>, Pair<BFloat16, Complex64>, Pair<BFloat16, Complex128>,
-    Pair<float, double>, Pair<float, Complex64>, Pair<float, Complex128>,
-    Pair<double, Complex128>, Pair<Complex64, Complex128>>;
-TYPED_TEST_SUITE(ScaleElementsTest, Pairs);
+TYPED_TEST_SUITE(ScaleElementsTest, ref::AllPairs);
 
 // Runs the tile as two tiles (the second with first_line > 0), each in
 // three element ranges that cut lines in the middle.
