@@ -241,27 +241,23 @@ print("|---|---|---|---|")
 gpu = "GPU" in meta.get("machine", "")
 host_note = "" if gpu else " (no GPU here: the target is the H200 host's, recorded for the ratio)"
 n_big = max(large) if large else None
+def share_row(name, g, bidir, minimum):
+    """A target row: the job's GB/s against the --bidir ceiling, or NOT MEASURED."""
+    if bidir:
+        ratio = g / bidir
+        print(f"| {name} | {g:.3f} vs {bidir:.3f} GB/s | {ratio:.2f} | {verdict(ratio >= minimum)}{host_note} |")
+    else:
+        print(f"| {name} | {g:.3f} GB/s, ceiling not measured | n/a | NOT MEASURED |")
+
 if n_big:
     for kopt in sorted({k for (n, k) in by if n == n_big}, key=lambda k: (k == 0, k)):
         r = by[(n_big, kopt)]
         k = int(r["k_used"])
-        g = float(r["gbps_in_out"])
-        bidir = iperf.get((k, "bidir"))
-        name = f"one N={n_big} f32 job (K={'auto, ' if kopt == 0 else ''}{k}) >= 0.5 x the loopback's --bidir ceiling at K={k}"
-        if bidir:
-            ratio = g / bidir
-            print(f"| {name} | {g:.3f} vs {bidir:.3f} GB/s | {ratio:.2f} | {verdict(ratio >= SHARE_MIN)}{host_note} |")
-        else:
-            print(f"| {name} | {g:.3f} GB/s, ceiling not measured | n/a | NOT MEASURED |")
+        share_row(f"one N={n_big} f32 job (K={'auto, ' if kopt == 0 else ''}{k}) >= 0.5 x the loopback's --bidir ceiling at K={k}",
+                  float(r["gbps_in_out"]), iperf.get((k, "bidir")), SHARE_MIN)
     if (n_big, 1) in by:
-        g = float(by[(n_big, 1)]["gbps_in_out"])
-        bidir = iperf.get((1, "bidir"))
-        name = f"one stream (K=1), N={n_big}: >= 0.8 x one TCP connection both ways"
-        if bidir:
-            ratio = g / bidir
-            print(f"| {name} | {g:.3f} vs {bidir:.3f} GB/s | {ratio:.2f} | {verdict(ratio >= ONE_STREAM_MIN)}{host_note} |")
-        else:
-            print(f"| {name} | {g:.3f} GB/s, ceiling not measured | n/a | NOT MEASURED |")
+        share_row(f"one stream (K=1), N={n_big}: >= 0.8 x one TCP connection both ways",
+                  float(by[(n_big, 1)]["gbps_in_out"]), iperf.get((1, "bidir")), ONE_STREAM_MIN)
     if (n_big, 0) in by:
         g = float(by[(n_big, 0)]["gbps_in_out"])
         print(f"| issue 15: one N={n_big} job >= 8 GB/s in+out (auto K = {by[(n_big, 0)]['k_used']}) | {g:.3f} GB/s | {g / 8:.2f} | {verdict(g >= 8)}{host_note} |")
