@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "dgmm/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "src/job_lines.h"
 #include "src/retry.h"
 #include "src/stream_call.h"
 #include "proto/wire.h"
@@ -160,10 +161,9 @@ struct Client::JobRun {
   std::optional<TransferMode> mode;  // nullopt: rule 1 per part
   int stripes = 1;
   std::string group_id;  // empty when stripes == 1
-  int64_t total_lines = 0;
+  internal::JobLines cut;  // the job's lines (cut.lines in all)
   size_t line_bytes = 0;
   size_t matrix_bytes = 0;
-  bool slice_diagonal = false;  // the diagonal runs along the lines
 
   std::mutex mu;
   std::condition_variable failed_cv;
@@ -503,18 +503,16 @@ absl::StatusOr<Client::JobPlan> Client::Plan(const Job& job,
                       ? TransferMode::kUnary
                       : TransferMode::kStream;
   }
-  const bool col_major = job.matrix.layout == v1::LAYOUT_COL_MAJOR;
-  const int64_t lines = col_major ? job.matrix.cols : job.matrix.rows;
   // Parts (and resumed parts) slice the diagonal only when it has the length
   // the side needs; otherwise the job goes whole and the server's validator
   // names the problem.
-  const size_t elem = ElementSize(job.matrix.dtype);
-  const int64_t diag_elems = job.side == v1::SIDE_LEFT ? job.matrix.rows : job.matrix.cols;
-  const bool diag_fits = job.diagonal != nullptr &&
-                         job.diagonal_bytes == static_cast<size_t>(diag_elems) * elem;
-  plan.stripes = diag_fits ? ChooseStripes(static_cast<int64_t>(*bytes), lines, options_.stripes)
-                           : 1;
-  plan.slice_diagonal = diag_fits && (col_major != (job.side == v1::SIDE_LEFT));
+  const internal::JobLines cut = internal::LinesOfJob(job);
+  const int64_t lines = cut.lines;
+  const size_t elem = cut.elem;
+  plan.stripes = cut.diagonal_fits
+                     ? ChooseStripes(static_cast<int64_t>(*bytes), lines, options_.stripes)
+                     : 1;
+  plan.slice_diagonal = cut.slice_diagonal;
   const int64_t first_lines = SplitLines(lines, plan.stripes).front().lines;
   const size_t first_bytes = static_cast<size_t>(first_lines) * (*bytes / static_cast<size_t>(lines));
   const size_t first_diag =
@@ -583,13 +581,11 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   run.deadline = Deadline();
   run.matrix_bytes = *bytes;
   run.mode = plan->forced;
-  const bool col_major = job.matrix.layout == v1::LAYOUT_COL_MAJOR;
-  run.total_lines = col_major ? job.matrix.cols : job.matrix.rows;
-  run.line_bytes = *bytes / static_cast<size_t>(run.total_lines);
+  run.cut = internal::LinesOfJob(job);
+  run.line_bytes = *bytes / static_cast<size_t>(run.cut.lines);
   run.stripes = plan->stripes;
-  run.slice_diagonal = plan->slice_diagonal;
   if (run.stripes > 1) run.group_id = RandomGroupId();
-  const std::vector<LineRange> ranges = SplitLines(run.total_lines, run.stripes);
+  const std::vector<LineRange> ranges = SplitLines(run.cut.lines, run.stripes);
   const size_t k = ranges.size();
   run.attempts.assign(k, 0);
   run.stats.assign(k, v1::JobStats());
@@ -650,8 +646,6 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
 
 absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
   const Job& whole = *run->job;
-  const bool col_major = whole.matrix.layout == v1::LAYOUT_COL_MAJOR;
-  const size_t elem = ElementSize(whole.matrix.dtype);
   int64_t done = 0;  // lines of this part received, from its first
   for (int made = 1;; ++made) {
     if (run->Failed()) return absl::CancelledError("another part of the job failed");
@@ -669,14 +663,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
     // This attempt's lines: the part's lines not yet received.
     const int64_t first = range.first_line + done;
     const int64_t lines = range.lines - done;
-    Job part = whole;
-    part.matrix.data = static_cast<const char*>(whole.matrix.data) +
-                       static_cast<size_t>(first) * run->line_bytes;
-    (col_major ? part.matrix.cols : part.matrix.rows) = lines;
-    if (run->slice_diagonal) {
-      part.diagonal = static_cast<const char*>(whole.diagonal) + static_cast<size_t>(first) * elem;
-      part.diagonal_bytes = static_cast<size_t>(lines) * elem;
-    }
+    const Job part = internal::JobOfLines(whole, run->cut, run->line_bytes, first, lines);
     const size_t part_bytes = static_cast<size_t>(lines) * run->line_bytes;
     char* part_out = run->out + static_cast<size_t>(first) * run->line_bytes;
     v1::JobHeader header = MakeHeader(part);
@@ -684,7 +671,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
       v1::JobGroup* g = header.mutable_group();
       g->set_id(run->group_id);
       g->set_first_line(first);
-      g->set_total_lines(run->total_lines);
+      g->set_total_lines(run->cut.lines);
       g->set_parts(run->stripes);
     }
     const TransferMode mode =

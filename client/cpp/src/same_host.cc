@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "dgmm/client.h"
 #include "dgmm/regions.h"
+#include "src/job_lines.h"
 
 namespace dgmm {
 
@@ -110,33 +111,24 @@ bool SocketCanStillDoIt(const absl::Status& s) {
 // 1.6-1.9 x one block).
 constexpr int kMaxBlocks = 8;
 
+// The job's lines in blocks: one when the job cannot be cut (its diagonal
+// has not the length the job needs: the server names that error, on the
+// whole job).
 struct Blocks {
+  internal::JobLines cut;
   std::vector<LineRange> ranges;
   size_t line_bytes = 0;
-  size_t elem = 0;
-  bool slice_diagonal = false;  // the diagonal runs along the lines
-  bool col_major = false;
 };
 
-// One block when the job cannot be split safely (its diagonal has not the
-// length the job needs: the server names that error, on the whole job).
 Blocks PlanBlocks(const Job& job, size_t matrix_bytes, int blocks_option) {
   Blocks plan;
-  plan.col_major = job.matrix.layout == v1::LAYOUT_COL_MAJOR;
-  const int64_t lines = plan.col_major ? job.matrix.cols : job.matrix.rows;
-  const int64_t line_len = plan.col_major ? job.matrix.rows : job.matrix.cols;
-  plan.elem = ElementSize(job.matrix.dtype);
-  plan.line_bytes = static_cast<size_t>(std::max<int64_t>(line_len, 0)) * plan.elem;
-  plan.slice_diagonal = plan.col_major != (job.side == v1::SIDE_LEFT);
-  const int64_t diag_len = plan.slice_diagonal ? lines : line_len;
-  int64_t blocks = std::clamp<int64_t>(blocks_option, 1, kMaxBlocks);
-  if (lines <= 0 || plan.elem == 0 || job.diagonal == nullptr ||
-      job.diagonal_bytes != static_cast<size_t>(diag_len) * plan.elem ||
-      plan.line_bytes * static_cast<size_t>(lines) != matrix_bytes) {
-    blocks = 1;
-  }
-  plan.ranges = SplitLines(std::max<int64_t>(lines, 1),
-                           static_cast<int>(std::min(blocks, std::max<int64_t>(lines, 1))));
+  plan.cut = internal::LinesOfJob(job);
+  const int64_t lines = std::max<int64_t>(plan.cut.lines, 1);
+  plan.line_bytes = matrix_bytes / static_cast<size_t>(lines);
+  const int64_t blocks = plan.cut.lines > 0 && plan.cut.diagonal_fits
+                             ? std::clamp<int64_t>(blocks_option, 1, kMaxBlocks)
+                             : 1;
+  plan.ranges = SplitLines(lines, static_cast<int>(std::min(blocks, lines)));
   return plan;
 }
 
@@ -218,14 +210,9 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
       std::unique_lock lock(mu);
       cv.wait(lock, [&] { return copied_in > k; });
     }
-    Job part = job;
-    const int64_t lines = plan.ranges[k].lines;
-    (plan.col_major ? part.matrix.cols : part.matrix.rows) = lines;
-    if (plan.slice_diagonal) {
-      part.diagonal = static_cast<const char*>(job.diagonal) +
-                      static_cast<size_t>(plan.ranges[k].first_line) * plan.elem;
-      part.diagonal_bytes = static_cast<size_t>(lines) * plan.elem;
-    }
+    const Job part =
+        internal::JobOfLines(job, plan.cut, plan.line_bytes, plan.ranges[k].first_line,
+                             plan.ranges[k].lines);
     const v1::RegionRef at = region.Ref(static_cast<int64_t>(offset(k)));
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<JobResult> done = MultiplyRegion(client, RegionJobOf(part, at, at));
