@@ -285,8 +285,11 @@ TEST(ClientIntegrationTest, NothingListeningIsUnavailable) {
             absl::StatusCode::kUnavailable);
 }
 
-// Established TCP connections to `port`, from /proc/net/tcp and tcp6 (gRPC
-// dials 127.0.0.1 from a dual-stack socket: an IPv4-mapped IPv6 entry).
+// Established TCP connections the server listening on `port` has accepted,
+// from /proc/net/tcp and tcp6 (gRPC dials 127.0.0.1 from a dual-stack
+// socket: an IPv4-mapped IPv6 entry). Counted by their local port, which a
+// client socket elsewhere cannot share with a listening one (its remote port
+// could be any number, another test's server's included).
 int EstablishedTo(int port) {
   int n = 0;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
@@ -297,7 +300,7 @@ int EstablishedTo(int port) {
       // "sl: local_address rem_address st ...", addresses as HEX:PORT.
       char local[64], remote[64], state[8];
       if (std::sscanf(line, " %*[^:]: %63s %63s %7s", local, remote, state) != 3) continue;
-      const char* colon = std::strrchr(remote, ':');
+      const char* colon = std::strrchr(local, ':');
       if (colon != nullptr && std::strtol(colon + 1, nullptr, 16) == port &&
           std::strcmp(state, "01") == 0) {
         ++n;
@@ -317,6 +320,7 @@ TEST(ClientIntegrationTest, ConnectOpensTheStripesConnectionsAheadOfTheJob) {
   ASSERT_EQ(EstablishedTo(port), 0);
   ClientOptions options;
   options.stripes = 3;
+  options.same_host = false;  // the socket's connections only
   Client client(server.address(), options);
   client.Connect(3);
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
