@@ -11,15 +11,22 @@ Rows:
   numpy .npy files        np.load(A.npy), np.load(d.npy), A*d, np.save(C.npy)
   cupy pageable / pinned  H2D, A*d[None, :], D2H (GPU only, CuPy importable)
   PCIe duplex floor       H2D and D2H of the matrix at once on two streams
-  python socket / shm     dgmm.Client(same_host=False|True).multiply(a, d, out=c)
+  python socket / shm     dgmm.Client(same_host=False|True).multiply(a, d, out=c); shm is
+                          the default: process memory when the server grants it (it
+                          reads A from and writes C into the caller's arrays)
+  python shm staging      the same with process_memory=False: a staging region and
+                          the client's copies in and out
   python dgmm.empty       a and c from dgmm.empty (region memory): client.multiply(a, d,
                           out=c) copies nothing; cold = the arrays' first job
   c++ socket / shm        dgmm::Client::Multiply (dgmm_cpp_client_timing)
-  c++ shm 4 blocks        the same with ClientOptions.same_host_blocks = 4: four region
-                          jobs of a quarter of the lines each, overlapped with the copies
-                          in and out (the default is one job between the two copies)
+  c++ shm staging         ClientOptions.process_memory = false
+  c++ shm staging 4 blocks  and same_host_blocks = 4: four region jobs of a quarter of
+                          the lines each, overlapped with the copies in and out
   cli .npy socket / shm   dgmm-cli multiply --matrix A.npy --diag d.npy --out C.npy
-                          (--shm=off, or the default), a process per job
+                          (--shm=off, or the default: the files mapped and the server
+                          copying between them), a process per job
+  cli .npy shm staging    the same with --process_memory=false (A read into a region,
+                          C written from it)
   region reused           a region registered once, the data living in it
                           (client.multiply_region), the engine's best case
 
@@ -136,23 +143,25 @@ def cupy_rows(a, d, reps):
     return pageable_ms, pinned_ms, floor_ms
 
 
-def python_rows(dgmm, address, a, d, reps, same_host):
+def python_rows(dgmm, address, a, d, reps, same_host, process_memory=True):
     """(cold ms, warm ms, mode) of the Python client."""
     c = np.empty_like(a)
     t0 = time.perf_counter()
-    client = dgmm.Client(address, same_host=same_host)
+    client = dgmm.Client(address, same_host=same_host, process_memory=process_memory)
     _, info = client.multiply(a, d, out=c, return_info=True)
     cold = (time.perf_counter() - t0) * 1e3
     check(c, a, d)
     warm = median_ms(lambda: client.multiply(a, d, out=c), reps)
     _, info = client.multiply(a, d, out=c, return_info=True)
     client.close()
-    return cold, warm, info.mode + (" (%s)" % info.socket_reason if info.socket_reason else "")
+    return cold, warm, (info.mode + (" process" if info.process_memory else "") +
+                        (" (%s)" % info.socket_reason if info.socket_reason else ""))
 
 
-def cpp_rows(tool, address, n, reps, same_host, blocks=0, phases=None):
+def cpp_rows(tool, address, n, reps, same_host, blocks=0, phases=None, process_memory=True):
     env = dict(os.environ, DGMM_SAME_HOST="1" if same_host else "0",
-               DGMM_SAME_HOST_BLOCKS=str(blocks))
+               DGMM_SAME_HOST_BLOCKS=str(blocks),
+               DGMM_PROCESS_MEMORY="1" if process_memory else "0")
     run = subprocess.run([tool, address, str(n), str(reps), "1"], capture_output=True,
                          text=True, env=env, timeout=600)
     if run.returncode != 0:
@@ -163,10 +172,11 @@ def cpp_rows(tool, address, n, reps, same_host, blocks=0, phases=None):
     return out["first"] * 1e3, statistics.median(out["seconds"]) * 1e3, out["mode"]
 
 
-def cli_rows(cli, address, files, reps, same_host):
+def cli_rows(cli, address, files, reps, same_host, process_memory=True):
     a_path, d_path, c_path = files
     base = [cli, "multiply", "--matrix", a_path, "--diag", d_path, "--out", c_path,
-            "--server", address] + ([] if same_host else ["--shm=off"])
+            "--server", address] + ([] if same_host else ["--shm=off"]) + (
+                [] if process_memory else ["--process_memory=false"])
     cmd = base + ["--quiet"]
     times = []
     for _ in range(reps + 1):
@@ -178,6 +188,8 @@ def cli_rows(cli, address, files, reps, same_host):
     report = subprocess.run(base, capture_output=True, text=True, timeout=600).stdout
     mode = next((line.split(None, 1)[1].split(",")[0] for line in report.splitlines()
                  if line.startswith("mode:")), "?")
+    if "process memory" in report:
+        mode += " process"
     phases = next((line.split(None, 1)[1] for line in report.splitlines()
                    if line.startswith("phases:")), "")
     if phases:
@@ -280,6 +292,9 @@ def main():
                     row["cli .npy " + tag] = cli_rows(cli, server.address, files, args.reps,
                                                       same_host)
                     check(np.load(files[2]), a, d)
+                row["cli .npy shm staging"] = cli_rows(cli, server.address, files, args.reps,
+                                                       True, process_memory=False)
+                check(np.load(files[2]), a, d)
             cupy = cupy_rows(a, d, args.reps) if args.backend != "cpu" else None
             if cupy is not None:
                 row["cupy pageable"] = (None, cupy[0], "")
@@ -292,9 +307,15 @@ def main():
                 row["c++ " + tag] = cpp_rows(tool, server.address, n, args.reps, same_host,
                                              phases=cpp_phases.setdefault(n, []) if same_host
                                              else None)
-            row["c++ shm 4 blocks"] = cpp_rows(tool, server.address, n, args.reps, True,
-                                               blocks=4,
-                                                phases=cpp_phases.setdefault(n, []))
+            row["python shm staging"] = python_rows(dgmm, server.address, a, d, args.reps, True,
+                                                    process_memory=False)
+            row["c++ shm staging"] = cpp_rows(tool, server.address, n, args.reps, True,
+                                              phases=cpp_phases.setdefault(n, []),
+                                              process_memory=False)
+            row["c++ shm staging 4 blocks"] = cpp_rows(tool, server.address, n, args.reps, True,
+                                                       blocks=4,
+                                                       phases=cpp_phases.setdefault(n, []),
+                                                       process_memory=False)
             row["python dgmm.empty"] = empty_rows(dgmm, server.address, a, d, args.reps)
             row["region reused"] = (None, region_row(dgmm, server.address, a, d, args.reps), "")
             results[n] = row
@@ -353,12 +374,15 @@ def main():
         say()
         say("JobResult.same_host: setup (session, staging region made and registered), copy in, "
             "the region job(s), copy out; with blocks the three overlap, so they add up to more "
-            "than the job's wall time. server = the job's stats.total_ns (summed over blocks).")
+            "than the job's wall time; process memory has no copies (the server's copies are "
+            "in the job). server = the job's stats.total_ns (summed over blocks).")
         say()
         say("| N | run | job | setup | copy in | region job(s) | copy out | server |")
         say("|---|---|---|---|---|---|---|---|")
         for n in cpp_phases:
-            for (first, last), run in zip(cpp_phases[n], ("default (one block)", "4 blocks")):
+            for (first, last), run in zip(cpp_phases[n], ("default: process memory",
+                                                          "staging region",
+                                                          "staging region, 4 blocks")):
                 for label, p in (("first", first), ("warm", last)):
                     if p:
                         say("| %d | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f |" % (

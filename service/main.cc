@@ -174,6 +174,13 @@ ABSL_FLAG(std::string, local_socket_mode, "0666",
 ABSL_FLAG(int, max_local_connections, 1024,
           "Most connections the local socket holds at once (one per client object using "
           "regions: a C++, Python or Node Client); one uid may hold a quarter of them.");
+ABSL_FLAG(bool, process_memory, true,
+          "With --allow_regions: a client on this host whose local-socket hello asks for it "
+          "may name its own memory in MultiplyRegion (RegionRef.process_address): the server "
+          "copies the matrix out of the client process and the result into it "
+          "(process_vm_readv/writev), with no region and no copy in the client. Granted only to "
+          "a process of the server's own uid in its PID namespace, which the kernel lets it "
+          "read (docs/protocol.md \"Process memory\"); others use regions.");
 ABSL_FLAG(dgmm::Budget, region_memory_budget, dgmm::Budget::Percent(25),
           "Most bytes all registered regions may hold at once (host regions are mapped and, "
           "on a GPU server, pinned: pinned memory is scarce): bytes (e.g. 8GiB) or a "
@@ -408,6 +415,7 @@ int Main(int argc, char** argv) {
     so.local_socket_mode = static_cast<mode_t>(bits);
   }
   so.max_local_connections = absl::GetFlag(FLAGS_max_local_connections);
+  so.process_memory = absl::GetFlag(FLAGS_process_memory);
   auto server = Server::Start(so, std::move(*engine));
   if (!server.ok()) {
     std::fprintf(stderr, "dgmm-server: %s\n", std::string(server.status().message()).c_str());

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace dgmm {
@@ -49,14 +51,29 @@ struct Problem {
   int64_t matrix_bytes() const { return lines() * line_bytes(); }
 };
 
+// Host memory that is not the server's: a tile whose `memory` is set has
+// `in` and `out` in another process (a client's own memory, named by
+// RegionRef.process_address), and the backends copy through it, in pieces
+// of their choosing, instead of touching `in` and `out`. Thread-safe.
+class TileMemory {
+ public:
+  virtual ~TileMemory() = default;
+  // Copies `bytes` from the other process's `src` into `dst` (ours).
+  virtual absl::Status Read(std::byte* dst, const std::byte* src, int64_t bytes) const = 0;
+  // Copies `bytes` from our `src` to the other process's `dst`.
+  virtual absl::Status Write(std::byte* dst, const std::byte* src, int64_t bytes) const = 0;
+};
+
 // Lines [first_line, first_line + lines) of a problem's matrix. `in` and `out`
 // point at the tile's first element (not the matrix's) and may be equal (in
-// place). Both are host memory.
+// place). Both are host memory: this process's, or, with `memory`, another
+// process's.
 struct Tile {
   const std::byte* in = nullptr;
   std::byte* out = nullptr;
   int64_t first_line = 0;
   int64_t lines = 0;
+  const TileMemory* memory = nullptr;
 };
 
 }  // namespace dgmm

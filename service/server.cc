@@ -155,6 +155,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     local.mode = options.local_socket_mode;
     local.max_connections = options.max_local_connections;
+    local.process_memory = options.process_memory;
     local.max_connections_per_uid = std::max(1, options.max_local_connections / 4);
     local.instance_id = s->regions_->instance_id();
     if (absl::Status st = s->regions_->StartLocalSocket(std::move(local)); !st.ok()) return st;

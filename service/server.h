@@ -81,6 +81,8 @@ struct ServerOptions {
   std::string local_socket = "auto";
   mode_t local_socket_mode = 0666;
   int max_local_connections = 1024;
+  // LocalHello.process_memory may be granted (process_memory.h).
+  bool process_memory = true;
 };
 
 class Server {

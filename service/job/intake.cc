@@ -93,6 +93,9 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
   if (!r.has_matrix() || !r.has_result()) {
     return absl::InvalidArgumentError("MultiplyRegionRequest needs a matrix and a result ref");
   }
+  if (r.matrix().process_address() != 0 || r.result().process_address() != 0) {
+    return ProcessSources(d, out);
+  }
   auto matrix = regions_->Find(d.owner, r.matrix().name());
   if (!matrix.ok()) return matrix.status();
   auto result = regions_->Find(d.owner, r.result().name());
@@ -126,6 +129,31 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
   return absl::OkStatus();
 }
 
+absl::Status Intake::ProcessSources(const JobDraft& d, IntakenJob* out) const {
+  const v1::MultiplyRegionRequest& r = *d.region;
+  const auto by_address = [](const v1::RegionRef& ref) {
+    return ref.process_address() != 0 && ref.name().empty() && ref.offset() == 0;
+  };
+  if (!by_address(r.matrix()) || !by_address(r.result())) {
+    return absl::InvalidArgumentError(
+        "a job in process memory names both its matrix and its result by process_address "
+        "alone (no region name, offset 0)");
+  }
+  if (r.has_diagonal()) {
+    return absl::InvalidArgumentError(
+        "the diagonal of a job in process memory goes inline (header.diagonal)");
+  }
+  if (d.process_memory == nullptr) {
+    return absl::FailedPreconditionError(
+        "this session may not name its process's memory: its hello must ask for it "
+        "(LocalHello.process_memory) and be granted it (LocalHelloReply.process_memory); use a "
+        "region");
+  }
+  out->process_memory = d.process_memory;
+  out->mode = JobMode::kHostRegion;
+  return absl::OkStatus();
+}
+
 absl::Status Intake::Fits(const JobDraft&, IntakenJob* out) const {
   return engine_->CheckFits(out->job, out->mode);
 }
@@ -156,6 +184,32 @@ absl::Status Intake::RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJo
     out->job.diagonal = out->diagonal;
   }
   const int64_t bytes = p.matrix_bytes();
+  if (out->process_memory != nullptr) {
+    const uint64_t a = r.matrix().process_address();
+    const uint64_t b = r.result().process_address();
+    for (const auto& [at, what] : {std::pair{a, "matrix"}, std::pair{b, "result"}}) {
+      if (at % static_cast<uint64_t>(elem) != 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "the %s at process address %#x is not aligned to its %d-byte elements", what, at,
+            elem));
+      }
+      if (at > UINT64_MAX - static_cast<uint64_t>(bytes)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "the %s's %d bytes at process address %#x run past the end of the address space",
+            what, bytes, at));
+      }
+    }
+    const uint64_t n = static_cast<uint64_t>(bytes);
+    if (a != b && a < b + n && b < a + n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the result [%#x, %#x) partly overlaps the matrix [%#x, %#x) in process memory; in "
+          "place means the same address",
+          b, b + n, a, a + n));
+    }
+    out->in = reinterpret_cast<const std::byte*>(a);
+    out->out = reinterpret_cast<std::byte*>(b);
+    return absl::OkStatus();
+  }
   auto in = Span(*out->matrix, r.matrix(), bytes, elem, "matrix");
   if (!in.ok()) return in.status();
   auto result = Span(*out->result, r.result(), bytes, elem, "result");

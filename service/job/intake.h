@@ -8,12 +8,15 @@
 //   2. header   the request decodes, and its JobHeader is valid (validator.h)
 //   3. sources  MultiplyRegion: its matrix and result refs are set, name the
 //               caller's regions (NOT_FOUND otherwise) and are of one kind;
-//               a diagonal region is shared memory
+//               a diagonal region is shared memory. Or both name addresses
+//               in the caller's process, with the diagonal inline, and its
+//               session has process memory (FAILED_PRECONDITION otherwise)
 //   4. fits     the job could ever fit the budgets (too_large)
 //   5. payload  Multiply: the matrix has exactly the header's bytes;
 //               MultiplyRegion: each span lies within its region, aligned,
 //               and the result is the matrix or apart from it; the diagonal
-//               is read from its region
+//               is read from its region. Process memory: the addresses are
+//               aligned, do not wrap, and the result is the matrix or apart
 // MultiplyStream's blocks are checked as they come (StreamAssembler).
 //
 // A refusal is counted once, here (JobMetrics::Refused), with its job
@@ -46,9 +49,11 @@ struct JobDraft {
   // kUnary: the request message's size and its matrix payload's.
   int64_t message_bytes = 0;
   int64_t matrix_bytes = 0;
-  // kRegion: the request and the caller's key in the registry.
+  // kRegion: the request and the caller's key in the registry, and the
+  // caller's own memory when its session was granted it (process_memory.h).
   const v1::MultiplyRegionRequest* region = nullptr;
   std::string owner;
+  std::shared_ptr<const ProcessMemory> process_memory;
 };
 
 // What passed: the job to Start, its mode and, for a region job, its spans.
@@ -60,8 +65,11 @@ struct IntakenJob {
 
   JobRequest job;
   JobMode mode = JobMode::kWhole;
-  // kRegion: the regions (held while the job runs) and the spans in them.
+  // kRegion: the regions (held while the job runs) and the spans in them;
+  // or, for a job in the client's own memory, that memory (then `in` and
+  // `out` are addresses in the client process, and the regions are null).
   std::shared_ptr<Region> matrix, result, diagonal_region;
+  std::shared_ptr<const ProcessMemory> process_memory;
   const std::byte* in = nullptr;
   std::byte* out = nullptr;
   // A diagonal read out of a region.
@@ -84,6 +92,7 @@ class Intake {
   absl::Status Header(const JobDraft& d, IntakenJob* out) const;
   absl::Status Sources(const JobDraft& d, IntakenJob* out) const;
   absl::Status Fits(const JobDraft& d, IntakenJob* out) const;
+  absl::Status ProcessSources(const JobDraft& d, IntakenJob* out) const;
   absl::Status Payload(const JobDraft& d, IntakenJob* out) const;
   absl::Status RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJob* out) const;
 

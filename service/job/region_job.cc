@@ -6,13 +6,15 @@
 namespace dgmm {
 
 void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Status& decoded,
-                      const std::string& owner) {
+                      const std::string& owner,
+                      std::shared_ptr<const ProcessMemory> process_memory) {
   JobDraft draft;
   draft.kind = JobKind::kRegion;
   draft.decoded = decoded;
   draft.header = &request.header();
   draft.region = &request;
   draft.owner = owner;
+  draft.process_memory = std::move(process_memory);
   if (absl::Status s = intake_->Check(draft, &job_); !s.ok()) {
     ReleaseRegions();
     Finish(s);
@@ -43,7 +45,18 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
   }
   std::shared_ptr<ComputeStage> stage = std::move(*admitted);
   absl::Status s;
-  {
+  const auto cancel = [session = session_] { return session->cancelled(); };
+  if (job_.process_memory != nullptr) {
+    // The client's own memory: proven still the client's (its cookie in
+    // place) just before the copies.
+    s = session_->cancelled() ? session_->cancelled_status() : job_.process_memory->Check();
+    if (s.ok()) {
+      s = stage->ProcessTile(Tile{.in = job_.in, .out = job_.out, .first_line = 0,
+                                  .lines = job_.job.problem.lines(),
+                                  .memory = job_.process_memory.get()},
+                             cancel);
+    }
+  } else {
     Region::Use matrix_use(std::move(matrix));
     std::optional<Region::Use> result_use;  // one use when in place
     if (result.get() != &*matrix_use) result_use.emplace(std::move(result));
@@ -54,9 +67,7 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
     }
     const Tile tile{.in = job_.in, .out = job_.out, .first_line = 0,
                     .lines = job_.job.problem.lines()};
-    s = session_->cancelled()
-            ? session_->cancelled_status()
-            : stage->ProcessTile(tile, [session = session_] { return session->cancelled(); });
+    s = session_->cancelled() ? session_->cancelled_status() : stage->ProcessTile(tile, cancel);
     if (s.ok()) s = matrix_use->CheckIntact();
     if (s.ok() && result_use.has_value()) s = (*result_use)->CheckIntact();
   }
@@ -68,6 +79,7 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
 }
 
 void RegionJob::ReleaseRegions() {
+  job_.process_memory.reset();
   job_.matrix.reset();
   job_.result.reset();
   job_.diagonal_region.reset();

@@ -41,9 +41,11 @@ class RegionJob final : public std::enable_shared_from_this<RegionJob> {
             RegionIo* io)
       : session_(std::move(session)), intake_(intake), registry_(registry), io_(io) {}
 
-  // `request` (decoded: how its parse went) and the caller's registry key.
+  // `request` (decoded: how its parse went), the caller's registry key and
+  // its own memory when its session was granted it (else null).
   void Begin(const v1::MultiplyRegionRequest& request, const absl::Status& decoded,
-             const std::string& owner);
+             const std::string& owner,
+             std::shared_ptr<const ProcessMemory> process_memory = nullptr);
   void OnCancel() { session_->Cancel(); }
   // gRPC is done with the call: io is not used again.
   void Detach();

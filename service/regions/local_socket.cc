@@ -400,6 +400,18 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
   if (request.has_hello()) {
     if (!c.session.empty()) return false;
     c.session = RandomHex(32);
+    std::string refused;
+    if (const v1::LocalHello& h = request.hello(); h.process_memory()) {
+      if (!options_.process_memory) {
+        refused = "process memory is off on this server (--process_memory=false)";
+      } else if (auto m = ProcessMemory::Open(c.peer.pid, c.peer.uid, h.cookie_address(),
+                                              h.cookie());
+                 m.ok()) {
+        c.peer.memory = *std::move(m);
+      } else {
+        refused = std::string(m.status().message());
+      }
+    }
     {
       std::lock_guard lock(mu_);
       static std::atomic<uint64_t> next_session{1};
@@ -414,6 +426,8 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
     hello->set_instance_id(options_.instance_id);
     hello->set_max_tickets(options_.max_tickets_per_connection);
     hello->set_ticket_timeout_ms(absl::ToInt64Milliseconds(options_.ticket_timeout));
+    hello->set_process_memory(c.peer.memory != nullptr);
+    hello->set_process_memory_refused(refused);
     Reply(out, absl::StatusCode::kOk, "");
     return true;
   }

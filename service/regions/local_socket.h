@@ -35,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
+#include "service/regions/process_memory.h"
 
 namespace dgmm {
 
@@ -91,6 +92,9 @@ struct LocalPeer {
   uid_t uid = 0;
   gid_t gid = 0;
   pid_t pid = 0;
+  // The client's own memory, when its hello asked and it was granted
+  // (LocalHello.process_memory); null otherwise.
+  std::shared_ptr<const ProcessMemory> memory;
 };
 
 struct LocalSocketOptions {
@@ -111,6 +115,8 @@ struct LocalSocketOptions {
   absl::Duration hello_timeout = absl::Seconds(10);
   // GetServerInfoResponse.instance_id, repeated in every hello.
   std::string instance_id;
+  // Whether a hello may ask for process memory (--process_memory).
+  bool process_memory = true;
 };
 
 class LocalSocket {

@@ -57,7 +57,8 @@ class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public Regi
                 parsed ? absl::OkStatus()
                        : absl::InvalidArgumentError(
                              "request does not parse as a dgmm.v1.MultiplyRegionRequest"),
-                caller.ok() ? caller->owner : std::string());
+                caller.ok() ? caller->owner : std::string(),
+                caller.ok() ? caller->peer.memory : nullptr);
   }
 
   void OnCancel() override {

@@ -291,22 +291,70 @@ JobResult SameHostJob(Client& client, const Operands<T>& ops, double* error) {
   return r.ok() ? *r : JobResult();
 }
 
+// By default the server reads and writes the caller's own buffers (process
+// memory: no staging region, no copy); with ClientOptions.process_memory
+// off, a staging region carries the job (copies in and out).
 TEST(SameHostTest, EveryDtypeLayoutAndSideThroughMemory) {
-  Client client(RegionsServer().address());
   uint64_t seed = 40;
-  for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
-    for (v1::Side side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
-      SCOPED_TRACE(absl::StrCat(v1::Layout_Name(layout), " ", v1::Side_Name(side)));
-      double error = 0;
-      JobResult f = SameHostJob(client, Operands<float>(611, 487, layout, side, seed++), &error);
-      EXPECT_EQ(f.mode, TransferMode::kRegion) << f.socket_reason;
-      EXPECT_LE(error, std::numeric_limits<float>::epsilon());
-      JobResult d = SameHostJob(client, Operands<double>(389, 401, layout, side, seed++), &error);
-      EXPECT_EQ(d.mode, TransferMode::kRegion) << d.socket_reason;
-      EXPECT_LE(error, std::numeric_limits<double>::epsilon());
-      EXPECT_EQ(d.socket_reason, "");
+  for (bool process_memory : {true, false}) {
+    ClientOptions options;
+    options.process_memory = process_memory;
+    Client client(RegionsServer().address(), options);
+    for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
+      for (v1::Side side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
+        SCOPED_TRACE(absl::StrCat(v1::Layout_Name(layout), " ", v1::Side_Name(side),
+                                  process_memory ? " process memory" : " staging"));
+        double error = 0;
+        JobResult f = SameHostJob(client, Operands<float>(611, 487, layout, side, seed++), &error);
+        EXPECT_EQ(f.mode, TransferMode::kRegion) << f.socket_reason;
+        EXPECT_EQ(f.process_memory, process_memory);
+        EXPECT_LE(error, std::numeric_limits<float>::epsilon());
+        JobResult d = SameHostJob(client, Operands<double>(389, 401, layout, side, seed++), &error);
+        EXPECT_EQ(d.mode, TransferMode::kRegion) << d.socket_reason;
+        EXPECT_EQ(d.process_memory, process_memory);
+        EXPECT_LE(error, std::numeric_limits<double>::epsilon());
+        EXPECT_EQ(d.socket_reason, "");
+        if (process_memory) {
+          EXPECT_EQ(d.same_host.copy_in, 0);
+          EXPECT_EQ(d.same_host.copy_out, 0);
+        } else {
+          EXPECT_GT(d.same_host.copy_in, 0);
+          EXPECT_GT(d.same_host.copy_out, 0);
+        }
+        // In place.
+        Operands<float> ops(509, 521, layout, side, seed++);
+        std::vector<float> c = ops.a;
+        Job job = ops.MakeJob();
+        job.matrix.data = c.data();
+        absl::StatusOr<JobResult> r = client.Multiply(job, c.data(), c.size() * sizeof(float));
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->process_memory, process_memory);
+        EXPECT_LE(ops.MaxRelativeError(c), std::numeric_limits<float>::epsilon());
+      }
     }
   }
+  // Nothing of them stays registered on the server once they are gone.
+  Client observer(RegionsServer().address());
+  for (int i = 0; i < 250 && RegisteredBytes(observer) != 0; ++i) usleep(20000);
+  EXPECT_EQ(RegisteredBytes(observer), 0);
+}
+
+// A C buffer the server cannot write (read-only memory): the job's own
+// INVALID_ARGUMENT, not a socket retry, and the server serves on.
+TEST(SameHostTest, AResultBufferThatCannotBeWrittenIsInvalidArgument) {
+  Client client(RegionsServer().address());
+  Operands<float> ops(600, 500, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 71);
+  const size_t bytes = ops.a.size() * sizeof(float);
+  void* ro = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), ro, bytes);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("cannot be written"));
+  munmap(ro, bytes);
+  double error = 0;
+  JobResult ok = SameHostJob(client, ops, &error);
+  EXPECT_TRUE(ok.process_memory) << ok.socket_reason;
+  EXPECT_LE(error, std::numeric_limits<float>::epsilon());
 }
 
 // A job in blocks (ClientOptions.same_host_blocks; by default from 64 MiB
@@ -319,6 +367,7 @@ TEST(SameHostTest, BlocksOfLinesOverlapAndGiveTheSameResults) {
   for (int blocks : {3, 8}) {
     ClientOptions options;
     options.same_host_blocks = blocks;
+    options.process_memory = false;  // blocks are the staging region's
     Client client(RegionsServer().address(), options);
     for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
       for (v1::Side side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
@@ -429,7 +478,9 @@ TEST(SameHostTest, StagingGrowsWithTheJobsAndIsReused) {
   Client observer(RegionsServer().address());
   ASSERT_TRUE(StagingSizes(observer).empty());
   {
-    Client client(RegionsServer().address());
+    ClientOptions staging;
+    staging.process_memory = false;
+    Client client(RegionsServer().address(), staging);
     double error = 0;
     // 1.2 MB, then 2.9 MB, then 1.2 MB again, then 8.2 MB.
     for (int64_t n : {550, 850, 550, 1430}) {
@@ -625,11 +676,17 @@ TEST(CliShmTest, AutoFallsBackToTheSocketAndSaysWhy) {
   // A staging region over the server's region budget.
   ServerProcess small({"--backend=cpu", "--threads=1", "--allow_regions",
                        "--region_memory_budget=65536"});
-  run = Cli("multiply --random=600 --check", small);
+  // (Process memory needs no region: that path is turned off here.)
+  run = Cli("multiply --random=600 --check --process_memory=false", small);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("path:       socket: the same-host path was not usable: "
                                     "RESOURCE_EXHAUSTED: registering 2097152 bytes would exceed "
                                     "the region budget"));
+  // With it, the budget does not matter.
+  run = Cli("multiply --random=600 --check", small);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("path:       same host, process memory"));
+  EXPECT_THAT(run.output, HasSubstr("): OK"));
   EXPECT_THAT(run.output, HasSubstr("): OK"));
 
   ServerProcess* elsewhere = ElsewhereServer();
@@ -651,9 +708,11 @@ TEST(CliShmTest, OnFailsWhenItCannot) {
   EXPECT_THAT(run.output, HasSubstr("--shm=maybe is not valid"));
 }
 
-// .npy files on the same-host path: A is read into a region, C written from
-// it; the file C equals the float64 reference for every dtype, layout and
-// side, and equals what the socket path writes.
+// .npy files on the same-host path: by default both files mapped and the
+// server copying between them (process memory); with
+// --process_memory=false, A read into a region and C written from it; and
+// the socket. The file C equals the float64 reference for every dtype,
+// layout and side on each path.
 template <typename T>
 void CheckFiles(const Operands<T>& ops, const std::string& dir, const std::string& flags) {
   NpyHeader a;
@@ -665,7 +724,11 @@ void CheckFiles(const Operands<T>& ops, const std::string& dir, const std::strin
   d.shape = {static_cast<int64_t>(ops.d.size())};
   ASSERT_TRUE(WriteNpy(dir + "/A.npy", a, ops.a.data(), ops.a.size() * sizeof(T)).ok());
   ASSERT_TRUE(WriteNpy(dir + "/d.npy", d, ops.d.data(), ops.d.size() * sizeof(T)).ok());
-  for (const char* path : {"", "--shm=off "}) {
+  const std::vector<std::array<const char*, 3>> paths = {
+      {"", "path:       same host, process memory (the server read A from", "phases:     map "},
+      {"--process_memory=false ", "path:       same host (A read from", "phases:     region "},
+      {"--shm=off ", "path:       socket (--shm=off)", "mode:       "}};
+  for (const auto& [path, says, phases] : paths) {
     SCOPED_TRACE(path);
     std::vector<T> poison = ops.NanOutput();
     ASSERT_TRUE(WriteNpy(dir + "/C.npy", a, poison.data(), poison.size() * sizeof(T)).ok());
@@ -673,11 +736,8 @@ void CheckFiles(const Operands<T>& ops, const std::string& dir, const std::strin
                                   dir, "/d.npy --out=", dir, "/C.npy"),
                      RegionsServer());
     ASSERT_EQ(run.exit_code, 0) << run.output;
-    EXPECT_THAT(run.output, HasSubstr(*path == '\0' ? "path:       same host (A read from"
-                                                     : "path:       socket (--shm=off)"));
-    if (*path == '\0') {
-      EXPECT_THAT(run.output, HasSubstr("phases:     region "));
-    }
+    EXPECT_THAT(run.output, HasSubstr(says));
+    EXPECT_THAT(run.output, HasSubstr(phases));
     absl::StatusOr<NpyArray> c = ReadNpy(dir + "/C.npy");
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->header().fortran_order, a.fortran_order);
@@ -702,7 +762,7 @@ TEST(CliShmTest, NpyFilesGoStraightThroughARegion) {
     }
   }
   for (const char* f : {"A.npy", "d.npy", "C.npy"}) unlink((dir + "/" + f).c_str());
-  rmdir(dir.c_str());
+  EXPECT_EQ(rmdir(dir.c_str()), 0) << "a file is left in " << dir << " (a temporary C?)";
 }
 
 TEST(CliShmTest, OffUsesTheSocket) {

@@ -94,6 +94,9 @@ def wait_until(predicate, seconds):
 
 class SameHostTestCase(unittest.TestCase):
     server = None  # None: the module's SERVER
+    # The clients of these tests use the staging region (process memory
+    # off) unless a test case says otherwise: ProcessMemoryTest.
+    process_memory = False
 
     @property
     def address(self):
@@ -132,6 +135,7 @@ class SameHostTestCase(unittest.TestCase):
             self.assertEqual(device.reserved_bytes, 0, device)
 
     def new_client(self, **kwargs):
+        kwargs.setdefault("process_memory", self.process_memory)
         client = dgmm.Client(self.address, **kwargs)
         self.clients.append(client)
         return client
@@ -327,7 +331,7 @@ class SameHostPathTest(SameHostTestCase):
         script = textwrap.dedent("""
             import sys
             import numpy as np, dgmm
-            client = dgmm.Client(sys.argv[1])
+            client = dgmm.Client(sys.argv[1], process_memory=False)
             a = np.random.default_rng(3).uniform(-1, 1, (2500, 2500))  # 50 MB
             d = np.ones(2500)
             c = np.empty_like(a)
@@ -359,6 +363,71 @@ class SameHostPathTest(SameHostTestCase):
             self.observer.server_info())
         # The server carries on.
         self.assertEqual(self.job(self.client).mode, "shm")
+
+
+class ProcessMemoryTest(SameHostTestCase):
+    """The default: the server reads A from, and writes C into, this
+    process's own arrays; no staging region, no copy."""
+    process_memory = True
+
+    def test_every_dtype_layout_and_side_without_a_copy(self):
+        for dtype in (np.float32, np.float64):
+            for order in "CF":
+                for side in ("right", "left"):
+                    with self.subTest(dtype=dtype.__name__, order=order, side=side):
+                        info = self.job(self.client, dtype, order, side)
+                        self.assertEqual((info.mode, info.socket_reason, info.process_memory),
+                                         ("shm", "", True))
+                        self.assertEqual((info.same_host["copy_in"], info.same_host["copy_out"]),
+                                         (0.0, 0.0))
+                        self.assertGreater(info.same_host["job"], 0)
+                        info = self.job(self.client, dtype, order, side, use_out=False)
+                        self.assertEqual((info.mode, info.process_memory), ("shm", True))
+        self.assertEqual(self.staging(), {})  # no staging region was made
+
+    def test_the_default_client_takes_it(self):
+        with dgmm.Client(self.address) as client:
+            info = self.job(client, np.float32)
+        self.assertEqual((info.mode, info.process_memory), ("shm", True))
+
+    def test_off_uses_the_staging_region(self):
+        info = self.job(self.new_client(process_memory=False), np.float64)
+        self.assertEqual((info.mode, info.process_memory), ("shm", False))
+        self.assertGreater(info.same_host["copy_in"], 0)
+
+    def test_a_client_killed_mid_job_leaves_nothing_reserved(self):
+        script = textwrap.dedent("""
+            import sys
+            import numpy as np, dgmm
+            client = dgmm.Client(sys.argv[1])
+            a = np.random.default_rng(3).uniform(-1, 1, (2500, 2500))  # 50 MB
+            d = np.ones(2500)
+            c = np.empty_like(a)
+            _, info = client.multiply(a, d, out=c, return_info=True)
+            sys.stdout.write("looping %s\\n" % info.process_memory); sys.stdout.flush()
+            while True:
+                client.multiply(a, d, out=c)
+        """)
+        child = subprocess.Popen([sys.executable, "-c", script, self.address],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(child.stdout.readline(), "looping True\n")
+            busy = wait_until(lambda: any(d.reserved_bytes > 0
+                                          for d in self.observer.server_info().devices), 30)
+            self.assertTrue(busy, "no job of the child was ever seen running")
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            child.stdout.close()
+        self.assertEqual(child.returncode, -signal.SIGKILL)
+        self.assertTrue(wait_until(
+            lambda: all(d.reserved_bytes == 0 for d in self.observer.server_info().devices), 5),
+            self.observer.server_info())
+        info = self.job(self.client)
+        self.assertEqual((info.mode, info.process_memory), ("shm", True))
 
 
 class RegionsOffTest(SameHostTestCase):

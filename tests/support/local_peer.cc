@@ -80,9 +80,11 @@ std::optional<v1::LocalResponse> SocketPeer::Call(const v1::LocalRequest& r,
   return Read();
 }
 
-std::optional<v1::LocalResponse> SocketPeer::Hello() {
+std::optional<v1::LocalResponse> SocketPeer::Hello() { return Hello(v1::LocalHello()); }
+
+std::optional<v1::LocalResponse> SocketPeer::Hello(const v1::LocalHello& hello) {
   v1::LocalRequest r;
-  r.mutable_hello();
+  *r.mutable_hello() = hello;
   auto reply = Call(r);
   if (reply.has_value() && reply->code() == 0) session_ = reply->hello().session();
   return reply;

@@ -32,8 +32,9 @@ class SocketPeer {
   std::optional<v1::LocalResponse> Read();
   std::optional<v1::LocalResponse> Call(const v1::LocalRequest& r,
                                         const std::vector<int>& fds = {});
-  // hello; the session is kept (session()).
+  // hello (plain, or `hello`); the session is kept (session()).
   std::optional<v1::LocalResponse> Hello();
+  std::optional<v1::LocalResponse> Hello(const v1::LocalHello& hello);
   const std::string& session() const { return session_; }
   // pass_fd of host memory `fd`.
   std::optional<v1::LocalResponse> Pass(int fd);

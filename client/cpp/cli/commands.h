@@ -52,7 +52,8 @@ std::string ServerAddress();
 // a flag value that does not parse or a file (--tls_*, --auth_token_file)
 // that cannot be read. `stripes`: ClientOptions.stripes (multiply --stripes).
 // `same_host`: ClientOptions.same_host (the same-host path of Multiply).
-absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes = 0, bool same_host = false);
+absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes = 0, bool same_host = false,
+                                                   bool process_memory = true);
 
 // Lower-case names without the enum prefix: "cuda_kernel", "float32".
 std::string BackendName(v1::Backend backend);

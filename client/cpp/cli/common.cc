@@ -110,10 +110,12 @@ std::string ServerAddress() {
   return ServerFromListen(listen == nullptr ? "" : listen);
 }
 
-absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes, bool same_host) {
+absl::StatusOr<std::unique_ptr<Client>> MakeClient(int stripes, bool same_host,
+                                                   bool process_memory) {
   ClientOptions options;
   options.stripes = stripes;
   options.same_host = same_host;
+  options.process_memory = process_memory;
   const double deadline = absl::GetFlag(FLAGS_deadline);
   if (deadline < 0 || !std::isfinite(deadline)) {
     return absl::InvalidArgumentError(

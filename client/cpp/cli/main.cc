@@ -58,6 +58,12 @@ multiply flags:
                        (default) when it can and the matrix has 1 MiB or more, else
                        the socket, and the report's path line says why; on always,
                        else fail; off never. --mode=unary|stream forces the socket.
+  --process_memory=true|false
+                       With --shm: when the server grants it (same user, same
+                       host), it reads A from and writes C into this process's
+                       memory itself; with --matrix/--out the .npy files are
+                       mapped and nothing is copied here (default true). false:
+                       a staging region (a memfd the server maps) and copies.
   --stripes=K          Split the job into K line ranges, each on its own
                        connection (spread over the replicas with round_robin);
                        0 (default): auto, min(8, matrix bytes / 32 MiB), so jobs

@@ -1,5 +1,8 @@
 // `dgmm-cli multiply`: from .npy files or random operands, with an optional
 // check against a float64 reference.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +54,12 @@ ABSL_FLAG(std::string, shm, "auto",
           "server over its local socket): auto (default: when it can, for matrices of 1 MiB "
           "and more, else the socket; the report's path line says which and why); on (always, "
           "else fail); off (the socket). --mode=unary|stream forces the socket.");
+ABSL_FLAG(bool, process_memory, true,
+          "With --shm (auto or on): let the server read A from, and write C into, this "
+          "process's own memory when it grants it (a server of this user, on this host): with "
+          "--matrix and --out, the .npy files are mapped and the server copies straight "
+          "between them and the GPU; no staging region, no copy here. false: a staging "
+          "region.");
 ABSL_FLAG(double, tolerance, 0,
           "Largest relative error --check accepts; 0 means 1e-6 for f32, 1e-14 for f64.");
 
@@ -303,6 +312,111 @@ absl::StatusOr<JobResult> RunShm(Client& client, const Job& job, void* out, size
   return result;
 }
 
+// A .npy file mapped into memory, unmapped and closed when destroyed; the
+// array's data at data().
+class MappedNpy {
+ public:
+  // A's file, read-only.
+  static absl::StatusOr<std::unique_ptr<MappedNpy>> Open(const std::string& path, size_t offset,
+                                                         size_t bytes) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
+    return Map(fd, path, offset, bytes, PROT_READ);
+  }
+  // A new file `path` of `header`'s array: its header written, its data
+  // (zeros until written) mapped to be written.
+  static absl::StatusOr<std::unique_ptr<MappedNpy>> Create(const std::string& path,
+                                                           const NpyHeader& header) {
+    const std::string head = EncodeNpyHeader(header);
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) return absl::UnavailableError(absl::StrCat(path, ": ", std::strerror(errno)));
+    if (pwrite(fd, head.data(), head.size(), 0) != static_cast<ssize_t>(head.size()) ||
+        ftruncate(fd, static_cast<off_t>(head.size() + header.data_bytes())) != 0) {
+      const int error = errno;
+      close(fd);
+      return absl::UnavailableError(absl::StrCat(path, ": ", std::strerror(error)));
+    }
+    return Map(fd, path, head.size(), header.data_bytes(), PROT_READ | PROT_WRITE);
+  }
+  ~MappedNpy() {
+    munmap(base_, length_);
+    close(fd_);
+  }
+  char* data() const { return base_ + offset_; }
+
+ private:
+  static absl::StatusOr<std::unique_ptr<MappedNpy>> Map(int fd, const std::string& path,
+                                                        size_t offset, size_t bytes, int prot) {
+    void* base = mmap(nullptr, offset + bytes, prot, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      const int error = errno;
+      close(fd);
+      return absl::UnavailableError(absl::StrCat("mmap ", path, ": ", std::strerror(error)));
+    }
+    auto m = std::unique_ptr<MappedNpy>(new MappedNpy());
+    m->fd_ = fd;
+    m->base_ = static_cast<char*>(base);
+    m->length_ = offset + bytes;
+    m->offset_ = offset;
+    return m;
+  }
+  MappedNpy() = default;
+  int fd_ = -1;
+  char* base_ = nullptr;
+  size_t length_ = 0;
+  size_t offset_ = 0;
+};
+
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// The same-host path with files in process memory: A's .npy is mapped, C's
+// .npy is made at its size (under a temporary name, renamed once C is in
+// it) and mapped, and the server copies from the one and into the other
+// itself. nullopt when that cannot be set up (the region path follows);
+// else the job's outcome, with the times of its phases.
+struct MappedRun {
+  absl::StatusOr<JobResult> result;
+  absl::Duration map, job, close;
+  double error = 0;  // --check
+};
+std::optional<MappedRun> RunMappedFiles(Client& client, const Job& like, const NpyHeader& header,
+                                        size_t offset, const std::string& matrix_path,
+                                        const std::string& out_path, bool check) {
+  if (SameFile(matrix_path, out_path)) return std::nullopt;  // C would overwrite A
+  absl::StatusOr<std::shared_ptr<LocalSession>> session = client.RegionSession();
+  if (!session.ok() || !(*session)->process_memory()) return std::nullopt;
+  const absl::Time start = absl::Now();
+  const size_t bytes = header.data_bytes();
+  absl::StatusOr<std::unique_ptr<MappedNpy>> a = MappedNpy::Open(matrix_path, offset, bytes);
+  if (!a.ok()) return std::nullopt;
+  const std::string temporary = absl::StrCat(out_path, ".dgmm-", getpid(), ".tmp");
+  absl::StatusOr<std::unique_ptr<MappedNpy>> c = MappedNpy::Create(temporary, header);
+  if (!c.ok()) return std::nullopt;
+  MappedRun run;
+  const absl::Time mapped = absl::Now();
+  run.map = mapped - start;
+  Job job = like;
+  job.matrix.data = (*a)->data();
+  run.result = MultiplyRegion(client, RegionJobOf(job, ProcessMemoryRef((*a)->data()),
+                                                  ProcessMemoryRef((*c)->data())));
+  const absl::Time ran = absl::Now();
+  run.job = ran - mapped;
+  if (run.result.ok() && check) run.error = MaxRelativeError(job, (*c)->data());
+  a->reset();
+  c->reset();
+  if (run.result.ok() && rename(temporary.c_str(), out_path.c_str()) != 0) {
+    run.result = absl::UnavailableError(
+        absl::StrCat("rename ", temporary, " to ", out_path, ": ", std::strerror(errno)));
+  }
+  if (!run.result.ok()) unlink(temporary.c_str());
+  run.close = absl::Now() - ran;
+  return run;
+}
+
 // The same-host path with files (issue 25): A is read from its .npy file
 // straight into a region the server maps, the job runs there (in place, or
 // into the region's second half with --check, which then reads A and C from
@@ -327,6 +441,42 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
   const size_t bytes = header->data_bytes();
   if (!required && static_cast<int64_t>(bytes) < client.options().same_host_min_bytes) {
     return std::nullopt;  // small: one message costs less
+  }
+  if (client.options().process_memory) {
+    Job like;
+    like.matrix.rows = header->shape[0];
+    like.matrix.cols = header->shape[1];
+    like.matrix.dtype = header->dtype;
+    like.matrix.layout = header->fortran_order ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
+    like.diagonal = diagonal->data();
+    like.diagonal_bytes = diagonal->size_bytes();
+    like.side = choices.side;
+    like.backend = choices.backend;
+    const absl::Time start = absl::Now();
+    if (std::optional<MappedRun> run =
+            RunMappedFiles(client, like, *header, offset, matrix_path, out_path, check)) {
+      if (!run->result.ok()) return ReportError(run->result.status(), kExitRpcError);
+      const absl::Duration wall = absl::Now() - start;
+      run->result->mode = TransferMode::kRegion;
+      run->result->process_memory = true;
+      if (!absl::GetFlag(FLAGS_quiet)) {
+        PrintReport(like, *run->result, "shm", wall);
+        std::printf("path:       same host, process memory (the server read A from %s and "
+                    "wrote C into %s, both mapped here; no copy in this process)\n",
+                    matrix_path.c_str(), out_path.c_str());
+        const auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
+        std::printf("phases:     map %.1f ms, job %.1f ms, close %.1f ms\n", ms(run->map),
+                    ms(run->job), ms(run->close));
+      }
+      if (!check) return kExitOk;
+      const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0
+                                   ? absl::GetFlag(FLAGS_tolerance)
+                                   : DefaultTolerance(like.matrix.dtype);
+      const bool passed = run->error <= tolerance;
+      std::printf("max relative error: %.3g (tolerance %.3g): %s\n", run->error, tolerance,
+                  passed ? "OK" : "FAILED");
+      return passed ? kExitOk : kExitCheckFailed;
+    }
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
@@ -401,7 +551,8 @@ int RunMultiply() {
                        kExitUsage);
   }
   absl::StatusOr<std::unique_ptr<Client>> client =
-      MakeClient(absl::GetFlag(FLAGS_stripes), /*same_host=*/choices->shm == Shm::kAuto);
+      MakeClient(absl::GetFlag(FLAGS_stripes), /*same_host=*/choices->shm == Shm::kAuto,
+                 absl::GetFlag(FLAGS_process_memory));
   if (!client.ok()) return ReportError(client.status(), kExitUsage);
   if (!random && choices->shm != Shm::kOff && choices->mode == Mode::kAuto) {
     if (std::optional<int> done = RunFilesSameHost(**client, *choices, choices->shm == Shm::kOn);
@@ -464,7 +615,10 @@ int RunMultiply() {
   if (!quiet) {
     PrintReport(job, *result, mode, wall);
     // Which path the bytes took, and why (--shm).
-    if (shm_result.has_value() || result->mode == TransferMode::kRegion) {
+    if (result->process_memory) {
+      std::printf("path:       same host, process memory (the server read A from and wrote C "
+                  "into this process's memory; no payload on the socket, no copy here)\n");
+    } else if (shm_result.has_value() || result->mode == TransferMode::kRegion) {
       std::printf("path:       same host (a staging region the server maps; no payload on the "
                   "socket)\n");
     } else if (!result->socket_reason.empty()) {

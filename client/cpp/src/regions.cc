@@ -145,7 +145,8 @@ absl::StatusOr<v1::RegionStatus> Register(Client& client,
 // ---------------------------------------------------------------- session
 
 absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Open(const std::string& path,
-                                                                 const std::string& instance_id) {
+                                                                 const std::string& instance_id,
+                                                                 bool process_memory) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path) {
@@ -166,7 +167,14 @@ absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Open(const std::stri
         "stream the job"));
   }
   v1::LocalRequest hello;
-  hello.mutable_hello();
+  v1::LocalHello* h = hello.mutable_hello();
+  if (process_memory) {
+    std::random_device random;
+    for (unsigned char& b : session->cookie_) b = static_cast<unsigned char>(random());
+    h->set_process_memory(true);
+    h->set_cookie_address(reinterpret_cast<uint64_t>(session->cookie_.data()));
+    h->set_cookie(session->cookie_.data(), session->cookie_.size());
+  }
   auto reply = session->Call(hello, -1);
   if (!reply.ok()) return reply.status();
   if (reply->code() != 0 || !reply->has_hello()) {
@@ -263,7 +271,7 @@ absl::StatusOr<std::shared_ptr<LocalSession>> Client::RegionSessionWith(
   }
   const std::string& path =
       options_.local_socket.empty() ? info->limits().local_socket() : options_.local_socket;
-  auto opened = LocalSession::Open(path, info->instance_id());
+  auto opened = LocalSession::Open(path, info->instance_id(), options_.process_memory);
   if (!opened.ok()) return opened.status();
   session_ = std::move(*opened);
   return session_;
@@ -346,6 +354,12 @@ absl::StatusOr<v1::GetRegionStatusResponse> GetRegionStatus(Client& client,
   grpc::Status status = client.stub()->GetRegionStatus(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
+}
+
+v1::RegionRef ProcessMemoryRef(const void* address) {
+  v1::RegionRef ref;
+  ref.set_process_address(reinterpret_cast<uint64_t>(address));
+  return ref;
 }
 
 v1::RegionRef MakeRegionRef(const std::string& name, int64_t offset) {

@@ -369,6 +369,35 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
       if (!session.ok()) return not_here(session.status());
     }
   }
+  // The caller's own memory, read and written by the server: no staging,
+  // no copy.
+  std::shared_ptr<LocalSession> session;
+  {
+    std::lock_guard lock(session_mu_);
+    session = session_;
+  }
+  if (options_.process_memory && session != nullptr && session->process_memory()) {
+    const double setup = SecondsSince(setup_start);
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<JobResult> done = MultiplyRegion(
+        *this, RegionJobOf(job, ProcessMemoryRef(job.matrix.data), ProcessMemoryRef(out)));
+    if (done.ok()) {
+      done->same_host.setup = setup;
+      done->same_host.job = SecondsSince(start);
+      done->mode = TransferMode::kRegion;
+      done->process_memory = true;
+      done->received_bytes = static_cast<int64_t>(matrix_bytes);
+      done->part_stats = {done->stats};
+      return done;
+    }
+    // As for a job in the caller's regions: in place, A may be half-written.
+    if (out == job.matrix.data || !SocketCanStillDoIt(done.status())) {
+      return absl::StatusOr<JobResult>(done.status());
+    }
+    *why = absl::StrCat("the job in this process's memory failed, so the socket carried it: ",
+                        reason(done.status()));
+    return std::nullopt;
+  }
   // Twice at most: a staging region the server dropped (idle past its
   // timeout) is replaced once.
   for (int attempt = 0;; ++attempt) {

@@ -258,11 +258,16 @@ class MultiplyInfo:
         seconds: a dict with "setup" (session, staging region made and
         registered), "copy_in", "job" (the region job's RPC) and "copy_out";
         all zero on the socket path (the C++ client's JobResult::same_host).
+      process_memory: True when the server read A from, and wrote C into,
+        this process's own arrays (mode "shm" with no staging region and no
+        copies: Client(process_memory=True), the default, on a server that
+        granted it).
     """
 
     def __init__(self, mode, stripes, attempts, resumed, group_id, stats, socket_reason="",
-                 same_host=None):
+                 same_host=None, process_memory=False):
         self.mode = mode
+        self.process_memory = process_memory
         self.socket_reason = socket_reason
         self.same_host = same_host or {"setup": 0.0, "copy_in": 0.0, "job": 0.0,
                                        "copy_out": 0.0}
@@ -452,8 +457,8 @@ class _Pending:
         """The multiply() result; wait: run() the job here (Ctrl-C cancels
         it), else result() of a job start()ed before."""
         try:
-            mode, stripes, attempts, resumed, _received, stats, socket_reason, phases = (
-                self.handle.run() if wait else self.handle.result())
+            (mode, stripes, attempts, resumed, _received, stats, socket_reason, phases,
+             process_memory) = self.handle.run() if wait else self.handle.result()
         except _core.Error as e:
             _code, _message, failed_attempts, _pushback, plan_stripes, plan_mode = e.args
             info = MultiplyInfo(plan_mode, plan_stripes, failed_attempts, 0, "",
@@ -475,7 +480,8 @@ class _Pending:
             result.append(MultiplyInfo(mode, stripes, attempts, resumed, group_id, part_stats,
                                        socket_reason,
                                        dict(zip(("setup", "copy_in", "job", "copy_out"),
-                                                phases))))
+                                                phases)),
+                                       process_memory))
         return tuple(result)
 
 
@@ -542,6 +548,12 @@ class Client:
         "shm". Otherwise, or when that path fails before the job ran, the
         socket, and info.socket_reason says why. False: always the socket
         (dgmm arrays too: see dgmm.arrays).
+      process_memory: True (default): on the same-host path, the server reads
+        A from, and writes C into, this process's own arrays (Linux
+        process_vm_readv/writev; granted to a process of the server's uid in
+        its PID namespace): no staging region, no copies, and
+        info.process_memory is True. Otherwise the staging region carries
+        the job. False: always the staging region.
 
     Each Client has its own connection, as a client in another process would.
     A striped job with K parts uses K connections, made when first needed
@@ -557,7 +569,8 @@ class Client:
                  unary_limit_bytes=None, block_bytes=None, retry=None,
                  load_balancing_policy=None,
                  initial_reconnect_backoff=0.1, min_reconnect_backoff=2.0,
-                 max_reconnect_backoff=1.0, local_socket=None, same_host=True):
+                 max_reconnect_backoff=1.0, local_socket=None, same_host=True,
+                 process_memory=True):
         if not (0 < initial_reconnect_backoff <= max_reconnect_backoff and
                 min_reconnect_backoff > 0):
             raise ValueError("dgmm.Client: reconnect backoffs must be positive and "
@@ -590,6 +603,7 @@ class Client:
             "min_reconnect_backoff": min_reconnect_backoff,
             "max_reconnect_backoff": max_reconnect_backoff,
             "same_host": bool(same_host),
+            "process_memory": bool(process_memory),
             "local_socket": local_socket or os.environ.get("DGMM_LOCAL_SOCKET") or None,
         }
         self._same_host = bool(same_host)

@@ -469,7 +469,8 @@ class Job {
     return Result();
   }
   // The outcome: (mode, stripes, attempts, resumed, received_bytes,
-  // [part stats bytes]); raises _core.Error, or what `progress` raised.
+  // [part stats bytes], socket_reason, (setup, copy_in, job, copy_out),
+  // process_memory); raises _core.Error, or what `progress` raised.
   py::object Result() {
     Wait(-1);
     if (progress_error_.has_value()) {
@@ -488,7 +489,8 @@ class Job {
     return py::make_tuple(std::string(dgmm::TransferModeName(result->mode)), result->stripes,
                           result->attempts, result->resumed, result->received_bytes, stats,
                           result->socket_reason,
-                          py::make_tuple(p.setup, p.copy_in, p.job, p.copy_out));
+                          py::make_tuple(p.setup, p.copy_in, p.job, p.copy_out),
+                          result->process_memory);
   }
 
  private:
@@ -614,6 +616,9 @@ std::shared_ptr<dgmm::Client> MakeClient(const std::string& target, const py::di
   options.max_reconnect_backoff =
       Seconds(get("max_reconnect_backoff"), options.max_reconnect_backoff);
   if (!get("same_host").is_none()) options.same_host = get("same_host").cast<bool>();
+  if (!get("process_memory").is_none()) {
+    options.process_memory = get("process_memory").cast<bool>();
+  }
   if (!get("local_socket").is_none()) {
     options.local_socket = get("local_socket").cast<std::string>();
   }

@@ -11,7 +11,9 @@
 // last job's JobResult::same_host phases in seconds, zeros on the socket,
 // and "server": that job's stats.total_ns in seconds). DGMM_SAME_HOST=0 in the
 // environment turns the same-host path off (ClientOptions.same_host),
-// DGMM_SAME_HOST_BLOCKS=K sets ClientOptions.same_host_blocks. Exits 1
+// DGMM_SAME_HOST_BLOCKS=K sets ClientOptions.same_host_blocks,
+// DGMM_PROCESS_MEMORY=0 ClientOptions.process_memory (the mode then says
+// "shm", else "shm process" when the server used the caller's memory). Exits 1
 // on an RPC error, 3 when the first result differs from a float64 reference.
 #include <chrono>
 #include <cmath>
@@ -36,6 +38,9 @@ int Run(const std::string& server, int64_t n, int repeats, int warmup, dgmm::v1:
   dgmm::ClientOptions options;
   const char* same_host = std::getenv("DGMM_SAME_HOST");
   options.same_host = same_host == nullptr || std::string(same_host) != "0";
+  if (const char* pm = std::getenv("DGMM_PROCESS_MEMORY"); pm != nullptr) {
+    options.process_memory = std::string(pm) != "0";
+  }
   if (const char* blocks = std::getenv("DGMM_SAME_HOST_BLOCKS"); blocks != nullptr) {
     options.same_host_blocks = std::atoi(blocks);
   }
@@ -79,7 +84,7 @@ int Run(const std::string& server, int64_t n, int repeats, int warmup, dgmm::v1:
     }
     last_phases = r->same_host;
     last_server = static_cast<double>(r->stats.total_ns()) * 1e-9;
-    mode = dgmm::TransferModeName(r->mode);
+    mode = std::string(dgmm::TransferModeName(r->mode)) + (r->process_memory ? " process" : "");
     if (i >= warmup) seconds.push_back(std::chrono::duration<double>(end - start).count());
   }
   std::printf("{\"n\": %lld, \"seconds\": [", static_cast<long long>(n));

@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,11 +49,11 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void ScaleByScalar(
   for (int64_t i = 0; i < n; ++i) out[i] = in[i] * s;
 }
 
+// Elements [begin, end) of a tile whose first line is `first_line`; `in`
+// and `out` point at element `begin`.
 template <typename T>
-void ScaleRangeTyped(const Problem& p, const T* d, const Tile& tile, int64_t begin,
-                     int64_t end) {
-  const T* in = reinterpret_cast<const T*>(tile.in);
-  T* out = reinterpret_cast<T*>(tile.out);
+void ScaleRangeTyped(const Problem& p, const T* d, int64_t first_line, const T* in, T* out,
+                     int64_t begin, int64_t end) {
   const int64_t len = p.line_len();
   int64_t e = begin;
   while (e < end) {
@@ -59,11 +61,25 @@ void ScaleRangeTyped(const Problem& p, const T* d, const Tile& tile, int64_t beg
     const int64_t pos = e % len;
     const int64_t n = std::min(end - e, len - pos);
     if (p.scale_per_line()) {
-      ScaleByScalar<T>(in + e, out + e, d[tile.first_line + line], n);
+      ScaleByScalar<T>(in + (e - begin), out + (e - begin), d[first_line + line], n);
     } else {
-      ScaleBySpan<T>(in + e, out + e, d + pos, n);
+      ScaleBySpan<T>(in + (e - begin), out + (e - begin), d + pos, n);
     }
     e += n;
+  }
+}
+
+// ScaleRange with `in` and `out` pointing at element `begin`.
+void ScaleRangeAt(const Problem& p, const std::byte* diag, int64_t first_line,
+                  const std::byte* in, std::byte* out, int64_t begin, int64_t end) {
+  if (p.dtype == DType::kFloat32) {
+    ScaleRangeTyped<float>(p, reinterpret_cast<const float*>(diag), first_line,
+                           reinterpret_cast<const float*>(in), reinterpret_cast<float*>(out),
+                           begin, end);
+  } else {
+    ScaleRangeTyped<double>(p, reinterpret_cast<const double*>(diag), first_line,
+                            reinterpret_cast<const double*>(in), reinterpret_cast<double*>(out),
+                            begin, end);
   }
 }
 
@@ -187,11 +203,44 @@ class CpuJob : public JobContext {
     if (cancelled && cancelled()) return absl::CancelledError("job cancelled");
     const absl::Time start = absl::Now();
     const int64_t n = tile.lines * problem_.line_len();
+    if (tile.memory != nullptr) return ProcessThrough(tile, n, cancelled, start, times);
     pool_->ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
       ScaleRange(problem_, diag_.data(), tile, b, e);
     });
     if (times != nullptr) times->compute += absl::Now() - start;
     return absl::OkStatus();
+  }
+
+  // A tile in another process's memory: each thread reads a cache-sized
+  // piece into a buffer of its own, scales it there and writes it out, so A
+  // and C cross memory once each, as in place.
+  absl::Status ProcessThrough(const Tile& tile, int64_t n, const CancelFn& cancelled,
+                              absl::Time start, StageTimes* times) {
+    const int64_t elem = static_cast<int64_t>(problem_.elem_size());
+    std::mutex mu;
+    absl::Status first;
+    std::atomic<bool> failed{false};
+    pool_->ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
+      std::vector<std::byte> buffer(static_cast<size_t>(std::min(e - b, kGrainElements) * elem));
+      for (int64_t at = b; at < e && !failed.load(std::memory_order_relaxed); at += kGrainElements) {
+        const int64_t count = std::min(e - at, kGrainElements);
+        const int64_t bytes = count * elem;
+        absl::Status s = tile.memory->Read(buffer.data(), tile.in + at * elem, bytes);
+        if (s.ok()) {
+          ScaleRangeAt(problem_, diag_.data(), tile.first_line, buffer.data(), buffer.data(), at,
+                       at + count);
+          s = tile.memory->Write(tile.out + at * elem, buffer.data(), bytes);
+        }
+        if (s.ok() && cancelled && cancelled()) s = absl::CancelledError("job cancelled");
+        if (!s.ok()) {
+          std::lock_guard lock(mu);
+          if (first.ok()) first = s;
+          failed.store(true);
+        }
+      }
+    });
+    if (times != nullptr) times->compute += absl::Now() - start;
+    return first;
   }
 
  private:
@@ -206,11 +255,8 @@ class CpuJob : public JobContext {
 
 void ScaleRange(const Problem& p, const std::byte* diag, const Tile& tile,
                 int64_t begin, int64_t end) {
-  if (p.dtype == DType::kFloat32) {
-    ScaleRangeTyped<float>(p, reinterpret_cast<const float*>(diag), tile, begin, end);
-  } else {
-    ScaleRangeTyped<double>(p, reinterpret_cast<const double*>(diag), tile, begin, end);
-  }
+  const int64_t at = begin * static_cast<int64_t>(p.elem_size());
+  ScaleRangeAt(p, diag, tile.first_line, tile.in + at, tile.out + at, begin, end);
 }
 
 bool ScaleElements(const ScaleArgs& args, int64_t begin, int64_t end) {

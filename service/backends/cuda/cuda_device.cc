@@ -191,11 +191,26 @@ CudaDevice::~CudaDevice() {
   cudaGetLastError();
 }
 
-void CudaDevice::StagingCopy(std::byte* dst, const std::byte* src, int64_t bytes) {
+absl::Status CudaDevice::StagingCopy(std::byte* dst, const std::byte* src, int64_t bytes,
+                                     const TileMemory* memory, bool into_staging) {
   constexpr int64_t kGrain = int64_t{1} << 20;
+  if (memory == nullptr) {
+    copy_pool_->ParallelFor(bytes, kGrain, [&](int64_t begin, int64_t end) {
+      std::memcpy(dst + begin, src + begin, static_cast<size_t>(end - begin));
+    });
+    return absl::OkStatus();
+  }
+  absl::Mutex mu;
+  absl::Status first;
   copy_pool_->ParallelFor(bytes, kGrain, [&](int64_t begin, int64_t end) {
-    std::memcpy(dst + begin, src + begin, static_cast<size_t>(end - begin));
+    absl::Status s = into_staging ? memory->Read(dst + begin, src + begin, end - begin)
+                                  : memory->Write(dst + begin, src + begin, end - begin);
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu);
+      if (first.ok()) first = std::move(s);
+    }
   });
+  return first;
 }
 
 absl::StatusOr<StagingRing*> CudaDevice::Ring() {

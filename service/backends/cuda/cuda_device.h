@@ -146,8 +146,11 @@ class CudaDevice final : public Device {
   absl::StatusOr<StagingRing*> Ring();
   // Copies between host memory that is not pinned (a region's first job)
   // and a staging buffer, on several threads: one thread's memcpy (and the
-  // page faults of memory not touched yet) is slower than PCIe.
-  void StagingCopy(std::byte* dst, const std::byte* src, int64_t bytes);
+  // page faults of memory not touched yet) is slower than PCIe. With
+  // `memory`, the host side is another process's (Tile.memory): `src` when
+  // `into_staging`, else `dst`; its errors are returned.
+  absl::Status StagingCopy(std::byte* dst, const std::byte* src, int64_t bytes,
+                           const TileMemory* memory = nullptr, bool into_staging = true);
 
   // Records `err` (and takes the device out of service if it is sticky);
   // returns CudaStatus(err, what).

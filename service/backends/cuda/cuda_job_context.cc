@@ -147,8 +147,10 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index,
   const std::byte* src = tile.in + piece.byte_offset;
   if (!pinned_in) {
     const absl::Time t0 = absl::Now();
-    device_->StagingCopy(lane.staging, src, piece.bytes);
+    absl::Status copied = device_->StagingCopy(lane.staging, src, piece.bytes, tile.memory,
+                                               /*into_staging=*/true);
     if (times != nullptr) times->h2d += absl::Now() - t0;
+    if (!copied.ok()) return copied;
     src = lane.staging;
   }
   std::byte* dst = pinned_out ? tile.out + piece.byte_offset : lane.staging;
@@ -204,8 +206,11 @@ absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile,
   }
   if (!pinned_out) {
     const absl::Time t0 = absl::Now();
-    device_->StagingCopy(tile.out + lane.piece.byte_offset, lane.staging, lane.piece.bytes);
+    absl::Status copied = device_->StagingCopy(tile.out + lane.piece.byte_offset, lane.staging,
+                                               lane.piece.bytes, tile.memory,
+                                               /*into_staging=*/false);
     if (times != nullptr) times->d2h += absl::Now() - t0;
+    if (!copied.ok()) return copied;
   }
   return absl::OkStatus();
 }
@@ -264,8 +269,9 @@ absl::Status CudaJobContext::Process(const Tile& tile,
   if (mode_ == JobMode::kDeviceRegion) return ProcessResident(tile, times);
 
   const int64_t bytes = tile.lines * p_.line_bytes();
-  const bool pinned_in = IsPinned(tile.in, bytes);
-  const bool pinned_out = IsPinned(tile.out, bytes);
+  // Another process's memory (Tile.memory) is never ours to DMA from.
+  const bool pinned_in = tile.memory == nullptr && IsPinned(tile.in, bytes);
+  const bool pinned_out = tile.memory == nullptr && IsPinned(tile.out, bytes);
   // A piece must fit one staging buffer and one device slot.
   const int64_t piece_limit = std::min(slot_bytes_, device_->tile_bytes_);
   const int64_t line_bytes = p_.line_bytes();

@@ -211,6 +211,12 @@ struct ClientOptions {
   // overlapped copies only shared the memory bandwidth
   // (bench/results/user_path/h200_blocks_ae98e10.md).
   int same_host_blocks = 0;
+  // On the same-host path, ask the server to read A from, and write C to,
+  // this process's own memory (docs/protocol.md "Process memory"): no
+  // staging region and no copy here. The server grants it to a process of
+  // its own uid in its PID namespace that the kernel lets it read; otherwise
+  // the staging region above carries the job.
+  bool process_memory = true;
 };
 
 // OK when `options` can be used: positive sizes, a sane retry policy and
@@ -296,10 +302,15 @@ struct JobResult {
   // empty when it took that path (mode kRegion) or was not a candidate
   // (same_host off, a forced mode, a matrix under same_host_min_bytes).
   std::string socket_reason;
+  // On the same-host path: whether the server read and wrote the caller's
+  // own memory (ClientOptions.process_memory; no copies), or a staging
+  // region carried the job.
+  bool process_memory = false;
   // The same-host path's phases as this client saw them, in seconds (zero on
   // other paths): opening the session and taking (or making and
   // registering) the staging region, copying A in, the region job's RPC, and
-  // copying C out. A job in the caller's own regions has only `job`.
+  // copying C out. A job in the caller's own regions, or in its process
+  // memory, has no copies (setup is the session's, on a first job).
   struct SameHostPhases {
     double setup = 0;
     double copy_in = 0;

@@ -36,6 +36,7 @@
 #ifndef DGMM_CLIENT_CPP_INCLUDE_DGMM_REGIONS_H_
 #define DGMM_CLIENT_CPP_INCLUDE_DGMM_REGIONS_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,8 +63,14 @@ class LocalSession {
   // FAILED_PRECONDITION when the path cannot be reached (the server is on
   // another host, or its socket is not mounted here) or another server
   // listens there.
+  //
+  // With `process_memory`, the hello also asks that this session's jobs may
+  // name this process's own memory (ProcessMemoryRef, RegionRef
+  // .process_address); process_memory() says whether the server granted it
+  // and hello().process_memory_refused() why not.
   static absl::StatusOr<std::unique_ptr<LocalSession>> Open(const std::string& path,
-                                                            const std::string& instance_id);
+                                                            const std::string& instance_id,
+                                                            bool process_memory = false);
   ~LocalSession();
   LocalSession(const LocalSession&) = delete;
   LocalSession& operator=(const LocalSession&) = delete;
@@ -73,6 +80,8 @@ class LocalSession {
   const v1::LocalHelloReply& hello() const { return hello_; }
   // False once the server has closed the connection.
   bool open() const;
+  // Whether jobs of this session may name this process's memory.
+  bool process_memory() const { return hello_.process_memory(); }
 
   // Passes `fd` (borrowed: the caller keeps and closes it) for a ticket.
   absl::StatusOr<v1::LocalTicket> PassFd(int fd, v1::LocalFdKind kind = v1::LOCAL_FD_KIND_MEMORY,
@@ -88,6 +97,10 @@ class LocalSession {
 
   const int fd_;
   v1::LocalHelloReply hello_;
+  // Random bytes the server reads back (LocalHello.cookie) to prove that
+  // this process is still the one at the pid it saw; in place while the
+  // session lasts.
+  std::array<unsigned char, 32> cookie_{};
   std::mutex mu_;  // one request at a time
 };
 
@@ -154,6 +167,11 @@ struct RegionJob {
   size_t diagonal_bytes = 0;
   std::optional<v1::RegionRef> diagonal_ref;
 };
+
+// A place in this process's own memory, for a session granted process
+// memory (LocalSession::process_memory()): the server reads the matrix from
+// there, or writes the result there, itself.
+v1::RegionRef ProcessMemoryRef(const void* address);
 
 // The RegionJob of `job` (its shape, dtype, layout, side, backend and
 // inline diagonal) with the matrix read at `matrix` and C written at `result`.

@@ -1,0 +1,127 @@
+#include "service/regions/process_memory.h"
+
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dgmm {
+namespace {
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+bool PidfdAlive(int pidfd) { return syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) == 0; }
+
+// One direction of the copy: process_vm_readv or process_vm_writev, repeated
+// over what a partial call left. 0 on success, else the errno that stopped it
+// (EFAULT for a call that moved nothing).
+int Transfer(pid_t pid, bool read, std::byte* local, uint64_t remote, int64_t bytes) {
+  while (bytes > 0) {
+    iovec l{local, static_cast<size_t>(bytes)};
+    iovec r{reinterpret_cast<void*>(remote), static_cast<size_t>(bytes)};
+    const ssize_t n =
+        read ? process_vm_readv(pid, &l, 1, &r, 1, 0) : process_vm_writev(pid, &l, 1, &r, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EFAULT;
+    local += n;
+    remote += static_cast<uint64_t>(n);
+    bytes -= n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ProcessMemory>> ProcessMemory::Open(pid_t pid, uid_t uid,
+                                                                   uint64_t cookie_address,
+                                                                   std::string cookie) {
+  const auto refused = [](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat("process memory refused: ", why));
+  };
+  if (pid <= 0) {
+    return refused(
+        "the client is in another PID namespace (another container), so its pid is "
+        "unknown here");
+  }
+  if (uid != geteuid()) {
+    return refused(absl::StrFormat(
+        "the client's uid %d is not the server's (%d): the server reads only the memory of "
+        "processes of its own user",
+        uid, geteuid()));
+  }
+  if (cookie.size() < kMinCookie || cookie.size() > kMaxCookie) {
+    return refused(absl::StrFormat("the hello's cookie has %d bytes, not %d to %d", cookie.size(),
+                                   kMinCookie, kMaxCookie));
+  }
+  const int pidfd = PidfdOpen(pid);
+  if (pidfd < 0) {
+    return refused(absl::StrCat("pidfd_open(", pid, "): ", std::strerror(errno)));
+  }
+  std::shared_ptr<ProcessMemory> m(
+      new ProcessMemory(pid, pidfd, cookie_address, std::move(cookie)));
+  std::string seen(m->cookie_.size(), '\0');
+  const int err = Transfer(pid, /*read=*/true, reinterpret_cast<std::byte*>(seen.data()),
+                           cookie_address, static_cast<int64_t>(seen.size()));
+  if (err == EPERM) {
+    return refused(
+        "the kernel does not let the server read the client's memory (EPERM: Yama's "
+        "kernel.yama.ptrace_scope above 0 without PR_SET_PTRACER, a process that is not "
+        "dumpable, or other credentials)");
+  }
+  if (err != 0) {
+    return refused(
+        absl::StrCat("the cookie could not be read at its address (", std::strerror(err), ")"));
+  }
+  if (seen != m->cookie_) return refused("the bytes at the cookie's address are not the cookie");
+  if (!PidfdAlive(pidfd)) return refused("the client process has exited");
+  return m;
+}
+
+ProcessMemory::~ProcessMemory() { close(pidfd_); }
+
+absl::Status ProcessMemory::Check() const {
+  std::string seen(cookie_.size(), '\0');
+  const int err = Transfer(pid_, /*read=*/true, reinterpret_cast<std::byte*>(seen.data()),
+                           cookie_address_, static_cast<int64_t>(seen.size()));
+  if (err == 0 && seen == cookie_ && PidfdAlive(pidfd_)) return absl::OkStatus();
+  if (!PidfdAlive(pidfd_) || err == ESRCH) {
+    return absl::CancelledError(absl::StrCat("the client process ", pid_, " has exited"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "process memory: the cookie of the session's hello is no longer readable in process ", pid_,
+      err != 0 ? absl::StrCat(" (", std::strerror(err), ")") : std::string(" (changed)"),
+      "; the session must keep it in place while it lasts"));
+}
+
+absl::Status ProcessMemory::Read(std::byte* dst, const std::byte* src, int64_t bytes) const {
+  const uint64_t at = reinterpret_cast<uint64_t>(src);
+  const int err = Transfer(pid_, /*read=*/true, dst, at, bytes);
+  if (err == 0) return absl::OkStatus();
+  if (err == ESRCH)
+    return absl::CancelledError(absl::StrCat("the client process ", pid_, " has exited"));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("process memory: bytes [%#x, %#x) of client process %d cannot be read (%s)",
+                      at, at + bytes, pid_, std::strerror(err)));
+}
+
+absl::Status ProcessMemory::Write(std::byte* dst, const std::byte* src, int64_t bytes) const {
+  const uint64_t at = reinterpret_cast<uint64_t>(dst);
+  const int err = Transfer(pid_, /*read=*/false, const_cast<std::byte*>(src), at, bytes);
+  if (err == 0) return absl::OkStatus();
+  if (err == ESRCH)
+    return absl::CancelledError(absl::StrCat("the client process ", pid_, " has exited"));
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "process memory: bytes [%#x, %#x) of client process %d cannot be written (%s)", at,
+      at + bytes, pid_, std::strerror(err)));
+}
+
+}  // namespace dgmm
