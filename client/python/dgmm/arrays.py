@@ -543,7 +543,7 @@ class _RegionJob:
         if cancelled:
             core_job.cancel()  # It ends as it starts.
         try:
-            mode, stripes, attempts, resumed, _received, stats, core_reason, _phases = (
+            mode, stripes, attempts, resumed, _received, stats, core_reason, _phases, _pm = (
                 core_job.run())
         except _core.Error as e:
             _code, _message, failed_attempts, _pushback, plan_stripes, plan_mode = e.args
