@@ -92,8 +92,10 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(
 absl::Status CudaDevice::Init(int ordinal, const CudaOptions& options) {
   ordinal_ = ordinal;
   tile_bytes_ = options.tile_bytes;
-  copy_pool_ = std::make_unique<ThreadPool>(
-      std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8));
+  const int copy_threads =
+      std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+  copy_pool_ = std::make_unique<ThreadPool>(copy_threads);
+  copy_out_pool_ = std::make_unique<ThreadPool>(copy_threads);
   if (auto st = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"); !st.ok()) {
     return st;
   }
@@ -194,15 +196,16 @@ CudaDevice::~CudaDevice() {
 absl::Status CudaDevice::StagingCopy(std::byte* dst, const std::byte* src, int64_t bytes,
                                      const TileMemory* memory, bool into_staging) {
   constexpr int64_t kGrain = int64_t{1} << 20;
+  ThreadPool* pool = into_staging ? copy_pool_.get() : copy_out_pool_.get();
   if (memory == nullptr) {
-    copy_pool_->ParallelFor(bytes, kGrain, [&](int64_t begin, int64_t end) {
+    pool->ParallelFor(bytes, kGrain, [&](int64_t begin, int64_t end) {
       std::memcpy(dst + begin, src + begin, static_cast<size_t>(end - begin));
     });
     return absl::OkStatus();
   }
   absl::Mutex mu;
   absl::Status first;
-  copy_pool_->ParallelFor(bytes, kGrain, [&](int64_t begin, int64_t end) {
+  pool->ParallelFor(bytes, kGrain, [&](int64_t begin, int64_t end) {
     absl::Status s = into_staging ? memory->Read(dst + begin, src + begin, end - begin)
                                   : memory->Write(dst + begin, src + begin, end - begin);
     if (!s.ok()) {

@@ -174,7 +174,8 @@ class CudaDevice final : public Device {
   absl::Mutex ring_mu_;
   std::unique_ptr<StagingRing> ring_ ABSL_GUARDED_BY(ring_mu_);
   std::shared_ptr<HostBufferPool> blocks_;
-  std::unique_ptr<ThreadPool> copy_pool_;
+  std::unique_ptr<ThreadPool> copy_pool_;      // into staging
+  std::unique_ptr<ThreadPool> copy_out_pool_;  // out of staging, at the same time
   std::vector<BackendKind> backends_ = {BackendKind::kCudaKernel,
                                         BackendKind::kCublas};
   std::atomic<bool> in_service_{true};

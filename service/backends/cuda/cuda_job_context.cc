@@ -145,6 +145,8 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index,
                                    bool pinned_in, bool pinned_out,
                                    StageTimes* times) {
   const std::byte* src = tile.in + piece.byte_offset;
+  // The staging buffer's last result must be out before it is refilled.
+  if (auto st = AwaitCopyOut(lane, times); !st.ok()) return st;
   if (!pinned_in) {
     const absl::Time t0 = absl::Now();
     absl::Status copied = device_->StagingCopy(lane.staging, src, piece.bytes, tile.memory,
@@ -205,14 +207,33 @@ absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile,
     times->d2h += EventGap(lane.computed, lane.done);
   }
   if (!pinned_out) {
-    const absl::Time t0 = absl::Now();
-    absl::Status copied = device_->StagingCopy(tile.out + lane.piece.byte_offset, lane.staging,
-                                               lane.piece.bytes, tile.memory,
-                                               /*into_staging=*/false);
-    if (times != nullptr) times->d2h += absl::Now() - t0;
-    if (!copied.ok()) return copied;
+    // Out of the staging buffer on a thread of its own (with the device's
+    // copy-out threads), so that it overlaps the next pieces' copies in.
+    std::byte* dst = tile.out + lane.piece.byte_offset;
+    const std::byte* src = lane.staging;
+    const int64_t bytes = lane.piece.bytes;
+    const TileMemory* memory = tile.memory;
+    auto copy = [device = device_, dst, src, bytes, memory] {
+      const absl::Time t0 = absl::Now();
+      absl::Status st = device->StagingCopy(dst, src, bytes, memory, /*into_staging=*/false);
+      return Lane::CopyOut{std::move(st), absl::Now() - t0};
+    };
+    try {
+      lane.copy_out = std::async(std::launch::async, copy);
+    } catch (const std::system_error&) {  // no thread to be had: copy here
+      std::promise<Lane::CopyOut> done;
+      done.set_value(copy());
+      lane.copy_out = done.get_future();
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaJobContext::AwaitCopyOut(Lane& lane, StageTimes* times) {
+  if (!lane.copy_out.valid()) return absl::OkStatus();
+  Lane::CopyOut done = lane.copy_out.get();
+  if (times != nullptr) times->d2h += done.took;
+  return done.status;
 }
 
 absl::Status CudaJobContext::ProcessResident(const Tile& tile,
@@ -305,6 +326,14 @@ absl::Status CudaJobContext::Process(const Tile& tile,
   Piece piece;
   for (int64_t i = 0; status.ok() && splitter.Next(&piece); ++i) {
     const int l = static_cast<int>(i % depth);
+    // Results that leave through staging: the lane after this one is
+    // finished a piece early, so that its result is copied out (on its own
+    // thread) while this piece is copied in; then this lane is finished if
+    // it is still busy (depth 1, or results DMAed straight to pinned memory).
+    if (const int next = (l + 1) % depth; !pinned_out && lanes_[next].busy) {
+      status = Finish(lanes_[next], tile, pinned_out, times);
+      if (!status.ok()) break;
+    }
     if (lanes_[l].busy) {
       status = Finish(lanes_[l], tile, pinned_out, times);
       if (!status.ok()) break;
@@ -320,6 +349,12 @@ absl::Status CudaJobContext::Process(const Tile& tile,
   for (int l = 0; l < depth; ++l) {
     if (!lanes_[l].busy) continue;
     absl::Status st = Finish(lanes_[l], tile, pinned_out, times);
+    if (status.ok()) status = st;
+  }
+  // Every result out of staging (or its copy ended) before the buffers go
+  // back, whatever happened.
+  for (int l = 0; l < depth; ++l) {
+    absl::Status st = AwaitCopyOut(lanes_[l], times);
     if (status.ok()) status = st;
   }
   if (!status.ok()) {

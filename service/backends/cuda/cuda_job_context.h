@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <future>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +50,14 @@ class CudaJobContext final : public JobContext {
                 done = nullptr;
     bool busy = false;
     Piece piece;
+    // The copy of this lane's result out of its staging buffer, running on
+    // a thread of its own while the next pieces are copied in: the buffer
+    // is taken again only once it is done (AwaitCopyOut).
+    struct CopyOut {
+      absl::Status status;
+      absl::Duration took;
+    };
+    std::future<CopyOut> copy_out;
   };
 
   int64_t region_bytes() const {
@@ -68,6 +77,8 @@ class CudaJobContext final : public JobContext {
                      StageTimes* times);
   absl::Status Finish(Lane& lane, const Tile& tile, bool pinned_out,
                       StageTimes* times);
+  // Waits for `lane`'s copy out, if one runs, and returns how it went.
+  absl::Status AwaitCopyOut(Lane& lane, StageTimes* times);
   template <typename T>
   DeviceTile<T> MakeDeviceTile(std::byte* in, std::byte* out,
                                const Piece& piece) const;
