@@ -765,6 +765,72 @@ TEST(CliShmTest, NpyFilesGoStraightThroughARegion) {
   EXPECT_EQ(rmdir(dir.c_str()), 0) << "a file is left in " << dir << " (a temporary C?)";
 }
 
+// The output .npy with process memory: made anew under a temporary name and
+// renamed (no file yet, or one of another array), or, when it already holds
+// an array of the same shape, dtype and order, overwritten in place (same
+// inode); a job that fails removes an output it was overwriting.
+TEST(CliShmTest, NpyOutputIsMadeAnewOrOverwrittenInPlace) {
+  char tmpl[] = "/tmp/dgmm-cli-out-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  Operands<float> ops(700, 600, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 123);
+  NpyHeader a;
+  a.dtype = v1::DTYPE_FLOAT32;
+  a.shape = {ops.rows, ops.cols};
+  NpyHeader d;
+  d.dtype = v1::DTYPE_FLOAT32;
+  d.shape = {ops.cols};
+  ASSERT_TRUE(WriteNpy(dir + "/A.npy", a, ops.a.data(), ops.a.size() * sizeof(float)).ok());
+  ASSERT_TRUE(WriteNpy(dir + "/d.npy", d, ops.d.data(), ops.d.size() * sizeof(float)).ok());
+  const std::string c_path = dir + "/C.npy";
+  const std::string args =
+      absl::StrCat("multiply --matrix=", dir, "/A.npy --diag=", dir, "/d.npy --out=", c_path);
+  const auto inode = [&]() -> ino_t {
+    struct stat st;
+    return stat(c_path.c_str(), &st) == 0 ? st.st_ino : 0;
+  };
+  const auto check_c = [&] {
+    absl::StatusOr<NpyArray> c = ReadNpy(c_path);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::vector<float> got(ops.a.size());
+    std::memcpy(got.data(), c->data(), got.size() * sizeof(float));
+    EXPECT_LE(ops.MaxRelativeError(got), std::numeric_limits<float>::epsilon());
+  };
+  // No output yet: made anew.
+  CliRun run = Cli(args, RegionsServer());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("process memory"));
+  check_c();
+  // The same array there (poisoned): overwritten in place.
+  std::vector<float> poison = ops.NanOutput();
+  ASSERT_TRUE(WriteNpy(c_path, a, poison.data(), poison.size() * sizeof(float)).ok());
+  const ino_t before = inode();
+  run = Cli(args, RegionsServer());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(inode(), before) << "not overwritten in place";
+  check_c();
+  // Another array there: replaced by a new file.
+  NpyHeader other = a;
+  other.shape = {ops.rows, ops.cols - 1};
+  std::vector<float> small(static_cast<size_t>(ops.rows * (ops.cols - 1)), 1.0f);
+  ASSERT_TRUE(WriteNpy(c_path, other, small.data(), small.size() * sizeof(float)).ok());
+  const ino_t replaced = inode();
+  run = Cli(args, RegionsServer());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(inode(), replaced);
+  check_c();
+  // A job that fails (a diagonal one element short) removes the output it
+  // was overwriting rather than leave it half-written.
+  d.shape = {ops.cols - 1};
+  ASSERT_TRUE(WriteNpy(dir + "/d.npy", d, ops.d.data(), (ops.d.size() - 1) * sizeof(float)).ok());
+  run = Cli(args, RegionsServer());
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_EQ(inode(), 0u) << "the output was left behind";
+  for (const char* f : {"A.npy", "d.npy", "C.npy"}) unlink((dir + "/" + f).c_str());
+  EXPECT_EQ(rmdir(dir.c_str()), 0) << "a file is left in " << dir;
+}
+
 TEST(CliShmTest, OffUsesTheSocket) {
   CliRun run = Cli("multiply --shm=off --random=600 --check", RegionsServer());
   EXPECT_EQ(run.exit_code, 0) << run.output;

@@ -338,6 +338,27 @@ class MappedNpy {
     }
     return Map(fd, path, head.size(), header.data_bytes(), PROT_READ | PROT_WRITE);
   }
+  // The existing file `path` when it already holds an array of exactly
+  // `header`'s shape, dtype and order (a job run again into the same
+  // output): its data mapped to be overwritten in place, which spares the
+  // page cache freeing the old file's pages and allocating new ones.
+  // NOT_FOUND otherwise.
+  static absl::StatusOr<std::unique_ptr<MappedNpy>> Reuse(const std::string& path,
+                                                          const NpyHeader& header) {
+    const std::string head = EncodeNpyHeader(header);
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return absl::NotFoundError(path);
+    struct stat st;
+    std::string seen(head.size(), '\0');
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<size_t>(st.st_size) != head.size() + header.data_bytes() ||
+        pread(fd, seen.data(), seen.size(), 0) != static_cast<ssize_t>(seen.size()) ||
+        seen != head) {
+      close(fd);
+      return absl::NotFoundError(path);
+    }
+    return Map(fd, path, head.size(), header.data_bytes(), PROT_READ | PROT_WRITE);
+  }
   ~MappedNpy() {
     munmap(base_, length_);
     close(fd_);
@@ -374,10 +395,11 @@ bool SameFile(const std::string& a, const std::string& b) {
 }
 
 // The same-host path with files in process memory: A's .npy is mapped, C's
-// .npy is made at its size (under a temporary name, renamed once C is in
-// it) and mapped, and the server copies from the one and into the other
-// itself. nullopt when that cannot be set up (the region path follows);
-// else the job's outcome, with the times of its phases.
+// .npy is mapped (an existing file of the same array overwritten in place,
+// and removed if the job fails; else a new file under a temporary name,
+// renamed once C is in it), and the server copies from the one and into the
+// other itself. nullopt when that cannot be set up (the region path
+// follows); else the job's outcome, with the times of its phases.
 struct MappedRun {
   absl::StatusOr<JobResult> result;
   absl::Duration map, job, close;
@@ -393,8 +415,11 @@ std::optional<MappedRun> RunMappedFiles(Client& client, const Job& like, const N
   const size_t bytes = header.data_bytes();
   absl::StatusOr<std::unique_ptr<MappedNpy>> a = MappedNpy::Open(matrix_path, offset, bytes);
   if (!a.ok()) return std::nullopt;
-  const std::string temporary = absl::StrCat(out_path, ".dgmm-", getpid(), ".tmp");
-  absl::StatusOr<std::unique_ptr<MappedNpy>> c = MappedNpy::Create(temporary, header);
+  absl::StatusOr<std::unique_ptr<MappedNpy>> c = MappedNpy::Reuse(out_path, header);
+  const bool in_place = c.ok();
+  const std::string temporary =
+      in_place ? out_path : absl::StrCat(out_path, ".dgmm-", getpid(), ".tmp");
+  if (!in_place) c = MappedNpy::Create(temporary, header);
   if (!c.ok()) return std::nullopt;
   MappedRun run;
   const absl::Time mapped = absl::Now();
@@ -408,7 +433,7 @@ std::optional<MappedRun> RunMappedFiles(Client& client, const Job& like, const N
   if (run.result.ok() && check) run.error = MaxRelativeError(job, (*c)->data());
   a->reset();
   c->reset();
-  if (run.result.ok() && rename(temporary.c_str(), out_path.c_str()) != 0) {
+  if (run.result.ok() && !in_place && rename(temporary.c_str(), out_path.c_str()) != 0) {
     run.result = absl::UnavailableError(
         absl::StrCat("rename ", temporary, " to ", out_path, ": ", std::strerror(errno)));
   }
