@@ -3,7 +3,10 @@
 // ComputeStage straight between the client's memory (matrix span in, result
 // span out). Host memory that is not pinned goes through the device's own
 // pinned staging, so a first job needs no pinning; the registry pins a region
-// once it is reused (RegionRegistry::NoteJob).
+// once it is reused (RegionRegistry::NoteJob). A job in the client's own
+// memory (RegionRef.process_address, service/regions/process_memory.h) has
+// no regions: its tile carries the ProcessMemory the backends copy through,
+// after the client's cookie is checked once more.
 //
 //   Begin -- intake (served, header, sources, fits, payload) --> session.Start
 //                                     admitted (worker): Use regions, ProcessTile,
