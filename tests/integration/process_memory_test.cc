@@ -198,19 +198,21 @@ TEST_F(ProcessMemoryTest, ABadJobGetsItsCodeAndTheServerServesOn) {
     EXPECT_EQ(st.error_code(), code) << st.error_message();
     EXPECT_THAT(st.error_message(), HasSubstr(text));
   };
-  // A matrix the process cannot read: half of it in a page with no access.
+  // A matrix the process cannot read: its second half in pages with no
+  // access (all within this mapping, so no other buffer can lie there).
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t span = (bytes / page + 2) * page;
+  const size_t first = (bytes / 2 / page + 1) * page;  // readable
+  const size_t span = first + (bytes / page + 1) * page;
   auto* area = static_cast<char*>(
       mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(area, MAP_FAILED);
-  ASSERT_EQ(mprotect(area + span - page, page, PROT_NONE), 0);
-  char* tail = area + span - page - bytes / 2;  // its second half is not readable
+  ASSERT_EQ(mprotect(area + first, span - first, PROT_NONE), 0);
+  char* tail = area + first - bytes / 2;  // its second half is not readable
   std::memcpy(tail, job.matrix.data(), bytes / 2);
   expect(Multiply(s, job.header, At(tail), At(c.data())), grpc::StatusCode::INVALID_ARGUMENT,
          "cannot be read");
-  // A result the process cannot write.
-  ASSERT_EQ(mprotect(area, span - page, PROT_READ), 0);
+  // A result the process cannot write (the whole mapping read-only now).
+  ASSERT_EQ(mprotect(area, span, PROT_READ), 0);
   expect(Multiply(s, job.header, At(job.matrix.data()), At(area)),
          grpc::StatusCode::INVALID_ARGUMENT, "cannot be written");
   munmap(area, span);
