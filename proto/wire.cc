@@ -472,70 +472,56 @@ absl::Status BatchMatrixReader::Copy(size_t offset, void* out, size_t bytes) {
   return absl::OkStatus();
 }
 
-grpc::ByteBuffer EncodeMultiplyBatchResponse(const std::vector<BatchResultView>& results) {
-  // Sizes first, so that the response is written once into one slice.
-  std::vector<size_t> status_bytes(results.size()), stats_bytes(results.size()),
-      result_bytes(results.size());
-  size_t total = 0;
-  for (size_t i = 0; i < results.size(); ++i) {
-    const BatchResultView& r = results[i];
-    size_t status = 0;
+grpc::ByteBuffer EncodeMultiplyBatchResponse(const std::vector<BatchResultView>& results,
+                                             const grpc::Slice& data) {
+  std::vector<grpc::Slice> slices;
+  std::string pending;  // framing and small results, up to the next large result
+  const char* base = reinterpret_cast<const char*>(data.begin());
+  for (const BatchResultView& r : results) {
+    std::string status;
     if (r.code != 0) {
-      status += VarintSize(VarintTag(kJobStatusCode)) + VarintSize(static_cast<uint64_t>(r.code));
+      AppendVarint(VarintTag(kJobStatusCode), &status);
+      AppendVarint(static_cast<uint64_t>(r.code), &status);
       if (!r.message.empty()) {
-        status += VarintSize(LengthDelimitedTag(kJobStatusMessage)) + VarintSize(r.message.size()) +
-                  r.message.size();
+        AppendLengthDelimitedPrefix(kJobStatusMessage, r.message.size(), &status);
+        status.append(r.message.data(), r.message.size());
       }
     }
-    status_bytes[i] = status;
-    stats_bytes[i] = r.stats != nullptr ? r.stats->ByteSizeLong() : 0;
+    const size_t stats_bytes = r.stats != nullptr ? r.stats->ByteSizeLong() : 0;
     size_t entry = 0;
     if (r.code != 0) {
-      entry += VarintSize(LengthDelimitedTag(kBatchResultStatus)) + VarintSize(status) + status;
+      entry += VarintSize(LengthDelimitedTag(kBatchResultStatus)) + VarintSize(status.size()) +
+               status.size();
     }
-    if (r.data != nullptr) {
+    if (r.has_result) {
       entry += VarintSize(LengthDelimitedTag(kBatchResultResult)) + VarintSize(r.bytes) + r.bytes;
     }
     if (r.stats != nullptr) {
-      entry += VarintSize(LengthDelimitedTag(kBatchResultStats)) + VarintSize(stats_bytes[i]) +
-               stats_bytes[i];
+      entry +=
+          VarintSize(LengthDelimitedTag(kBatchResultStats)) + VarintSize(stats_bytes) + stats_bytes;
     }
-    result_bytes[i] = entry;
-    total += VarintSize(LengthDelimitedTag(kBatchResponseResults)) + VarintSize(entry) + entry;
-  }
-  grpc::Slice slice(total);
-  uint8_t* p = const_cast<uint8_t*>(slice.begin());
-  using google::protobuf::io::CodedOutputStream;
-  auto varint = [&p](uint64_t v) { p = CodedOutputStream::WriteVarint64ToArray(v, p); };
-  for (size_t i = 0; i < results.size(); ++i) {
-    const BatchResultView& r = results[i];
-    varint(LengthDelimitedTag(kBatchResponseResults));
-    varint(result_bytes[i]);
+    AppendLengthDelimitedPrefix(kBatchResponseResults, entry, &pending);
     if (r.code != 0) {
-      varint(LengthDelimitedTag(kBatchResultStatus));
-      varint(status_bytes[i]);
-      varint(VarintTag(kJobStatusCode));
-      varint(static_cast<uint64_t>(r.code));
-      if (!r.message.empty()) {
-        varint(LengthDelimitedTag(kJobStatusMessage));
-        varint(r.message.size());
-        std::memcpy(p, r.message.data(), r.message.size());
-        p += r.message.size();
+      AppendLengthDelimitedPrefix(kBatchResultStatus, status.size(), &pending);
+      pending += status;
+    }
+    if (r.has_result) {
+      AppendLengthDelimitedPrefix(kBatchResultResult, r.bytes, &pending);
+      if (r.bytes <= kInlineMatrixBytes) {
+        pending.append(base + r.offset, r.bytes);
+      } else {
+        slices.emplace_back(pending);
+        pending.clear();
+        slices.push_back(data.sub(r.offset, r.offset + r.bytes));
       }
     }
-    if (r.data != nullptr) {
-      varint(LengthDelimitedTag(kBatchResultResult));
-      varint(r.bytes);
-      if (r.bytes > 0) std::memcpy(p, r.data, r.bytes);
-      p += r.bytes;
-    }
     if (r.stats != nullptr) {
-      varint(LengthDelimitedTag(kBatchResultStats));
-      varint(stats_bytes[i]);
-      p = r.stats->SerializeWithCachedSizesToArray(p);
+      AppendLengthDelimitedPrefix(kBatchResultStats, stats_bytes, &pending);
+      r.stats->AppendToString(&pending);
     }
   }
-  return grpc::ByteBuffer(&slice, 1);
+  if (!pending.empty() || slices.empty()) slices.emplace_back(pending);
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 grpc::ByteBuffer EncodeMultiplyBatchRequest(const std::vector<BatchRequestJob>& jobs,

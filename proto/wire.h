@@ -197,17 +197,22 @@ class BatchMatrixReader {
 };
 
 // One job's outcome for EncodeMultiplyBatchResponse: a google.rpc code and
-// message; when OK, `bytes` of result at `data` and the stats.
+// message; when OK (`has_result`), `bytes` of result at `offset` of the
+// results' slice, and the stats.
 struct BatchResultView {
   int code = 0;
   absl::string_view message;
   const v1::JobStats* stats = nullptr;
-  const void* data = nullptr;
+  bool has_result = false;
+  size_t offset = 0;
   size_t bytes = 0;
 };
 
-// MultiplyBatchResponse{results}, written once into one slice.
-grpc::ByteBuffer EncodeMultiplyBatchResponse(const std::vector<BatchResultView>& results);
+// MultiplyBatchResponse{results}: small results are copied into the
+// framing; larger ones (over 16 KiB) go out as sub-slices of `data`, which
+// holds every result (nothing copied; the slices keep it alive).
+grpc::ByteBuffer EncodeMultiplyBatchResponse(const std::vector<BatchResultView>& results,
+                                             const grpc::Slice& data);
 
 // One job of a batch the client sends: the matrix is borrowed from `loans`
 // (small ones are copied into the framing).

@@ -159,9 +159,26 @@ void BatchJob::Run(absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted) {
     return;
   }
   std::unique_ptr<AdmittedBatch> batch = std::move(*admitted);
-  int64_t results_bytes = 0;
-  for (size_t i : valid_) results_bytes += AlignUp(reply_.jobs[i].bytes);
-  reply_.results.reset(new std::byte[static_cast<size_t>(std::max<int64_t>(results_bytes, 1))]);
+  for (size_t i : valid_) reply_.results_bytes += AlignUp(reply_.jobs[i].bytes);
+  // From the CPU's pool: memory already mapped and reused from call to call
+  // (a fresh allocation per batch cost its page faults), and sent from in
+  // place (large results as slices of it).
+  absl::StatusOr<HostBuffer> results =
+      session_->engine().host_block_buffers().Take(reply_.results_bytes);
+  if (!results.ok()) {
+    // Every job ends with the allocation's error, each counted once.
+    for (size_t k = 0; k < valid_.size(); ++k) {
+      session_->Refuse(results.status(), &intaken_[valid_[k]]->job);
+    }
+    {
+      std::lock_guard lock(mu_);
+      batch_ = std::move(batch);
+    }
+    request_.reset();
+    Finish(results.status());
+    return;
+  }
+  reply_.results = std::move(*results);
   const CancelFn cancelled = [session = session_] { return session->cancelled(); };
   absl::Status call_status;
   for (size_t k = 0; k < valid_.size(); ++k) {
@@ -184,7 +201,7 @@ void BatchJob::Run(absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted) {
                        [session = session_] { return session->cancelled_status(); });
     const int64_t bytes = out.bytes;
     const int64_t lines = intaken_[i]->job.problem.lines();
-    std::byte* place = reply_.results.get() + out.offset;
+    std::byte* place = reply_.results.data() + out.offset;
     absl::Status s;
     if (stage.job().stats().device_index() < 0) {
       // The CPU computes in place, in the reply's buffer.
@@ -216,8 +233,7 @@ void BatchJob::Finish(const absl::Status& s) {
   reading_since_.reset();
   replied_at_ = absl::Now();
   if (s.ok()) {
-    io->Reply(reply_);  // encoded into the response: the results' buffer goes now
-    reply_.results.reset();
+    io->Reply(std::move(reply_));
   } else {
     io->Fail(s);
   }

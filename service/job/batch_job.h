@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
+#include "service/host_buffers.h"
 #include "service/job/intake.h"
 #include "service/job/receive_gate.h"
 #include "service/job/session.h"
@@ -71,7 +72,8 @@ class BatchRequest {
 };
 
 // The reply: one outcome per request job, in order; an OK job's result is
-// `bytes` bytes at `offset` in `results`.
+// `bytes` bytes at `offset` in `results` (a block buffer of the CPU's pool,
+// `results_bytes` long; empty when no job ran).
 struct BatchReply {
   struct Job {
     absl::Status status;
@@ -80,7 +82,8 @@ struct BatchReply {
     int64_t bytes = 0;
   };
   std::vector<Job> jobs;
-  std::unique_ptr<std::byte[]> results;
+  HostBuffer results;
+  int64_t results_bytes = 0;
 };
 
 // What the batch asks of its call. Finish-like calls (Reply, Fail) come once.
@@ -88,8 +91,9 @@ class BatchIo {
  public:
   virtual ~BatchIo() = default;
   virtual void StartRead() = 0;
-  // The call ends OK with these results (encoded and sent by the RPC layer).
-  virtual void Reply(const BatchReply& reply) = 0;
+  // The call ends OK with these results (encoded and sent by the RPC layer,
+  // which takes the results' buffer).
+  virtual void Reply(BatchReply reply) = 0;
   virtual void Fail(const absl::Status& status) = 0;
   // Cancels the call at the transport (a reply the client never takes).
   virtual void CancelCall() = 0;

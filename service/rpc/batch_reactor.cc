@@ -9,6 +9,7 @@
 #include "proto/wire.h"
 #include "service/job/batch_job.h"
 #include "service/rpc/reactors.h"
+#include "service/rpc/wire_buffers.h"
 
 namespace dgmm {
 namespace {
@@ -75,7 +76,7 @@ class MultiplyBatchReactor final : public StreamReactorBase, public BatchIo {
 
   // BatchIo, called under the job's lock.
   void StartRead() override { StreamReactorBase::StartRead(&request_); }
-  void Reply(const BatchReply& reply) override {
+  void Reply(BatchReply reply) override {
     std::vector<wire::BatchResultView> results(reply.jobs.size());
     for (size_t i = 0; i < reply.jobs.size(); ++i) {
       const BatchReply::Job& job = reply.jobs[i];
@@ -86,10 +87,17 @@ class MultiplyBatchReactor final : public StreamReactorBase, public BatchIo {
         continue;
       }
       r.stats = &job.stats;
-      r.data = reply.results.get() + job.offset;
+      r.has_result = true;
+      r.offset = static_cast<size_t>(job.offset);
       r.bytes = static_cast<size_t>(job.bytes);
     }
-    response_ = wire::EncodeMultiplyBatchResponse(results);
+    // The results go out from the buffer they were computed in (ToSlice),
+    // which goes back to its pool once gRPC has sent them.
+    const grpc::Slice data =
+        reply.results.data() == nullptr
+            ? grpc::Slice()
+            : ToSlice(std::move(reply.results), static_cast<size_t>(reply.results_bytes));
+    response_ = wire::EncodeMultiplyBatchResponse(results, data);
     StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
   }
   void Fail(const absl::Status& status) override { Finish(call_.Status(status)); }

@@ -418,14 +418,30 @@ TEST(WireTest, BatchResponseParsesAsTheGeneratedMessageAndDecodesIntoPlace) {
   stats.set_job_id(42);
   stats.set_device("cpu");
   const std::string result(20, 'r');
-  std::vector<BatchResultView> views(3);
-  views[0] = {.code = 0, .message = "", .stats = &stats, .data = result.data(), .bytes = result.size()};
+  const std::string large(20000, 'L');  // over the inline size: a sub-slice of the data
+  const grpc::Slice data(result + std::string(44, 'x') + large);
+  std::vector<BatchResultView> views(4);
+  views[0] = {.code = 0,
+              .message = "",
+              .stats = &stats,
+              .has_result = true,
+              .offset = 0,
+              .bytes = result.size()};
   views[1] = {.code = 3, .message = "bad diagonal"};
-  views[2] = {.code = 0, .message = "", .stats = &stats, .data = result.data(), .bytes = 0};
-  grpc::ByteBuffer encoded = EncodeMultiplyBatchResponse(views);
+  views[2] = {
+      .code = 0, .message = "", .stats = &stats, .has_result = true, .offset = 0, .bytes = 0};
+  views[3] = {.code = 0,
+              .message = "",
+              .stats = &stats,
+              .has_result = true,
+              .offset = 64,
+              .bytes = large.size()};
+  grpc::ByteBuffer encoded = EncodeMultiplyBatchResponse(views, data);
   v1::MultiplyBatchResponse parsed;
   ASSERT_TRUE(parsed.ParseFromString(Flatten(encoded)));
-  ASSERT_EQ(parsed.results_size(), 3);
+  ASSERT_EQ(parsed.results_size(), 4);
+  EXPECT_EQ(parsed.results(3).result(), large);
+  parsed.mutable_results()->RemoveLast();
   EXPECT_EQ(parsed.results(0).result(), result);
   EXPECT_EQ(parsed.results(0).stats().job_id(), 42u);
   EXPECT_FALSE(parsed.results(0).has_status());
