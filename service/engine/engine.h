@@ -132,7 +132,12 @@ class Engine {
       BatchCallback done, const ClientId& client = {},
       std::unique_ptr<AdmittedBatch>* admitted_here = nullptr);
   static constexpr int64_t kBatchResultOverheadBytes = 256;
-  static constexpr int kRunHereMaxBatchJobs = 4096;
+  // A batch that runs on the caller's thread has at most this many jobs
+  // (and kRunHereMaxMatrixBytes of matrices): about 1 us each for 1x1 jobs
+  // on the 2-core build machine, so a few hundred us on gRPC's callback
+  // thread at most; larger batches take one hop to a worker, which their
+  // jobs share.
+  static constexpr int kRunHereMaxBatchJobs = 256;
 
   // Small jobs may run on the caller's thread (Start's `admitted_here`): a
   // matrix of at most 64 KiB (a 128x128 float32 one), some microseconds of

@@ -900,6 +900,10 @@ absl::StatusOr<BatchResult> Client::MultiplyBatch(const std::vector<BatchItem>& 
     jobs.push_back(
         {.header = &headers.back(), .matrix = item.job.matrix.data, .matrix_bytes = *bytes});
   }
+  if (jobs.empty()) {  // nothing to send: no call
+    result.attempts = 0;
+    return result;
+  }
   JobRun run;
   if (cancel != nullptr) {
     std::lock_guard lock(cancel->mu_);

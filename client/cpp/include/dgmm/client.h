@@ -354,7 +354,8 @@ struct BatchResult {
   // item whose buffers are unusable (that job is not sent).
   std::vector<absl::StatusOr<v1::JobStats>> jobs;
   // Attempts the batch took (see RetryPolicy: the whole batch is sent
-  // again, its jobs being pure).
+  // again, its jobs being pure); 0 when there was nothing to send (no
+  // items, or none the client could send).
   int attempts = 1;
 };
 
