@@ -282,7 +282,7 @@ def unary_flood(args, budget):
 
 def batch_flood(args, budget):
     """C concurrent MultiplyBatch calls of S bytes (jobs of 64 KiB) over C connections."""
-    calls, jobs = (24, 63) if args.short else (128, 255)  # 4 MiB / 16 MiB batches
+    calls, jobs = (24, 63) if args.short else (128, 250)  # 4 / 16 MiB batches, under 16 MiB
     server = Server(args.server, args.flags)
     idle = server.rss()
     job = multiply_request(128, 128)
