@@ -13,7 +13,8 @@ clients. Needs Debian's python3-grpcio and python3-numpy.
 
 --short uses small sizes (seconds in all); ./test.sh runs it as a test and it
 exits non-zero when a target is missed:
-  flood peak RSS <= budget + transport quota + 96 MiB (the documented overhead),
+  flood peak RSS <= budget + transport quota + 96 MiB (the documented overhead;
+  Multiply and MultiplyBatch floods),
   the gzip bomb refused with peak RSS growth < 64 MiB, the listener serving
   again within 5 s of a descriptor flood, >= 95% of the second client's jobs
   OK under stalled streams, every client of a restarted server served within
@@ -237,9 +238,9 @@ def wait_rss_below(server, limit, timeout=20):
 
 # --------------------------------------------------------------- attacks
 
-def concurrent_multiply(chans, req):
-    """One Multiply of `req` on each channel at once; counts of the outcomes."""
-    futs = [c.unary_unary("/dgmm.v1.Dgmm/Multiply").future(req, timeout=120) for c in chans]
+def concurrent_multiply(chans, req, method="/dgmm.v1.Dgmm/Multiply"):
+    """One Multiply (or `method`) of `req` on each channel at once; counts of the outcomes."""
+    futs = [c.unary_unary(method).future(req, timeout=120) for c in chans]
     codes = {}
     for f in futs:
         try:
@@ -250,12 +251,13 @@ def concurrent_multiply(chans, req):
     return codes
 
 
-def flood(server, req, calls):
-    """`calls` concurrent Multiply calls of `req`, one connection each, watched:
-    (the watcher, the server's peak RSS, the status codes counted)."""
+def flood(server, req, calls, method="/dgmm.v1.Dgmm/Multiply"):
+    """`calls` concurrent Multiply (or `method`) calls of `req`, one connection
+    each, watched: (the watcher, the server's peak RSS, the status codes
+    counted)."""
     w = Watcher(server)
     chans = [channel(server.v4()) for _ in range(calls)]
-    codes = concurrent_multiply(chans, req)
+    codes = concurrent_multiply(chans, req, method)
     w.stop()
     peak = server.peak()
     for c in chans:
@@ -273,6 +275,23 @@ def unary_flood(args, budget):
     recover = wait_rss_below(server, idle + 64 * MIB)
     server.stop()
     return dict(attack="%d concurrent %d MiB Multiply calls, %d connections" % (calls, len(req) // MIB, calls),
+                peak=peak, fds=w.max_fds, second=w.second(), recover=recover,
+                outcome=" ".join("%s %d" % kv for kv in sorted(codes.items())),
+                check=("flood", peak))
+
+
+def batch_flood(args, budget):
+    """C concurrent MultiplyBatch calls of S bytes (jobs of 64 KiB) over C connections."""
+    calls, jobs = (24, 63) if args.short else (128, 250)  # 4 / 16 MiB batches, under 16 MiB
+    server = Server(args.server, args.flags)
+    idle = server.rss()
+    job = multiply_request(128, 128)
+    req = _field(1, job) * jobs
+    w, peak, codes = flood(server, req, calls, "/dgmm.v1.Dgmm/MultiplyBatch")
+    recover = wait_rss_below(server, idle + 64 * MIB)
+    server.stop()
+    return dict(attack="%d concurrent %d MiB MultiplyBatch calls of %d jobs, %d connections"
+                % (calls, len(req) // MIB, jobs, calls),
                 peak=peak, fds=w.max_fds, second=w.second(), recover=recover,
                 outcome=" ".join("%s %d" % kv for kv in sorted(codes.items())),
                 check=("flood", peak))
@@ -562,7 +581,7 @@ def honest_drain(args, budget):
     return _honest(args, "drain")
 
 
-ATTACKS = [unary_flood, oversized_unary, oversized_block, gzip_bomb, descriptor_flood,
+ATTACKS = [unary_flood, batch_flood, oversized_unary, oversized_block, gzip_bomb, descriptor_flood,
            stalled_streams, restart, drain, honest_mixed, honest_fair, honest_fair_proxy, honest_flood,
            honest_drain]
 

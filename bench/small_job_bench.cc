@@ -6,6 +6,13 @@
 //
 //   small_job_bench --server=127.0.0.1:50051 --threads=1,8 --seconds=3
 //
+// --batch=1,16,256 adds the batched call (MultiplyBatch, issue 26 item 4):
+// jobs per second for 1x1 and 100x100 float32 jobs sent B at a time, next
+// to the per-job Multiply rate and the empty RPC of the same run and thread
+// count, with MET or MISSED for "batched wins by more than 2x over per-job"
+// (at every B of 16 or more and every thread count, for each job size).
+// --batch= skips it.
+//
 // With --server_pid (the server on this host), a second table gives the CPU
 // time and the thread switches (voluntary and not, all threads) per call of
 // the server and of this client process: figures that the other processes
@@ -18,6 +25,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -32,6 +40,8 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dgmm-server address");
 ABSL_FLAG(std::string, threads, "1,8", "threads sharing one Client");
 ABSL_FLAG(double, seconds, 3, "seconds per measurement (after 0.5 s of warm-up)");
+ABSL_FLAG(std::string, batch, "1,16,256",
+          "jobs per MultiplyBatch call for the batched table; empty: none");
 ABSL_FLAG(int, server_pid, 0, "the server's pid, for its CPU time and switches per call");
 
 namespace {
@@ -141,6 +151,18 @@ int main(int argc, char** argv) {
                   p.server_us, p.server_switches, p.client_us, p.client_switches);
     costs += row;
   };
+  std::vector<int> batch_sizes;
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_batch), ',', absl::SkipEmpty())) {
+    int b = 0;
+    if (!absl::SimpleAtoi(part, &b) || b < 1) return 2;
+    batch_sizes.push_back(b);
+  }
+  std::string batched =
+      "\n| threads | job | jobs per call | batched jobs/s | x per-job Multiply | x empty RPC | "
+      "server CPU us/job | client CPU us/job | target batched > 2 x per-job |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
+  std::map<int64_t, bool> batch_met = {{1, true}, {100, true}};  // by job size n
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_threads), ',')) {
     int threads = 0;
     if (!absl::SimpleAtoi(part, &threads) || threads < 1) return 2;
@@ -162,6 +184,50 @@ int main(int argc, char** argv) {
     };
     const double one = job_rate(1, &one_cost);
     const double hundred = job_rate(100, &hundred_cost);
+    for (const int64_t n : {int64_t{1}, int64_t{100}}) {
+      const double per_job = n == 1 ? one : hundred;
+      for (const int b : batch_sizes) {
+        PerCall cost;
+        const double calls = Rate(
+            threads, seconds,
+            [&client, n, b] {
+              thread_local std::vector<float> a, d;
+              thread_local std::vector<std::vector<float>> c;
+              thread_local std::vector<dgmm::BatchItem> items;
+              if (static_cast<int>(items.size()) != b || a.size() != static_cast<size_t>(n * n)) {
+                a.assign(static_cast<size_t>(n * n), 1.5f);
+                d.assign(static_cast<size_t>(n), 2.0f);
+                c.assign(static_cast<size_t>(b), std::vector<float>(a.size()));
+                items.assign(static_cast<size_t>(b), dgmm::BatchItem());
+                for (int i = 0; i < b; ++i) {
+                  dgmm::BatchItem& item = items[static_cast<size_t>(i)];
+                  item.job.matrix = {a.data(), n, n, dgmm::v1::DTYPE_FLOAT32,
+                                     dgmm::v1::LAYOUT_ROW_MAJOR};
+                  item.job.diagonal = d.data();
+                  item.job.diagonal_bytes = d.size() * sizeof(float);
+                  item.out = c[static_cast<size_t>(i)].data();
+                  item.out_bytes = a.size() * sizeof(float);
+                }
+              }
+              absl::StatusOr<dgmm::BatchResult> r = client.MultiplyBatch(items);
+              if (!r.ok()) return false;
+              for (size_t i = 0; i < items.size(); ++i) {
+                if (!r->jobs[i].ok() || c[i][0] != 3.0f) return false;
+              }
+              return true;
+            },
+            &cost);
+        const double jobs = calls * b;
+        const bool met = jobs > 2 * per_job;
+        if (b >= 16) batch_met[n] = batch_met[n] && met;
+        char row[320];
+        std::snprintf(row, sizeof(row),
+                      "| %d | %lldx%lld | %d | %.0f | %.2f | %.2f | %.1f | %.1f | %s |\n", threads,
+                      static_cast<long long>(n), static_cast<long long>(n), b, jobs, jobs / per_job,
+                      jobs / empty, cost.server_us / b, cost.client_us / b, met ? "MET" : "MISSED");
+        batched += row;
+      }
+    }
     cost_row(threads, "empty RPC", empty_cost);
     cost_row(threads, "1x1 job", one_cost);
     cost_row(threads, "100x100 job", hundred_cost);
@@ -172,5 +238,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf("%s", costs.c_str());
+  if (!batch_sizes.empty()) {
+    std::printf("%s", batched.c_str());
+    std::printf("\n");
+    for (const auto& [n, met] : batch_met) {
+      std::printf(
+          "batched call (MultiplyBatch) > 2 x the per-job Multiply rate at 16 or more jobs per "
+          "call, every thread count, %lldx%lld jobs: %s\n",
+          static_cast<long long>(n), static_cast<long long>(n), met ? "MET" : "MISSED");
+    }
+  }
   return all_met ? 0 : 3;
 }

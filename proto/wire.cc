@@ -160,6 +160,33 @@ absl::Status ReadBlock(CodedInputStream* in, size_t message_bytes, const BlockPl
   return absl::OkStatus();
 }
 
+// Reads the fields of a MultiplyRequest up to the stream's limit (the whole
+// message, or one job of a MultiplyBatchRequest) into *view. With `out`
+// null, skips the matrix; otherwise copies it (exactly `out_bytes`) into
+// `out`. *matrix_at: where the matrix's bytes start in the stream. The one
+// place a MultiplyRequest's errors are worded, for Multiply and MultiplyBatch.
+absl::Status ReadMultiplyFields(CodedInputStream* in, size_t total, MultiplyRequestView* view,
+                                void* out, size_t out_bytes, size_t* matrix_at) {
+  while (const uint32_t tag = in->ReadTag()) {
+    if (tag == LengthDelimitedTag(kMultiplyRequestHeader)) {
+      if (!ReadEmbedded(in, total, &view->header)) return MalformedUnary("bad header");
+    } else if (tag == LengthDelimitedTag(kMultiplyRequestMatrix)) {
+      int size = 0;
+      if (!ReadLength(in, total, &size)) return MalformedUnary("matrix longer than the message");
+      if (view->has_matrix) return MalformedUnary("the matrix is given twice");
+      view->has_matrix = true;
+      view->matrix_bytes = static_cast<size_t>(size);
+      if (matrix_at != nullptr) *matrix_at = static_cast<size_t>(in->CurrentPosition());
+      const bool copied = out != nullptr && view->matrix_bytes == out_bytes ? in->ReadRaw(out, size)
+                                                                            : in->Skip(size);
+      if (!copied) return MalformedUnary("truncated matrix");
+    } else if (!WireFormatLite::SkipField(in, tag)) {
+      return MalformedUnary("bad field");
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Walks a MultiplyRequest. With `out` null, only reads the header and the
 // matrix's size; otherwise also copies the matrix (exactly `out_bytes`) into
 // `out`. gRPC's reader API takes a non-const buffer; a copy of the ByteBuffer
@@ -171,22 +198,8 @@ absl::StatusOr<MultiplyRequestView> WalkMultiplyRequest(const grpc::ByteBuffer& 
   grpc::ProtoBufferReader reader(&buffer);
   CodedInputStream in(&reader);
   MultiplyRequestView view;
-  while (const uint32_t tag = in.ReadTag()) {
-    if (tag == LengthDelimitedTag(kMultiplyRequestHeader)) {
-      if (!ReadEmbedded(&in, total, &view.header)) return MalformedUnary("bad header");
-    } else if (tag == LengthDelimitedTag(kMultiplyRequestMatrix)) {
-      int size = 0;
-      if (!ReadLength(&in, total, &size)) return MalformedUnary("matrix longer than the message");
-      if (view.has_matrix) return MalformedUnary("the matrix is given twice");
-      view.has_matrix = true;
-      view.matrix_bytes = static_cast<size_t>(size);
-      const bool copied = out != nullptr && view.matrix_bytes == out_bytes
-                              ? in.ReadRaw(out, size)
-                              : in.Skip(size);
-      if (!copied) return MalformedUnary("truncated matrix");
-    } else if (!WireFormatLite::SkipField(&in, tag)) {
-      return MalformedUnary("bad field");
-    }
+  if (absl::Status s = ReadMultiplyFields(&in, total, &view, out, out_bytes, nullptr); !s.ok()) {
+    return s;
   }
   if (!in.ConsumedEntireMessage()) return MalformedUnary("truncated or bad tag");
   if (out != nullptr && (!view.has_matrix || view.matrix_bytes != out_bytes)) {
@@ -194,6 +207,23 @@ absl::StatusOr<MultiplyRequestView> WalkMultiplyRequest(const grpc::ByteBuffer& 
   }
   return view;
 }
+
+// MultiplyBatchRequest, MultiplyBatchResult and JobStatus field numbers.
+constexpr int kBatchRequestJobs = 1;
+constexpr int kBatchResponseResults = 1;
+constexpr int kBatchResultStatus = 1;
+constexpr int kBatchResultResult = 2;
+constexpr int kBatchResultStats = 3;
+constexpr int kJobStatusCode = 1;
+constexpr int kJobStatusMessage = 2;
+
+absl::Status MalformedBatch(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed MultiplyBatchRequest: ", what));
+}
+
+// Matrices up to this size are copied into the request's framing instead of
+// lent as slices of their own (a slice and its loan cost more than a copy).
+constexpr size_t kInlineMatrixBytes = size_t{16} << 10;
 
 }  // namespace
 
@@ -381,6 +411,209 @@ absl::StatusOr<StreamRequest> DecodeStreamRequest(grpc::ByteBuffer* buffer,
   if (!in.ConsumedEntireMessage()) return MalformedRequest("truncated or bad tag");
   if (kinds == 0) return absl::InvalidArgumentError("message holds neither a header nor a block");
   return request;
+}
+
+absl::StatusOr<std::vector<BatchJobView>> PeekMultiplyBatchRequest(const grpc::ByteBuffer& message,
+                                                                   size_t max_jobs,
+                                                                   size_t* total_jobs) {
+  grpc::ByteBuffer buffer(message);
+  const size_t total = buffer.Length();
+  grpc::ProtoBufferReader reader(&buffer);
+  CodedInputStream in(&reader);
+  std::vector<BatchJobView> jobs;
+  size_t count = 0;
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag == LengthDelimitedTag(kBatchRequestJobs)) {
+      int length = 0;
+      if (!ReadLength(&in, total, &length)) return MalformedBatch("a job longer than the message");
+      ++count;
+      if (count > max_jobs) {
+        // Past the limit: counted, not read.
+        if (!in.Skip(length)) return MalformedBatch("truncated job");
+        continue;
+      }
+      BatchJobView& job = jobs.emplace_back();
+      job.message_bytes = static_cast<size_t>(length);
+      const CodedInputStream::Limit limit = in.PushLimit(length);
+      job.decoded = ReadMultiplyFields(&in, total, &job.request, nullptr, 0, &job.matrix_offset);
+      if (job.decoded.ok() && !in.ConsumedEntireMessage()) {
+        job.decoded = MalformedUnary("truncated or bad tag");
+      }
+      // A job that did not decode is skipped whole: its framing is known.
+      if (in.BytesUntilLimit() > 0 && !in.Skip(in.BytesUntilLimit())) {
+        return MalformedBatch("truncated job");
+      }
+      in.PopLimit(limit);
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return MalformedBatch("bad field");
+    }
+  }
+  if (!in.ConsumedEntireMessage()) return MalformedBatch("truncated or bad tag");
+  if (total_jobs != nullptr) *total_jobs = count;
+  return jobs;
+}
+
+BatchMatrixReader::BatchMatrixReader(const grpc::ByteBuffer& message)
+    : buffer_(message),
+      reader_(std::make_unique<grpc::ProtoBufferReader>(&buffer_)),
+      in_(std::make_unique<CodedInputStream>(reader_.get())) {}
+
+BatchMatrixReader::~BatchMatrixReader() = default;
+
+absl::Status BatchMatrixReader::Copy(size_t offset, void* out, size_t bytes) {
+  const size_t at = static_cast<size_t>(in_->CurrentPosition());
+  if (offset < at) return absl::InternalError("batch matrices must be copied in order");
+  if (offset > at && !in_->Skip(static_cast<int>(offset - at))) {
+    return MalformedBatch("truncated job");
+  }
+  if (bytes > 0 && !in_->ReadRaw(out, static_cast<int>(bytes))) {
+    return MalformedBatch("truncated matrix");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ByteBuffer EncodeMultiplyBatchResponse(const std::vector<BatchResultView>& results,
+                                             const grpc::Slice& data) {
+  std::vector<grpc::Slice> slices;
+  std::string pending;  // framing and small results, up to the next large result
+  const char* base = reinterpret_cast<const char*>(data.begin());
+  for (const BatchResultView& r : results) {
+    std::string status;
+    if (r.code != 0) {
+      AppendVarint(VarintTag(kJobStatusCode), &status);
+      AppendVarint(static_cast<uint64_t>(r.code), &status);
+      if (!r.message.empty()) {
+        AppendLengthDelimitedPrefix(kJobStatusMessage, r.message.size(), &status);
+        status.append(r.message.data(), r.message.size());
+      }
+    }
+    const size_t stats_bytes = r.stats != nullptr ? r.stats->ByteSizeLong() : 0;
+    size_t entry = 0;
+    if (r.code != 0) {
+      entry += VarintSize(LengthDelimitedTag(kBatchResultStatus)) + VarintSize(status.size()) +
+               status.size();
+    }
+    if (r.has_result) {
+      entry += VarintSize(LengthDelimitedTag(kBatchResultResult)) + VarintSize(r.bytes) + r.bytes;
+    }
+    if (r.stats != nullptr) {
+      entry +=
+          VarintSize(LengthDelimitedTag(kBatchResultStats)) + VarintSize(stats_bytes) + stats_bytes;
+    }
+    AppendLengthDelimitedPrefix(kBatchResponseResults, entry, &pending);
+    if (r.code != 0) {
+      AppendLengthDelimitedPrefix(kBatchResultStatus, status.size(), &pending);
+      pending += status;
+    }
+    if (r.has_result) {
+      AppendLengthDelimitedPrefix(kBatchResultResult, r.bytes, &pending);
+      if (r.bytes <= kInlineMatrixBytes) {
+        pending.append(base + r.offset, r.bytes);
+      } else {
+        slices.emplace_back(pending);
+        pending.clear();
+        slices.push_back(data.sub(r.offset, r.offset + r.bytes));
+      }
+    }
+    if (r.stats != nullptr) {
+      AppendLengthDelimitedPrefix(kBatchResultStats, stats_bytes, &pending);
+      r.stats->AppendToString(&pending);
+    }
+  }
+  if (!pending.empty() || slices.empty()) slices.emplace_back(pending);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+grpc::ByteBuffer EncodeMultiplyBatchRequest(const std::vector<BatchRequestJob>& jobs,
+                                            SliceLoans* loans) {
+  std::vector<grpc::Slice> slices;
+  std::string pending;
+  for (const BatchRequestJob& job : jobs) {
+    const size_t header_bytes = job.header->ByteSizeLong();
+    const size_t request_bytes = VarintSize(LengthDelimitedTag(kMultiplyRequestHeader)) +
+                                 VarintSize(header_bytes) + header_bytes +
+                                 VarintSize(LengthDelimitedTag(kMultiplyRequestMatrix)) +
+                                 VarintSize(job.matrix_bytes) + job.matrix_bytes;
+    AppendLengthDelimitedPrefix(kBatchRequestJobs, request_bytes, &pending);
+    AppendLengthDelimitedPrefix(kMultiplyRequestHeader, header_bytes, &pending);
+    job.header->AppendToString(&pending);
+    AppendLengthDelimitedPrefix(kMultiplyRequestMatrix, job.matrix_bytes, &pending);
+    if (job.matrix_bytes <= kInlineMatrixBytes) {
+      pending.append(static_cast<const char*>(job.matrix), job.matrix_bytes);
+    } else {
+      slices.emplace_back(pending);
+      pending.clear();
+      slices.push_back(loans->Lend(job.matrix, job.matrix_bytes));
+    }
+  }
+  if (!pending.empty() || slices.empty()) slices.emplace_back(pending);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+absl::Status DecodeMultiplyBatchResponse(grpc::ByteBuffer* buffer, size_t jobs,
+                                         const BatchPlacer& placer,
+                                         std::vector<BatchResultDecoded>* results) {
+  results->assign(jobs, BatchResultDecoded());
+  const size_t total = buffer->Length();
+  grpc::ProtoBufferReader reader(buffer);
+  CodedInputStream in(&reader);
+  size_t i = 0;
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag != LengthDelimitedTag(kBatchResponseResults)) {
+      if (!WireFormatLite::SkipField(&in, tag))
+        return Malformed("bad field in MultiplyBatchResponse");
+      continue;
+    }
+    int length = 0;
+    if (!ReadLength(&in, total, &length)) return Malformed("truncated MultiplyBatchResult");
+    if (i >= jobs) {
+      return absl::InternalError(
+          absl::StrCat("the server returned more than ", jobs, " batch results"));
+    }
+    BatchResultDecoded& r = (*results)[i];
+    const CodedInputStream::Limit limit = in.PushLimit(length);
+    v1::JobStatus status;
+    while (const uint32_t field = in.ReadTag()) {
+      if (field == LengthDelimitedTag(kBatchResultStatus)) {
+        if (!ReadEmbedded(&in, total, &status)) return Malformed("bad batch result status");
+      } else if (field == LengthDelimitedTag(kBatchResultResult)) {
+        int size = 0;
+        if (!ReadLength(&in, total, &size)) return Malformed("truncated batch result");
+        absl::StatusOr<void*> place = placer(i, static_cast<size_t>(size));
+        if (!place.ok()) {
+          r.status = place.status();
+          if (!in.Skip(size)) return Malformed("truncated batch result");
+        } else {
+          if (size > 0 && !in.ReadRaw(*place, size)) return Malformed("truncated batch result");
+          r.has_result = true;
+        }
+      } else if (field == LengthDelimitedTag(kBatchResultStats)) {
+        if (!ReadEmbedded(&in, total, &r.stats)) return Malformed("bad batch result stats");
+      } else if (!WireFormatLite::SkipField(&in, field)) {
+        return Malformed("bad field in MultiplyBatchResult");
+      }
+    }
+    if (!in.ConsumedEntireMessage()) return Malformed("bad MultiplyBatchResult");
+    in.PopLimit(limit);
+    if (status.code() != 0) {
+      r.status = absl::Status(static_cast<absl::StatusCode>(status.code()), status.message());
+    } else if (r.status.ok() && !r.has_result) {
+      // proto3 leaves an empty result out: the placer judges a result of 0 bytes.
+      absl::StatusOr<void*> place = placer(i, 0);
+      if (!place.ok()) {
+        r.status = place.status();
+      } else {
+        r.has_result = true;
+      }
+    }
+    ++i;
+  }
+  if (!in.ConsumedEntireMessage()) return Malformed("bad MultiplyBatchResponse");
+  if (i != jobs) {
+    return absl::InternalError(
+        absl::StrCat("the server returned ", i, " batch results; expected ", jobs));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dgmm::wire

@@ -25,12 +25,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "dgmm/v1/dgmm.pb.h"
+
+namespace google::protobuf::io {
+class CodedInputStream;
+}  // namespace google::protobuf::io
+namespace grpc {
+class ProtoBufferReader;
+}  // namespace grpc
 
 namespace dgmm::wire {
 
@@ -150,6 +159,85 @@ absl::Status CopyMultiplyMatrix(const grpc::ByteBuffer& buffer, void* out, size_
 // MultiplyResponse{result, stats}: a small prefix, `result` as is (a slice
 // that owns or borrows the payload; nothing is copied), then the stats.
 grpc::ByteBuffer EncodeMultiplyResponse(grpc::Slice result, const v1::JobStats& stats);
+
+// ------------------------------------------------------------ MultiplyBatch
+
+// One job of a MultiplyBatchRequest as the server first reads it.
+struct BatchJobView {
+  // OK, or why this job's MultiplyRequest does not decode (INVALID_ARGUMENT
+  // in PeekMultiplyRequest's words): that job fails, the others do not.
+  absl::Status decoded;
+  MultiplyRequestView request;
+  // Bytes of the job's MultiplyRequest, and where its matrix starts in the
+  // batch message (BatchMatrixReader::Copy).
+  size_t message_bytes = 0;
+  size_t matrix_offset = 0;
+};
+
+// Reads a MultiplyBatchRequest's jobs, each one's header and matrix size and
+// place, skipping the matrices (nothing is copied). Reads at most `max_jobs`
+// jobs; *total_jobs counts every one. INVALID_ARGUMENT only when the batch's
+// own framing is broken (a job whose length runs past the message).
+absl::StatusOr<std::vector<BatchJobView>> PeekMultiplyBatchRequest(const grpc::ByteBuffer& message,
+                                                                   size_t max_jobs,
+                                                                   size_t* total_jobs);
+
+// Copies the batch's matrices out of gRPC's buffers, one after another: the
+// offsets of successive calls must not decrease (one pass over the message).
+class BatchMatrixReader {
+ public:
+  explicit BatchMatrixReader(const grpc::ByteBuffer& message);
+  ~BatchMatrixReader();
+  absl::Status Copy(size_t offset, void* out, size_t bytes);
+
+ private:
+  grpc::ByteBuffer buffer_;  // shares the message's slices
+  std::unique_ptr<grpc::ProtoBufferReader> reader_;
+  std::unique_ptr<google::protobuf::io::CodedInputStream> in_;
+};
+
+// One job's outcome for EncodeMultiplyBatchResponse: a google.rpc code and
+// message; when OK (`has_result`), `bytes` of result at `offset` of the
+// results' slice, and the stats.
+struct BatchResultView {
+  int code = 0;
+  absl::string_view message;
+  const v1::JobStats* stats = nullptr;
+  bool has_result = false;
+  size_t offset = 0;
+  size_t bytes = 0;
+};
+
+// MultiplyBatchResponse{results}: small results are copied into the
+// framing; larger ones (over 16 KiB) go out as sub-slices of `data`, which
+// holds every result (nothing copied; the slices keep it alive).
+grpc::ByteBuffer EncodeMultiplyBatchResponse(const std::vector<BatchResultView>& results,
+                                             const grpc::Slice& data);
+
+// One job of a batch the client sends: the matrix is borrowed from `loans`
+// (small ones are copied into the framing).
+struct BatchRequestJob {
+  const v1::JobHeader* header = nullptr;
+  const void* matrix = nullptr;
+  size_t matrix_bytes = 0;
+};
+grpc::ByteBuffer EncodeMultiplyBatchRequest(const std::vector<BatchRequestJob>& jobs,
+                                            SliceLoans* loans);
+
+// One job's outcome as the client decodes it: the server's status for the
+// job (or the placer's error), its stats, and whether a result was placed.
+struct BatchResultDecoded {
+  absl::Status status;
+  v1::JobStats stats;
+  bool has_result = false;
+};
+// Where job `job`'s result of `size` bytes goes, or why it cannot.
+using BatchPlacer = std::function<absl::StatusOr<void*>(size_t job, size_t size)>;
+// Decodes a MultiplyBatchResponse of `jobs` results, placing each result with
+// `placer`. INTERNAL on a malformed message or a count other than `jobs`.
+absl::Status DecodeMultiplyBatchResponse(grpc::ByteBuffer* buffer, size_t jobs,
+                                         const BatchPlacer& placer,
+                                         std::vector<BatchResultDecoded>* results);
 
 }  // namespace dgmm::wire
 

@@ -49,6 +49,9 @@ ABSL_FLAG(dgmm::ByteSize, max_unary_message_bytes, dgmm::ByteSize::MiB(16),
           "must use MultiplyStream, which the dgmm clients do on their own.");
 ABSL_FLAG(dgmm::ByteSize, max_block_bytes, dgmm::ByteSize::MiB(4),
           "Largest MultiplyStream block payload. A streamed job holds a few blocks each way.");
+ABSL_FLAG(int64_t, max_batch_jobs, 4096,
+          "Most jobs one MultiplyBatch request may carry; a larger batch gets "
+          "RESOURCE_EXHAUSTED. The whole request is also held to --max_unary_message_bytes.");
 ABSL_FLAG(int64_t, max_dim, int64_t{1} << 20,
           "Largest rows or cols of a job; larger shapes get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 = one per hardware thread.");
@@ -210,11 +213,12 @@ absl::Status CheckFlagRanges() {
   // Durations gRPC takes as int milliseconds (and the drain timeout, for symmetry).
   constexpr int64_t kMaxSeconds = INT32_MAX / 1000;
   const absl::Status checks[] = {
-      CheckFlagRange("max_unary_message_bytes",
-                     absl::GetFlag(FLAGS_max_unary_message_bytes).bytes, 1),
+      CheckFlagRange("max_unary_message_bytes", absl::GetFlag(FLAGS_max_unary_message_bytes).bytes,
+                     1),
       CheckFlagRange("max_block_bytes", absl::GetFlag(FLAGS_max_block_bytes).bytes, 1,
                      INT32_MAX - static_cast<int64_t>(kBlockFramingSlack)),
       CheckFlagRange("max_dim", absl::GetFlag(FLAGS_max_dim), 1),
+      CheckFlagRange("max_batch_jobs", absl::GetFlag(FLAGS_max_batch_jobs), 0, 1 << 20),
       CheckFlagRange("threads", absl::GetFlag(FLAGS_threads), 0, 4096),
       CheckFlagRange("max_queue", absl::GetFlag(FLAGS_max_queue), 1),
       CheckFlagRange("max_head_wait_ms", absl::GetFlag(FLAGS_max_head_wait_ms), 0),
@@ -226,8 +230,8 @@ absl::Status CheckFlagRanges() {
                      absl::GetFlag(FLAGS_stream_first_block_timeout_s), 1),
       CheckFlagRange("max_running_per_client", absl::GetFlag(FLAGS_max_running_per_client), 0),
       CheckFlagRange("max_queued_per_client", absl::GetFlag(FLAGS_max_queued_per_client), 0),
-      CheckFlagRange("max_client_share_percent", absl::GetFlag(FLAGS_max_client_share_percent),
-                     1, 100),
+      CheckFlagRange("max_client_share_percent", absl::GetFlag(FLAGS_max_client_share_percent), 1,
+                     100),
       CheckFlagRange("max_connections", absl::GetFlag(FLAGS_max_connections), 1),
       CheckFlagRange("max_local_connections", absl::GetFlag(FLAGS_max_local_connections), 1,
                      1 << 20),
@@ -238,8 +242,7 @@ absl::Status CheckFlagRanges() {
       CheckFlagRange("handshake_timeout_s", absl::GetFlag(FLAGS_handshake_timeout_s), 1, 3600),
       CheckFlagRange("max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 1,
                      kMaxSeconds),
-      CheckFlagRange("keepalive_time_s", absl::GetFlag(FLAGS_keepalive_time_s), 1,
-                     kMaxSeconds),
+      CheckFlagRange("keepalive_time_s", absl::GetFlag(FLAGS_keepalive_time_s), 1, kMaxSeconds),
       CheckFlagRange("keepalive_timeout_s", absl::GetFlag(FLAGS_keepalive_timeout_s), 1,
                      kMaxSeconds),
       // The ranges CreateCudaDevices enforces, checked on hosts without a GPU too.
@@ -325,6 +328,7 @@ int Main(int argc, char** argv) {
   const int64_t unary = absl::GetFlag(FLAGS_max_unary_message_bytes).bytes;
   eo.limits.max_unary_message_bytes = unary;
   eo.limits.max_block_bytes = absl::GetFlag(FLAGS_max_block_bytes).bytes;
+  eo.limits.max_batch_jobs = absl::GetFlag(FLAGS_max_batch_jobs);
 
   std::vector<std::unique_ptr<Device>> gpus;
   if (absl::GetFlag(FLAGS_backend) != ServerBackend::kCpu) {

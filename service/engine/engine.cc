@@ -245,6 +245,110 @@ absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Activate(
   return active;
 }
 
+absl::StatusOr<Admission::Ticket> Engine::StartBatch(
+    const std::vector<const JobRequest*>& jobs, absl::Time arrived, absl::Time deadline,
+    BatchCallback done_fn, const ClientId& client, std::unique_ptr<AdmittedBatch>* admitted_here) {
+  // Each job is counted once when the batch is refused.
+  auto refuse_all = [&](int pool, const absl::Status& s) {
+    for (const JobRequest* job : jobs) metrics_->Refused(pool, s, *job);
+    return s;
+  };
+  if (draining_) {
+    return refuse_all(0, absl::UnavailableError("server is draining; retry on another replica"));
+  }
+  auto batch = std::make_shared<std::unique_ptr<AdmittedBatch>>(new AdmittedBatch());
+  AdmittedBatch& b = **batch;
+  b.engine_ = this;
+  b.arrived_ = arrived;
+  b.jobs_.reserve(jobs.size());
+  Need need;
+  int gpu = -1;  // the GPU the batch's GPU jobs run on, one after another
+  int64_t largest_gpu_matrix = 0;
+  int64_t matrix_bytes = 0;
+  bool all_cpu = true;
+  for (const JobRequest* job : jobs) {
+    JobRequest routed = *job;
+    if (gpu >= 0) routed.gpu = gpu;  // the batch's GPU jobs share the first one's GPU
+    auto route = RouteJob(routed, JobMode::kWhole);
+    if (!route.ok()) return refuse_all(0, route.status());
+    if (route->pool != 0) {
+      all_cpu = false;
+      gpu = route->device->index();
+      need.device_pool = route->pool;
+      need.device_bytes = std::max(need.device_bytes, route->need.device_bytes);
+      largest_gpu_matrix = std::max(largest_gpu_matrix, job->problem.matrix_bytes());
+    }
+    need.host_bytes += route->need.host_bytes + kBatchResultOverheadBytes;
+    matrix_bytes += job->problem.matrix_bytes();
+    b.jobs_.push_back({*route, job->problem, std::string(job->diagonal), job->group});
+  }
+  need.host_bytes += largest_gpu_matrix;
+  if (need.host_bytes > admission_->capacity(0) ||
+      (need.device_pool != 0 && need.device_bytes > admission_->capacity(need.device_pool))) {
+    const bool host_short = need.host_bytes > admission_->capacity(0);
+    const int pool = host_short ? 0 : need.device_pool;
+    return refuse_all(
+        pool,
+        WithOutcome(
+            absl::ResourceExhaustedError(absl::StrFormat(
+                "batch of %d jobs needs %d bytes of %s memory together (each job's input and "
+                "output matrices plus diagonal, held until the batch's reply is sent) but the "
+                "%s budget's capacity is %d bytes (%s); send fewer or smaller jobs per batch",
+                jobs.size(), host_short ? need.host_bytes : need.device_bytes,
+                host_short ? "host" : "GPU", host_short ? "host" : absl::StrCat("GPU ", gpu),
+                admission_->capacity(pool),
+                host_short ? "--host_memory_budget" : "--gpu_memory_budget")),
+            Outcome::kTooLarge));
+  }
+  struct Here {
+    std::optional<Reservation> reservation;
+  };
+  std::shared_ptr<Here> here;
+  if (admitted_here != nullptr && all_cpu && matrix_bytes <= kRunHereMaxMatrixBytes &&
+      jobs.size() <= static_cast<size_t>(kRunHereMaxBatchJobs)) {
+    here = std::make_shared<Here>();
+  }
+  thread_local const Here* submitting = nullptr;
+  auto done = std::make_shared<BatchCallback>(std::move(done_fn));
+  auto on_admit = [this, batch, done, here](absl::StatusOr<Reservation> res) {
+    if (here != nullptr && submitting == here.get() && res.ok()) {
+      here->reservation = std::move(*res);
+      return;
+    }
+    // Never run the batch on the thread that freed the room.
+    auto held = std::make_shared<absl::StatusOr<Reservation>>(std::move(res));
+    Post([this, batch, done, held] {
+      if (!held->ok()) {
+        for (const AdmittedBatch::Job& j : (*batch)->jobs_) {
+          metrics_->Refused(j.route.pool, held->status(), j.group.has_value() ? &*j.group : nullptr,
+                            j.problem.lines());
+        }
+        (*done)(held->status());
+        return;
+      }
+      (*batch)->reservation_ = std::move(**held);
+      (*done)(std::move(*batch));
+    });
+  };
+  const int pool = need.device_pool;
+  submitting = here.get();
+  auto ticket = admission_->Submit(need, deadline, std::move(on_admit), client);
+  submitting = nullptr;
+  if (!ticket.ok()) return refuse_all(pool, ticket.status());
+  if (here != nullptr && here->reservation.has_value()) {
+    (*batch)->reservation_ = std::move(*here->reservation);
+    *admitted_here = std::move(*batch);
+  }
+  return ticket;
+}
+
+absl::StatusOr<std::unique_ptr<ActiveJob>> AdmittedBatch::Activate(size_t i) {
+  const Job& j = jobs_[i];
+  // The batch's reservation covers the job: it reserves nothing of its own.
+  return engine_->Activate(j.route, j.problem, JobMode::kWhole, arrived_, j.diagonal, j.group,
+                           Reservation());
+}
+
 bool Engine::RunsHere(const Route& r, const Problem& p, JobMode mode) const {
   // The GPU path keeps its worker: Process waits on the device (copies,
   // kernel, a sticky error), which must not hold a transport thread.
@@ -313,6 +417,7 @@ v1::GetServerInfoResponse Engine::Info() const {
   l->set_max_block_bytes(options_.limits.max_block_bytes);
   l->set_max_dim(options_.limits.max_dim);
   l->set_max_queue(options_.max_queue);
+  l->set_max_batch_jobs(options_.limits.max_batch_jobs);
   info.add_dtypes(v1::DTYPE_FLOAT32);
   info.add_dtypes(v1::DTYPE_FLOAT64);
   // Every backend of a device in service, once, in the order of the enum.

@@ -47,6 +47,7 @@ struct EngineOptions {
 };
 
 class Engine;
+class AdmittedBatch;
 
 // An admitted job: its reservation, its device state, its stats. Destroying
 // it returns the reservation. Not thread-safe: one Process at a time.
@@ -112,6 +113,32 @@ class Engine {
                                           StartCallback done, const ClientId& client = {},
                                           std::unique_ptr<ActiveJob>* admitted_here = nullptr);
 
+  // A MultiplyBatch's valid jobs (each whole, each passed the intake),
+  // admitted together: one reservation of the sum of their host footprints
+  // (every result is held until the batch's reply is sent) plus a fixed
+  // kBatchResultOverheadBytes per job for its framing and stats, and, for
+  // jobs that run on a GPU, that GPU's largest footprint of them (they run
+  // one after another on one GPU, each through a pinned block buffer of its
+  // matrix's size, whose largest the host need adds too). Errors at once
+  // as Start's (too_large worded for the batch: the bytes it needs and the
+  // budget); a refusal is counted once for each job. `done` runs once on a
+  // job worker, with the batch or why it was not admitted. With
+  // `admitted_here`: a batch whose jobs all run on the CPU, with at most
+  // kRunHereMaxBatchJobs jobs and kRunHereMaxMatrixBytes of matrices in all,
+  // admitted within this call, is returned there instead (as Start's).
+  using BatchCallback = std::function<void(absl::StatusOr<std::unique_ptr<AdmittedBatch>>)>;
+  absl::StatusOr<Admission::Ticket> StartBatch(
+      const std::vector<const JobRequest*>& jobs, absl::Time arrived, absl::Time deadline,
+      BatchCallback done, const ClientId& client = {},
+      std::unique_ptr<AdmittedBatch>* admitted_here = nullptr);
+  static constexpr int64_t kBatchResultOverheadBytes = 256;
+  // A batch that runs on the caller's thread has at most this many jobs
+  // (and kRunHereMaxMatrixBytes of matrices): about 1 us each for 1x1 jobs
+  // on the 2-core build machine, so a few hundred us on gRPC's callback
+  // thread at most; larger batches take one hop to a worker, which their
+  // jobs share.
+  static constexpr int kRunHereMaxBatchJobs = 256;
+
   // Small jobs may run on the caller's thread (Start's `admitted_here`): a
   // matrix of at most 64 KiB (a 128x128 float32 one), some microseconds of
   // copy and compute on the CPU against the hundreds an RPC costs, and
@@ -161,6 +188,7 @@ class Engine {
 
  private:
   friend class ActiveJob;
+  friend class AdmittedBatch;
   struct Route {
     Device* device = nullptr;
     int pool = 0;
@@ -192,6 +220,31 @@ class Engine {
   std::atomic<uint64_t> next_job_id_{1};
   std::atomic<bool> draining_{false};
   std::function<void(bool)> serving_listener_;
+};
+
+// A batch of jobs admitted together (Engine::StartBatch): the batch's one
+// reservation, held until this is destroyed (after its reply is sent), and
+// its jobs, each made an ActiveJob of its own (its job id, stats, outcome)
+// when it runs, reserving nothing more. Not thread-safe.
+class AdmittedBatch {
+ public:
+  // Job `i` of StartBatch's `jobs` on its device, or the error its device's
+  // Begin ended it with (counted).
+  absl::StatusOr<std::unique_ptr<ActiveJob>> Activate(size_t i);
+  size_t size() const { return jobs_.size(); }
+
+ private:
+  friend class Engine;
+  struct Job {
+    Engine::Route route;
+    Problem problem;
+    std::string diagonal;
+    std::optional<v1::JobGroup> group;
+  };
+  Engine* engine_ = nullptr;
+  absl::Time arrived_;
+  std::vector<Job> jobs_;
+  Reservation reservation_;
 };
 
 }  // namespace dgmm

@@ -48,6 +48,26 @@ absl::Status JobSession::Start(const JobRequest& job, JobMode mode, Admitted adm
   return absl::OkStatus();
 }
 
+absl::Status JobSession::StartBatch(const std::vector<const JobRequest*>& jobs,
+                                    AdmittedBatchFn admitted, bool run_here) {
+  std::unique_lock lock(mu_);
+  std::unique_ptr<AdmittedBatch> here;
+  auto run = std::make_shared<AdmittedBatchFn>(std::move(admitted));
+  auto ticket = engine_->StartBatch(
+      jobs, call_.arrived, call_.deadline,
+      [run](absl::StatusOr<std::unique_ptr<AdmittedBatch>> batch) { (*run)(std::move(batch)); },
+      call_.id(), run_here ? &here : nullptr);
+  if (!ticket.ok()) return ticket.status();
+  ticket_ = *ticket;
+  lock.unlock();
+  if (here != nullptr) {
+    (*run)(std::move(here));  // as Start's: no lock held
+    return absl::OkStatus();
+  }
+  if (cancelled_) engine_->Cancel(*ticket, cancelled_status());
+  return absl::OkStatus();
+}
+
 void JobSession::Cancel() {
   cancelled_ = true;
   std::optional<Admission::Ticket> ticket;

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -75,6 +76,14 @@ class JobSession : public std::enable_shared_from_this<JobSession> {
   // lock `admitted` takes.
   absl::Status Start(const JobRequest& job, JobMode mode, Admitted admitted,
                      bool run_here = false);
+
+  // Start for a MultiplyBatch's valid jobs, admitted together
+  // (Engine::StartBatch): the same cancel race and `run_here`. `admitted`
+  // gets the batch (destroying it returns the batch's reservation) or why
+  // it was not admitted.
+  using AdmittedBatchFn = std::function<void(absl::StatusOr<std::unique_ptr<AdmittedBatch>>)>;
+  absl::Status StartBatch(const std::vector<const JobRequest*>& jobs, AdmittedBatchFn admitted,
+                          bool run_here = false);
 
   // The call was cancelled (or its deadline passed): a queued job ends with
   // cancelled_status() at once; an admitted one sees cancelled() between

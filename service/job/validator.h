@@ -23,6 +23,8 @@ struct RequestLimits {
   int64_t max_block_bytes = int64_t{4} << 20;
   // Largest Multiply request (--max_unary_message_bytes).
   int64_t max_unary_message_bytes = int64_t{16} << 20;
+  // Most jobs in one MultiplyBatch request (--max_batch_jobs).
+  int64_t max_batch_jobs = 4096;
 };
 
 // A validated header: the problem, the diagonal (a view into the request,

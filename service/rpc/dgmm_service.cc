@@ -24,6 +24,10 @@ StreamReactorBase* DgmmService::NewMultiply(grpc::CallbackServerContext* context
   return NewMultiplyReactor(context, &policy_, services_);
 }
 
+StreamReactorBase* DgmmService::NewMultiplyBatch(grpc::CallbackServerContext* context) {
+  return NewMultiplyBatchReactor(context, &policy_, services_);
+}
+
 StreamReactorBase* DgmmService::MultiplyStream(grpc::CallbackServerContext* context) {
   return NewMultiplyStreamReactor(context, &policy_, services_);
 }
@@ -74,6 +78,7 @@ grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext
 
 StreamReactorBase* DgmmGenericService::CreateReactor(grpc::GenericCallbackServerContext* context) {
   if (context->method() == kMultiplyMethod) return service_->NewMultiply(context);
+  if (context->method() == kMultiplyBatchMethod) return service_->NewMultiplyBatch(context);
   return new RefusedStream(
       context, &unknown_,
       absl::UnimplementedError(absl::StrCat("unknown method ", context->method())));

@@ -2,10 +2,10 @@
 // (reactors.h) from the services the jobs share. Every RPC is served at the
 // ByteBuffer level: MultiplyStream so that its payloads skip protobuf's
 // copies (proto/wire.h), the unary ones so that a request that does not
-// parse gets INVALID_ARGUMENT. Multiply is left to DgmmGenericService, which
-// takes it as a stream of one message: a unary method's message is read whole
-// by gRPC before its handler runs, a stream's only when the handler asks (see
-// ReceiveGate).
+// parse gets INVALID_ARGUMENT. Multiply (and MultiplyBatch, the same way) is
+// left to DgmmGenericService, which takes it as a stream of one message: a
+// unary method's message is read whole by gRPC before its handler runs, a
+// stream's only when the handler asks (see ReceiveGate).
 #ifndef DGMM_SERVICE_RPC_DGMM_SERVICE_H_
 #define DGMM_SERVICE_RPC_DGMM_SERVICE_H_
 
@@ -27,15 +27,17 @@
 namespace dgmm {
 
 inline constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
+inline constexpr char kMultiplyBatchMethod[] = "/dgmm.v1.Dgmm/MultiplyBatch";
 
 class DgmmService final
-    : public v1::Dgmm::WithGenericMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
-          v1::Dgmm::WithRawCallbackMethod_GetServerInfo<
-              v1::Dgmm::WithRawCallbackMethod_RegisterRegion<
-                  v1::Dgmm::WithRawCallbackMethod_UnregisterRegion<
-                      v1::Dgmm::WithRawCallbackMethod_GetRegionStatus<
-                          v1::Dgmm::WithRawCallbackMethod_MultiplyRegion<
-                              v1::Dgmm::Service>>>>>>> {
+    : public v1::Dgmm::WithGenericMethod_Multiply<
+          v1::Dgmm::WithGenericMethod_MultiplyBatch<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
+              v1::Dgmm::WithRawCallbackMethod_GetServerInfo<
+                  v1::Dgmm::WithRawCallbackMethod_RegisterRegion<
+                      v1::Dgmm::WithRawCallbackMethod_UnregisterRegion<
+                          v1::Dgmm::WithRawCallbackMethod_GetRegionStatus<
+                              v1::Dgmm::WithRawCallbackMethod_MultiplyRegion<
+                                  v1::Dgmm::Service>>>>>>>> {
  public:
   // `engine` and `regions` (may be null: regions off) must outlive the
   // service. With `auth`, every RPC of this service needs the bearer token
@@ -55,6 +57,8 @@ class DgmmService final
 
   // A Multiply call (from DgmmGenericService).
   StreamReactorBase* NewMultiply(grpc::CallbackServerContext* context);
+  // A MultiplyBatch call (from DgmmGenericService), served as Multiply is.
+  StreamReactorBase* NewMultiplyBatch(grpc::CallbackServerContext* context);
   StreamReactorBase* MultiplyStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
@@ -83,8 +87,8 @@ class DgmmService final
   JobServices services_;
 };
 
-// Takes the calls of methods no service registered: Multiply (for
-// DgmmService) and unknown methods (UNIMPLEMENTED).
+// Takes the calls of methods no service registered: Multiply and
+// MultiplyBatch (for DgmmService) and unknown methods (UNIMPLEMENTED).
 class DgmmGenericService final : public grpc::CallbackGenericService {
  public:
   explicit DgmmGenericService(DgmmService* service) : service_(service) {}

@@ -6,6 +6,7 @@
 // thread: compute runs on job workers, region mapping on the registry's.
 //
 //   Multiply            multiply_reactor.cc  UnaryJob
+//   MultiplyBatch       batch_reactor.cc     BatchJob
 //   MultiplyStream      stream_reactor.cc    StreamJob with ComputeStreamStages
 //   bench Echo          stream_reactor.cc    StreamJob with EchoStreamStages
 //   MultiplyRegion      region_reactors.cc   RegionJob
@@ -69,6 +70,8 @@ class RefusedStream final : public StreamReactorBase {
 
 StreamReactorBase* NewMultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                       const JobServices& services);
+StreamReactorBase* NewMultiplyBatchReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                                           const JobServices& services);
 StreamReactorBase* NewMultiplyStreamReactor(grpc::CallbackServerContext* context,
                                             CallPolicy* policy, const JobServices& services);
 StreamReactorBase* NewEchoReactor(grpc::CallbackServerContext* context, CallPolicy* policy,

@@ -331,5 +331,149 @@ TEST(WireTest, UnaryResponseParsesAsTheGeneratedMessage) {
   EXPECT_EQ(parsed.stats().device(), "cpu");
 }
 
+// MultiplyBatch: the client's request and the server's response parse as
+// the generated messages; the server's peek and copy and the client's
+// decoder read what the generated classes write, across slice boundaries.
+TEST(WireTest, BatchRequestParsesAsTheGeneratedMessageSmallMatricesInlineLargeLent) {
+  const std::string small(24, 's');
+  const std::string large(40000, 'L');  // over the inline size: lent
+  const v1::JobHeader header = SampleHeader();
+  SliceLoans loans;
+  std::string encoded;
+  {
+    grpc::ByteBuffer buffer = EncodeMultiplyBatchRequest(
+        {{&header, small.data(), small.size()}, {&header, large.data(), large.size()},
+         {&header, small.data(), 0}},
+        &loans);
+    encoded = Flatten(buffer);
+  }
+  loans.WaitUntilReturned();
+  v1::MultiplyBatchRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(encoded));
+  ASSERT_EQ(parsed.jobs_size(), 3);
+  EXPECT_EQ(parsed.jobs(0).matrix(), small);
+  EXPECT_EQ(parsed.jobs(1).matrix(), large);
+  EXPECT_EQ(parsed.jobs(2).matrix(), "");
+  EXPECT_EQ(parsed.jobs(1).header().SerializeAsString(), header.SerializeAsString());
+  // The empty batch: an empty message.
+  EXPECT_EQ(Flatten(EncodeMultiplyBatchRequest({}, &loans)), "");
+}
+
+TEST(WireTest, BatchRequestIsPeekedJobByJobAndCopiedInOrder) {
+  v1::MultiplyBatchRequest request;
+  for (int i = 0; i < 3; ++i) {
+    v1::MultiplyRequest* job = request.add_jobs();
+    *job->mutable_header() = SampleHeader();
+    job->mutable_header()->set_rows(i + 1);
+    job->set_matrix(std::string(static_cast<size_t>(8 * (i + 1)), static_cast<char>('a' + i)));
+  }
+  // A job whose matrix is given twice: its own error, the others decode.
+  v1::MultiplyRequest* twice = request.mutable_jobs(1);
+  std::string bytes = twice->SerializeAsString() + std::string("\x12\x01z", 3);
+  request.mutable_jobs(1)->Clear();
+  std::string encoded = request.SerializeAsString();
+  v1::MultiplyBatchRequest with_bad;
+  ASSERT_TRUE(with_bad.ParseFromString(encoded));
+  // Rebuild with job 1's raw bytes in place.
+  std::string raw;
+  for (int i = 0; i < 3; ++i) {
+    const std::string job = i == 1 ? bytes : request.jobs(i).SerializeAsString();
+    raw += '\x0a';
+    raw += static_cast<char>(job.size());
+    raw += job;
+  }
+  size_t total = 0;
+  absl::StatusOr<std::vector<BatchJobView>> views =
+      PeekMultiplyBatchRequest(Buffer(raw), 100, &total);
+  ASSERT_TRUE(views.ok()) << views.status();
+  ASSERT_EQ(views->size(), 3u);
+  EXPECT_EQ(total, 3u);
+  EXPECT_TRUE((*views)[0].decoded.ok());
+  EXPECT_EQ((*views)[0].request.header.rows(), 1);
+  EXPECT_EQ((*views)[0].request.matrix_bytes, 8u);
+  EXPECT_EQ((*views)[1].decoded.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string((*views)[1].decoded.message()), HasSubstr("the matrix is given twice"));
+  EXPECT_TRUE((*views)[2].decoded.ok());
+  EXPECT_EQ((*views)[2].request.matrix_bytes, 24u);
+  BatchMatrixReader reader(Buffer(raw));
+  std::string first(8, '\0'), third(24, '\0');
+  ASSERT_TRUE(reader.Copy((*views)[0].matrix_offset, first.data(), 8).ok());
+  ASSERT_TRUE(reader.Copy((*views)[2].matrix_offset, third.data(), 24).ok());
+  EXPECT_EQ(first, std::string(8, 'a'));
+  EXPECT_EQ(third, std::string(24, 'c'));
+  EXPECT_FALSE(reader.Copy((*views)[0].matrix_offset, first.data(), 8).ok());  // backwards
+  // Past max_jobs: counted, not read.
+  views = PeekMultiplyBatchRequest(Buffer(raw), 2, &total);
+  ASSERT_TRUE(views.ok());
+  EXPECT_EQ(views->size(), 2u);
+  EXPECT_EQ(total, 3u);
+  // Broken framing is the batch's INVALID_ARGUMENT.
+  views = PeekMultiplyBatchRequest(Buffer(raw.substr(0, raw.size() - 3)), 100, &total);
+  EXPECT_EQ(views.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(views.status().message()), HasSubstr("malformed MultiplyBatchRequest"));
+}
+
+TEST(WireTest, BatchResponseParsesAsTheGeneratedMessageAndDecodesIntoPlace) {
+  v1::JobStats stats;
+  stats.set_job_id(42);
+  stats.set_device("cpu");
+  const std::string result(20, 'r');
+  const std::string large(20000, 'L');  // over the inline size: a sub-slice of the data
+  const grpc::Slice data(result + std::string(44, 'x') + large);
+  std::vector<BatchResultView> views(4);
+  views[0] = {.code = 0,
+              .message = "",
+              .stats = &stats,
+              .has_result = true,
+              .offset = 0,
+              .bytes = result.size()};
+  views[1] = {.code = 3, .message = "bad diagonal"};
+  views[2] = {
+      .code = 0, .message = "", .stats = &stats, .has_result = true, .offset = 0, .bytes = 0};
+  views[3] = {.code = 0,
+              .message = "",
+              .stats = &stats,
+              .has_result = true,
+              .offset = 64,
+              .bytes = large.size()};
+  grpc::ByteBuffer encoded = EncodeMultiplyBatchResponse(views, data);
+  v1::MultiplyBatchResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(encoded)));
+  ASSERT_EQ(parsed.results_size(), 4);
+  EXPECT_EQ(parsed.results(3).result(), large);
+  parsed.mutable_results()->RemoveLast();
+  EXPECT_EQ(parsed.results(0).result(), result);
+  EXPECT_EQ(parsed.results(0).stats().job_id(), 42u);
+  EXPECT_FALSE(parsed.results(0).has_status());
+  EXPECT_EQ(parsed.results(1).status().code(), 3);
+  EXPECT_EQ(parsed.results(1).status().message(), "bad diagonal");
+  EXPECT_EQ(parsed.results(2).result(), "");
+
+  grpc::ByteBuffer again = Buffer(parsed.SerializeAsString());
+  std::string out0(20, '\0');
+  std::vector<BatchResultDecoded> decoded;
+  absl::Status s = DecodeMultiplyBatchResponse(
+      &again, 3,
+      [&](size_t i, size_t size) -> absl::StatusOr<void*> {
+        if (i == 0 && size == 20) return out0.data();
+        if (i == 2 && size == 0) return out0.data();
+        return absl::InternalError("misplaced");
+      },
+      &decoded);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(decoded[0].status.ok());
+  EXPECT_EQ(out0, result);
+  EXPECT_EQ(decoded[0].stats.job_id(), 42u);
+  EXPECT_EQ(decoded[1].status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decoded[1].status.message(), "bad diagonal");
+  EXPECT_TRUE(decoded[2].status.ok()) << decoded[2].status;
+  // A count other than the jobs sent is INTERNAL.
+  grpc::ByteBuffer short_count = Buffer(parsed.SerializeAsString());
+  s = DecodeMultiplyBatchResponse(
+      &short_count, 4, [&](size_t, size_t) -> absl::StatusOr<void*> { return out0.data(); },
+      &decoded);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+}
+
 }  // namespace
 }  // namespace dgmm::wire

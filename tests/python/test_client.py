@@ -159,6 +159,52 @@ class ClientTest(unittest.TestCase):
                 self.assertIn("diagonal", error.details.lower())
                 self.assertIn(error.details, str(error))
 
+    def test_multiply_batch_each_job_its_own_result_or_error(self):
+        jobs, expected = [], []
+        for dtype in (np.float32, np.float64):
+            for order in "CF":
+                for side in ("right", "left"):
+                    for shape in ((1, 1), (7, 3), (100, 100)):
+                        a = self.random(shape, dtype, order)
+                        d = self.random(shape[1] if side == "right" else shape[0], dtype)
+                        jobs.append((a, d, side))
+                        expected.append(reference(a, d, side))
+        bad = (self.random((30, 20), np.float64), np.ones(19))  # a diagonal one short
+        jobs.insert(3, bad)
+        expected.insert(3, None)
+        results = self.client.multiply_batch(jobs, return_stats=True)
+        self.assertEqual(len(results), len(jobs))
+        for i, (job, result, ref) in enumerate(zip(jobs, results, expected)):
+            with self.subTest(i=i):
+                if ref is None:
+                    self.assertIsInstance(result, dgmm.DgmmError)
+                    self.assertEqual(result.code, grpc.StatusCode.INVALID_ARGUMENT)
+                    # The words a Multiply call of it gets.
+                    with self.assertRaises(dgmm.DgmmError) as raised:
+                        self.client.multiply(*job)
+                    self.assertEqual(result.details, raised.exception.details)
+                    continue
+                c, stats = result
+                self.assertEqual(c.dtype, job[0].dtype)
+                self.assertEqual(c.flags.f_contiguous and not c.flags.c_contiguous,
+                                 job[0].flags.f_contiguous and not job[0].flags.c_contiguous)
+                np.testing.assert_allclose(c, ref, rtol=tolerance(job[0].dtype), atol=0)
+                self.assertEqual(stats.bytes_out, job[0].nbytes)
+        self.assertEqual(self.client.multiply_batch([]), [])
+
+    def test_multiply_batch_over_the_job_limit_raises_resource_exhausted(self):
+        server = Server("--max_batch_jobs=4")
+        try:
+            with dgmm.Client(server.address) as client:
+                jobs = [(np.ones((2, 2)), np.ones(2))] * 5
+                with self.assertRaises(dgmm.DgmmError) as raised:
+                    client.multiply_batch(jobs)
+                self.assertEqual(raised.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                self.assertIn("--max_batch_jobs", raised.exception.details)
+                self.assertEqual(len(client.multiply_batch(jobs[:4])), 4)
+        finally:
+            server.stop()
+
     def test_unsupported_arrays_are_rejected_before_sending(self):
         bad = [(np.ones((3, 3), dtype=np.int64), np.ones(3), "float32 or float64"),
                (np.ones((3, 3), dtype=np.float16), np.ones(3), "float32 or float64"),

@@ -42,6 +42,10 @@ const std::string& MultiplyMethod() {
   static const std::string* const method = new std::string(kMultiplyMethod);
   return *method;
 }
+const std::string& MultiplyBatchMethod() {
+  static const std::string* const method = new std::string("/dgmm.v1.Dgmm/MultiplyBatch");
+  return *method;
+}
 // The status payload that carries a failed job's attempts (AttemptsOf).
 constexpr char kAttemptsPayload[] = "type.dgmm.dev/dgmm.client.attempts";
 
@@ -870,6 +874,132 @@ absl::StatusOr<HealthState> Client::Health(const std::string& service) {
       grpc::health::v1::Health::NewStub(channel_)->Check(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response.status();
+}
+
+absl::StatusOr<BatchResult> Client::MultiplyBatch(const std::vector<BatchItem>& items,
+                                                  CancelToken* cancel) {
+  if (!options_status_.ok()) return options_status_;
+  BatchResult result;
+  result.jobs.assign(items.size(), absl::InternalError("not run"));
+  // The items the client can send (the server judges the rest of each job).
+  std::vector<size_t> sent;
+  std::vector<v1::JobHeader> headers;
+  std::vector<wire::BatchRequestJob> jobs;
+  sent.reserve(items.size());
+  headers.reserve(items.size());
+  jobs.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& item = items[i];
+    absl::StatusOr<size_t> bytes = CheckBuffers(item.job, item.out, item.out_bytes);
+    if (!bytes.ok()) {
+      result.jobs[i] = bytes.status();
+      continue;
+    }
+    sent.push_back(i);
+    headers.push_back(MakeHeader(item.job));
+    jobs.push_back(
+        {.header = &headers.back(), .matrix = item.job.matrix.data, .matrix_bytes = *bytes});
+  }
+  if (jobs.empty()) {  // nothing to send: no call
+    result.attempts = 0;
+    return result;
+  }
+  JobRun run;
+  if (cancel != nullptr) {
+    std::lock_guard lock(cancel->mu_);
+    if (cancel->cancelled_) {
+      return absl::CancelledError("the batch was cancelled before it started");
+    }
+    cancel->on_cancel_ = [&run] { run.Fail(absl::CancelledError("the batch was cancelled")); };
+  }
+  absl::Cleanup detach = [cancel] {
+    if (cancel == nullptr) return;
+    std::lock_guard lock(cancel->mu_);
+    cancel->on_cancel_ = nullptr;
+  };
+  run.deadline = Deadline();
+  Lane* lane = GetLane(0, /*striped=*/false);
+  // Each job's result goes straight to its item's `out`.
+  const wire::BatchPlacer placer = [&](size_t k, size_t size) -> absl::StatusOr<void*> {
+    const BatchItem& item = items[sent[k]];
+    if (size != item.out_bytes) {
+      return absl::InternalError(absl::StrCat("the server returned a result of ", size,
+                                              " bytes; expected ", item.out_bytes));
+    }
+    return item.out;
+  };
+  for (int made = 1;; ++made) {
+    if (run.Failed()) return run.first_error;
+    if (made > 1) {
+      if (absl::Status connected = AwaitConnection(lane, &run); !connected.ok()) {
+        return absl::Status(connected.code(),
+                            absl::StrCat(connected.message(), " (after ", made, " attempts)"));
+      }
+    }
+    absl::Status outcome;
+    FailureOrigin origin = FailureOrigin::kTransport;
+    std::optional<absl::Duration> pushback;
+    std::vector<wire::BatchResultDecoded> decoded;
+    wire::SliceLoans loans;  // outlives the context and buffers holding its slices
+    {
+      grpc::ClientContext context;
+      PrepareContext(&context, run.deadline);
+      grpc::ByteBuffer request = wire::EncodeMultiplyBatchRequest(jobs, &loans);
+      grpc::ByteBuffer response;
+      grpc::Status status;
+      run.Register(&context);
+      {
+        // Completed on this thread, as UnaryAttempt's call is.
+        grpc::CompletionQueue cq;
+        std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+            lane->stub->PrepareUnaryCall(&context, MultiplyBatchMethod(), request, &cq);
+        call->StartCall();
+        call->Finish(&response, &status, &cq);
+        void* tag = nullptr;
+        bool ok = false;
+        const bool got = cq.Next(&tag, &ok);
+        cq.Shutdown();
+        for (void* t; cq.Next(&t, &ok);) {
+        }
+        if (!got) status = grpc::Status(grpc::StatusCode::INTERNAL, "completion queue shut down");
+      }
+      run.Unregister(&context);
+      request.Clear();
+      if (status.ok()) {
+        outcome = wire::DecodeMultiplyBatchResponse(&response, jobs.size(), placer, &decoded);
+        if (!outcome.ok()) {
+          // A response that does not decode came from a server that works: final.
+          return outcome;
+        }
+      } else {
+        outcome = FromGrpcStatus(status);
+        origin = FailureOriginOf(context);
+        pushback = RetryPushback(context);
+      }
+    }
+    loans.WaitUntilReturned();
+    if (outcome.ok()) {
+      for (size_t k = 0; k < sent.size(); ++k) {
+        if (decoded[k].status.ok()) {
+          result.jobs[sent[k]] = std::move(decoded[k].stats);
+        } else {
+          result.jobs[sent[k]] = decoded[k].status;
+        }
+      }
+      result.attempts = made;
+      return result;
+    }
+    if (run.Failed()) return run.first_error;
+    const std::optional<absl::Duration> wait =
+        RetryDelay(options_.retry, made, outcome.code(), origin, pushback, absl::Now(),
+                   run.deadline, RandomJitter());
+    if (!wait.has_value()) {
+      return made == 1 ? outcome
+                       : absl::Status(outcome.code(), absl::StrCat(outcome.message(), " (after ",
+                                                                   made, " attempts)"));
+    }
+    if (!run.Sleep(*wait)) return run.first_error;
+  }
 }
 
 }  // namespace dgmm

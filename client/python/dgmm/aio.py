@@ -58,6 +58,11 @@ class Client:
             raise
         return pending.finish(wait=False)
 
+    async def multiply_batch(self, jobs, timeout=None, *, return_stats=False):
+        """As dgmm.Client.multiply_batch, on a thread of its own."""
+        return await asyncio.to_thread(self.sync.multiply_batch, jobs, timeout,
+                                       return_stats=return_stats)
+
     async def server_info(self, timeout=None):
         return await asyncio.to_thread(self.sync.server_info, timeout)
 

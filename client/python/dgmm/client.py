@@ -780,6 +780,55 @@ class Client:
             raise _error(e) from None
         return _Pending(handle, c, kind, like, device_out, return_stats, return_info)
 
+    def multiply_batch(self, jobs, timeout=None, *, return_stats=False):
+        """Runs many small independent jobs in one MultiplyBatch call: the
+        RPC's cost is paid once for all of them (docs/protocol.md,
+        "MultiplyBatch").
+
+        jobs: a sequence of (a, d), (a, d, side) or (a, d, side, backend)
+        tuples, each as multiply()'s arguments (host arrays: NumPy or the
+        buffer protocol). Returns a list with one entry per job, in order:
+        C (A's shape, dtype and layout), or (C, dgmm.pb.JobStats) with
+        return_stats=True; a job that failed on its own (a bad diagonal, a
+        job that can never fit, ...) has its DgmmError in its place,
+        returned, not raised: one bad job does not fail the others.
+        Raises ValueError for arrays dgmm cannot take (before any call), and
+        DgmmError when the call itself fails: the batch over the server's
+        message size or --max_batch_jobs (RESOURCE_EXHAUSTED), its jobs
+        together over the memory budget, the deadline (`timeout` seconds for
+        the whole call), the transport. The whole batch is retried as the
+        client's RetryPolicy says (jobs are pure). The batch must fit one
+        message (GetServerInfo().limits.max_unary_message_bytes); send large
+        jobs with multiply().
+        """
+        prepared = []
+        for item in jobs:
+            if not 2 <= len(item) <= 4:
+                raise ValueError("dgmm: a batch job is (a, d), (a, d, side) or "
+                                 "(a, d, side, backend)")
+            a, d = item[0], item[1]
+            side = item[2] if len(item) > 2 else "right"
+            backend = item[3] if len(item) > 3 else "auto"
+            job = _Job(a, d, side, backend)
+            prepared.append((job, job.new_output()))
+        core = self._core if timeout is None else self._core_for(timeout, None)
+        try:
+            outcomes = core.multiply_batch([
+                (job.a, job.diagonal, c, job.rows, job.cols, job.dtype_enum, job.col_major,
+                 job.side, job.backend) for job, c in prepared])
+        except _core.Error as e:
+            raise _error(e, info=False) from None
+        results = []
+        for (_job, c), (code, message, stats) in zip(prepared, outcomes):
+            if code != 0:
+                results.append(DgmmError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN),
+                                         message))
+            elif return_stats:
+                results.append((c, pb.JobStats.FromString(stats)))
+            else:
+                results.append(c)
+        return results
+
     def _region_arrays_job(self, a, d, side, backend, timeout, out, return_stats, return_info,
                            progress):
         """Replaced by dgmm.arrays (imported with the package): the job on

@@ -673,6 +673,54 @@ PYBIND11_MODULE(_core, m) {
              if (!info.ok()) Raise(info.status());
              return Serialize(*info);
            })
+      // MultiplyBatch: jobs as (a, d, out, rows, cols, dtype, col_major, side,
+      // backend) tuples, run in one call without the GIL; one (code,
+      // message, stats bytes or None) per job, in order; the call's own
+      // error is raised. Not cancellable by Ctrl-C (one call, no job token).
+      .def("multiply_batch",
+           [](dgmm::Client& c, const py::list& jobs) {
+             std::vector<std::unique_ptr<HeldBuffer>> held;
+             std::vector<dgmm::BatchItem> items;
+             held.reserve(3 * jobs.size());
+             items.reserve(jobs.size());
+             for (py::handle job : jobs) {
+               const py::tuple t = py::reinterpret_borrow<py::tuple>(job);
+               if (t.size() != 9) throw py::value_error("dgmm: a batch job is a 9-tuple");
+               held.push_back(std::make_unique<HeldBuffer>(t[0], false, "A"));
+               held.push_back(std::make_unique<HeldBuffer>(t[1], false, "the diagonal"));
+               held.push_back(std::make_unique<HeldBuffer>(t[2], true, "out"));
+               const HeldBuffer& a = *held[held.size() - 3];
+               const HeldBuffer& d = *held[held.size() - 2];
+               const HeldBuffer& out = *held[held.size() - 1];
+               dgmm::BatchItem& item = items.emplace_back();
+               item.job.matrix = {a.data(), t[3].cast<int64_t>(), t[4].cast<int64_t>(),
+                                  static_cast<dgmm::v1::DType>(t[5].cast<int>()),
+                                  t[6].cast<bool>() ? dgmm::v1::LAYOUT_COL_MAJOR
+                                                    : dgmm::v1::LAYOUT_ROW_MAJOR};
+               item.job.diagonal = d.data();
+               item.job.diagonal_bytes = d.size();
+               item.job.side = static_cast<dgmm::v1::Side>(t[7].cast<int>());
+               item.job.backend = static_cast<dgmm::v1::Backend>(t[8].cast<int>());
+               item.out = out.data();
+               item.out_bytes = out.size();
+             }
+             absl::StatusOr<dgmm::BatchResult> result;
+             {
+               py::gil_scoped_release release;
+               result = c.MultiplyBatch(items);
+             }
+             if (!result.ok()) Raise(result.status(), dgmm::AttemptsOf(result.status()));
+             py::list outcomes;
+             for (const absl::StatusOr<dgmm::v1::JobStats>& job : result->jobs) {
+               if (job.ok()) {
+                 outcomes.append(py::make_tuple(0, std::string(), Serialize(*job)));
+               } else {
+                 outcomes.append(py::make_tuple(static_cast<int>(job.status().code()),
+                                                std::string(job.status().message()), py::none()));
+               }
+             }
+             return outcomes;
+           })
       .def("health", [](dgmm::Client& c, const std::string& service) {
         absl::StatusOr<dgmm::HealthState> state;
         {

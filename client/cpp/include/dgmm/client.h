@@ -349,6 +349,27 @@ std::vector<LineRange> SplitLines(int64_t lines, int stripes);
 // (BACKEND_AUTO, ...); INVALID_ARGUMENT for anything else.
 absl::StatusOr<v1::Backend> ParseBackendName(absl::string_view name);
 
+// One job of a MultiplyBatch, and where its result goes: `out` must hold
+// exactly the matrix's size.
+struct BatchItem {
+  Job job;
+  void* out = nullptr;
+  size_t out_bytes = 0;
+};
+
+struct BatchResult {
+  // One per item, in order: the job's stats (its result is in its `out`),
+  // or the job's own error: what a Multiply call of it would have ended
+  // with (INVALID_ARGUMENT for a bad header, RESOURCE_EXHAUSTED for a job
+  // that can never fit, ...), or INVALID_ARGUMENT from the client for an
+  // item whose buffers are unusable (that job is not sent).
+  std::vector<absl::StatusOr<v1::JobStats>> jobs;
+  // Attempts the batch took (see RetryPolicy: the whole batch is sent
+  // again, its jobs being pure); 0 when there was nothing to send (no
+  // items, or none the client could send).
+  int attempts = 1;
+};
+
 class LocalSession;  // dgmm/regions.h
 
 class Client {
@@ -400,6 +421,20 @@ class Client {
   absl::StatusOr<JobResult> MultiplyStream(const Job& job, void* out, size_t out_bytes,
                                            const ProgressCallback& progress = nullptr,
                                            CancelToken* cancel = nullptr);
+
+  // Runs many small independent jobs in one MultiplyBatch call (the RPC's
+  // cost is paid once for all of them), each with its own result and
+  // status; one bad job does not fail the others. The call's own errors
+  // (the batch over the server's message or --max_batch_jobs limits, or its
+  // jobs together over the memory budget: RESOURCE_EXHAUSTED; the deadline,
+  // a cancel, the transport) are the returned status, and are retried as
+  // RetryPolicy says for a job. Every job travels in the one message, so
+  // the batch must stay under the server's max_unary_message_bytes
+  // (GetServerInfo.limits, with max_batch_jobs); nothing is striped,
+  // streamed or sent through regions. On a job's error the contents of its
+  // `out` are unspecified.
+  absl::StatusOr<BatchResult> MultiplyBatch(const std::vector<BatchItem>& items,
+                                            CancelToken* cancel = nullptr);
 
   // The server's version, devices, budgets, queue and limits (of the one
   // server the call reached). Not retried.
