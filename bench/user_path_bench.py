@@ -27,6 +27,8 @@ Rows:
                           copying between them), a process per job
   cli .npy shm staging    the same with --process_memory=false (A read into a region,
                           C written from it)
+  cli .npy shm new file   the default with no C.npy before each run (the rows above
+                          overwrite the C.npy of the run before, in place)
   region reused           a region registered once, the data living in it
                           (client.multiply_region), the engine's best case
 
@@ -172,7 +174,7 @@ def cpp_rows(tool, address, n, reps, same_host, blocks=0, phases=None, process_m
     return out["first"] * 1e3, statistics.median(out["seconds"]) * 1e3, out["mode"]
 
 
-def cli_rows(cli, address, files, reps, same_host, process_memory=True):
+def cli_rows(cli, address, files, reps, same_host, process_memory=True, new_output=False):
     a_path, d_path, c_path = files
     base = [cli, "multiply", "--matrix", a_path, "--diag", d_path, "--out", c_path,
             "--server", address] + ([] if same_host else ["--shm=off"]) + (
@@ -180,11 +182,15 @@ def cli_rows(cli, address, files, reps, same_host, process_memory=True):
     cmd = base + ["--quiet"]
     times = []
     for _ in range(reps + 1):
+        if new_output and os.path.exists(c_path):
+            os.unlink(c_path)  # (outside the timing)
         t0 = time.perf_counter()
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         times.append((time.perf_counter() - t0) * 1e3)
         if run.returncode != 0:
             raise SystemExit("dgmm-cli: %s" % run.stderr.strip())
+    if new_output and os.path.exists(c_path):
+        os.unlink(c_path)
     report = subprocess.run(base, capture_output=True, text=True, timeout=600).stdout
     mode = next((line.split(None, 1)[1].split(",")[0] for line in report.splitlines()
                  if line.startswith("mode:")), "?")
@@ -294,6 +300,9 @@ def main():
                     check(np.load(files[2]), a, d)
                 row["cli .npy shm staging"] = cli_rows(cli, server.address, files, args.reps,
                                                        True, process_memory=False)
+                check(np.load(files[2]), a, d)
+                row["cli .npy shm new file"] = cli_rows(cli, server.address, files, args.reps,
+                                                        True, new_output=True)
                 check(np.load(files[2]), a, d)
             cupy = cupy_rows(a, d, args.reps) if args.backend != "cpu" else None
             if cupy is not None:
