@@ -13,8 +13,13 @@
 // environment turns the same-host path off (ClientOptions.same_host),
 // DGMM_SAME_HOST_BLOCKS=K sets ClientOptions.same_host_blocks,
 // DGMM_PROCESS_MEMORY=0 ClientOptions.process_memory (the mode then says
-// "shm", else "shm process" when the server used the caller's memory). Exits 1
+// "shm", else "shm process" when the server used the caller's memory),
+// DGMM_TIMING_HUGEPAGES=1 puts A and C on transparent huge pages (madvise,
+// as NumPy does for large arrays). Exits 1
 // on an RPC error, 3 when the first result differs from a float64 reference.
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,14 +32,42 @@
 
 namespace {
 
+// A and C in anonymous memory of their own (as std::vector's large
+// allocations are), madvised onto transparent huge pages before the first
+// touch when asked (NumPy does that for its large arrays).
+template <typename T>
+class Array {
+ public:
+  Array(size_t n, bool hugepages) : n_(n) {
+    void* p = mmap(nullptr, bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) std::abort();
+    if (hugepages) madvise(p, bytes(), MADV_HUGEPAGE);
+    p_ = static_cast<T*>(p);
+  }
+  ~Array() { munmap(p_, bytes()); }
+  Array(const Array&) = delete;
+  Array& operator=(const Array&) = delete;
+  T* data() { return p_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) { return p_[i]; }
+
+ private:
+  size_t bytes() const { return std::max<size_t>(n_ * sizeof(T), 1); }
+  T* p_ = nullptr;
+  size_t n_;
+};
+
 template <typename T>
 int Run(const std::string& server, int64_t n, int repeats, int warmup, dgmm::v1::DType dtype) {
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<double> dist(-4.0, 4.0);
-  std::vector<T> a(static_cast<size_t>(n * n)), d(static_cast<size_t>(n));
-  for (T& x : a) x = static_cast<T>(dist(rng));
+  const char* huge = std::getenv("DGMM_TIMING_HUGEPAGES");
+  const bool hugepages = huge != nullptr && std::string(huge) == "1";
+  Array<T> a(static_cast<size_t>(n * n), hugepages), c(a.size(), hugepages);
+  std::vector<T> d(static_cast<size_t>(n));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<T>(dist(rng));
   for (T& x : d) x = static_cast<T>(dist(rng));
-  std::vector<T> c(a.size(), static_cast<T>(NAN));
+  for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<T>(NAN);
   dgmm::ClientOptions options;
   const char* same_host = std::getenv("DGMM_SAME_HOST");
   options.same_host = same_host == nullptr || std::string(same_host) != "0";
