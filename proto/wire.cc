@@ -242,6 +242,14 @@ grpc::ByteBuffer EncodeMultiplyResponse(grpc::Slice result, const v1::JobStats& 
   const std::string encoded_stats = stats.SerializeAsString();
   AppendLengthDelimitedPrefix(kMultiplyResponseStats, encoded_stats.size(), &suffix);
   suffix += encoded_stats;
+  if (result.size() <= kInlineMatrixBytes) {
+    // A small result is copied into one slice with its framing: its buffer
+    // goes back now, and gRPC writes one slice.
+    prefix.append(reinterpret_cast<const char*>(result.begin()), result.size());
+    prefix += suffix;
+    grpc::Slice one(prefix);
+    return grpc::ByteBuffer(&one, 1);
+  }
   grpc::Slice slices[3] = {grpc::Slice(prefix), std::move(result), grpc::Slice(suffix)};
   return grpc::ByteBuffer(slices, 3);
 }
@@ -274,6 +282,12 @@ grpc::ByteBuffer EncodeMultiplyRequest(const v1::JobHeader& header, const void* 
   AppendLengthDelimitedPrefix(kMultiplyRequestHeader, encoded_header.size(), &prefix);
   prefix += encoded_header;
   AppendLengthDelimitedPrefix(kMultiplyRequestMatrix, matrix_bytes, &prefix);
+  if (matrix_bytes <= kInlineMatrixBytes) {
+    // A small matrix is copied into the framing: no loan to wait for.
+    prefix.append(static_cast<const char*>(matrix), matrix_bytes);
+    grpc::Slice one(prefix);
+    return grpc::ByteBuffer(&one, 1);
+  }
   grpc::Slice slices[2] = {grpc::Slice(prefix), loans->Lend(matrix, matrix_bytes)};
   return grpc::ByteBuffer(slices, 2);
 }

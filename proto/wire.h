@@ -67,7 +67,8 @@ class SliceLoans {
 };
 
 // MultiplyRequest{header, matrix=[matrix, matrix+matrix_bytes)}; the matrix
-// bytes are borrowed from `loans`.
+// bytes are borrowed from `loans`, or, up to 16 KiB, copied into the
+// message's one slice (a loan costs more than such a copy).
 grpc::ByteBuffer EncodeMultiplyRequest(const v1::JobHeader& header, const void* matrix,
                                        size_t matrix_bytes, SliceLoans* loans);
 
@@ -157,7 +158,9 @@ absl::StatusOr<MultiplyRequestView> PeekMultiplyRequest(const grpc::ByteBuffer& 
 absl::Status CopyMultiplyMatrix(const grpc::ByteBuffer& buffer, void* out, size_t bytes);
 
 // MultiplyResponse{result, stats}: a small prefix, `result` as is (a slice
-// that owns or borrows the payload; nothing is copied), then the stats.
+// that owns or borrows the payload; nothing is copied), then the stats. A
+// result of up to 16 KiB is copied into one slice with the rest (and its
+// own slice released at once).
 grpc::ByteBuffer EncodeMultiplyResponse(grpc::Slice result, const v1::JobStats& stats);
 
 // ------------------------------------------------------------ MultiplyBatch
