@@ -103,25 +103,21 @@ absl::Status ProcessMemory::Check() const {
 }
 
 absl::Status ProcessMemory::Read(std::byte* dst, const std::byte* src, int64_t bytes) const {
-  const uint64_t at = reinterpret_cast<uint64_t>(src);
-  const int err = Transfer(pid_, /*read=*/true, dst, at, bytes);
+  return Copy(/*read=*/true, dst, reinterpret_cast<uint64_t>(src), bytes);
+}
+
+absl::Status ProcessMemory::Write(std::byte* dst, const std::byte* src, int64_t bytes) const {
+  return Copy(/*read=*/false, const_cast<std::byte*>(src), reinterpret_cast<uint64_t>(dst), bytes);
+}
+
+absl::Status ProcessMemory::Copy(bool read, std::byte* local, uint64_t at, int64_t bytes) const {
+  const int err = Transfer(pid_, read, local, at, bytes);
   if (err == 0) return absl::OkStatus();
   if (err == ESRCH)
     return absl::CancelledError(absl::StrCat("the client process ", pid_, " has exited"));
   return absl::InvalidArgumentError(
-      absl::StrFormat("process memory: bytes [%#x, %#x) of client process %d cannot be read (%s)",
-                      at, at + bytes, pid_, std::strerror(err)));
-}
-
-absl::Status ProcessMemory::Write(std::byte* dst, const std::byte* src, int64_t bytes) const {
-  const uint64_t at = reinterpret_cast<uint64_t>(dst);
-  const int err = Transfer(pid_, /*read=*/false, const_cast<std::byte*>(src), at, bytes);
-  if (err == 0) return absl::OkStatus();
-  if (err == ESRCH)
-    return absl::CancelledError(absl::StrCat("the client process ", pid_, " has exited"));
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "process memory: bytes [%#x, %#x) of client process %d cannot be written (%s)", at,
-      at + bytes, pid_, std::strerror(err)));
+      absl::StrFormat("process memory: bytes [%#x, %#x) of client process %d cannot be %s (%s)", at,
+                      at + bytes, pid_, read ? "read" : "written", std::strerror(err)));
 }
 
 }  // namespace dgmm

@@ -63,6 +63,8 @@ class ProcessMemory final : public TileMemory {
   absl::Status Write(std::byte* dst, const std::byte* src, int64_t bytes) const override;
 
  private:
+  // Read: the client's [at, at + bytes) into `local`; else `local` there.
+  absl::Status Copy(bool read, std::byte* local, uint64_t at, int64_t bytes) const;
   ProcessMemory(pid_t pid, int pidfd, uint64_t cookie_address, std::string cookie)
       : pid_(pid), pidfd_(pidfd), cookie_address_(cookie_address), cookie_(std::move(cookie)) {}
 

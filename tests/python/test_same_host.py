@@ -164,6 +164,25 @@ class SameHostTestCase(unittest.TestCase):
         np.testing.assert_array_equal(a, before)  # A is left alone
         return info
 
+    def kill_child_mid_job(self, script, ready, busy, never_busy):
+        """Runs `script` (argv[1]: the server's address) in a child process,
+        which prints `ready` and then loops over jobs; once busy(child) holds
+        (within 30 s, else fails with `never_busy`) it is killed with
+        SIGKILL."""
+        child = subprocess.Popen([sys.executable, "-c", script, self.address],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(child.stdout.readline(), ready)
+            self.assertTrue(wait_until(lambda: busy(child), 30), never_busy)
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            child.stdout.close()
+        self.assertEqual(child.returncode, -signal.SIGKILL)
+
     def staging(self, pid=None):
         """{name: RegionStatus} of the staging regions of process `pid` (this one)."""
         prefix = "%s%d-" % (STAGING_PREFIX, os.getpid() if pid is None else pid)
@@ -339,22 +358,11 @@ class SameHostPathTest(SameHostTestCase):
             while True:
                 client.multiply(a, d, out=c)
         """)
-        child = subprocess.Popen([sys.executable, "-c", script, self.address],
-                                 stdout=subprocess.PIPE, text=True)
-        try:
-            self.assertEqual(child.stdout.readline(), "looping\n")
-            # Until the server runs a job on the child's staging region.
-            busy = wait_until(lambda: any(r.jobs_in_use > 0
-                                          for r in self.staging(child.pid).values()), 30)
-            self.assertTrue(busy, "the child's staging region never had a job in use")
-            child.send_signal(signal.SIGKILL)
-            child.wait(10)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            child.stdout.close()
-        self.assertEqual(child.returncode, -signal.SIGKILL)
+        # Until the server runs a job on the child's staging region.
+        self.kill_child_mid_job(
+            script, "looping\n",
+            lambda child: any(r.jobs_in_use > 0 for r in self.staging(child.pid).values()),
+            "the child's staging region never had a job in use")
         self.assertTrue(wait_until(
             lambda: self.observer.region_status().registered_bytes == 0, 5),
             self.observer.region_status())
@@ -408,21 +416,10 @@ class ProcessMemoryTest(SameHostTestCase):
             while True:
                 client.multiply(a, d, out=c)
         """)
-        child = subprocess.Popen([sys.executable, "-c", script, self.address],
-                                 stdout=subprocess.PIPE, text=True)
-        try:
-            self.assertEqual(child.stdout.readline(), "looping True\n")
-            busy = wait_until(lambda: any(d.reserved_bytes > 0
-                                          for d in self.observer.server_info().devices), 30)
-            self.assertTrue(busy, "no job of the child was ever seen running")
-            child.send_signal(signal.SIGKILL)
-            child.wait(10)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            child.stdout.close()
-        self.assertEqual(child.returncode, -signal.SIGKILL)
+        self.kill_child_mid_job(
+            script, "looping True\n",
+            lambda child: any(d.reserved_bytes > 0 for d in self.observer.server_info().devices),
+            "no job of the child was ever seen running")
         self.assertTrue(wait_until(
             lambda: all(d.reserved_bytes == 0 for d in self.observer.server_info().devices), 5),
             self.observer.server_info())

@@ -442,6 +442,37 @@ std::optional<MappedRun> RunMappedFiles(Client& client, const Job& like, const N
   return run;
 }
 
+// The job of the files: A's shape, dtype and order from its header, the
+// diagonal read, the side and backend chosen; A at `matrix`.
+Job JobOfFiles(const NpyHeader& header, const NpyArray& diagonal, const Choices& choices,
+               const void* matrix) {
+  Job job;
+  job.matrix.data = matrix;
+  job.matrix.rows = header.shape[0];
+  job.matrix.cols = header.shape[1];
+  job.matrix.dtype = header.dtype;
+  job.matrix.layout = header.fortran_order ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
+  job.diagonal = diagonal.data();
+  job.diagonal_bytes = diagonal.size_bytes();
+  job.side = choices.side;
+  job.backend = choices.backend;
+  return job;
+}
+
+// --check's verdict on C's largest relative error `error` against
+// --tolerance (or the dtype's default): printed (when `print_ok`, or when it
+// failed), and the exit code.
+int CheckExit(v1::DType dtype, double error, bool print_ok) {
+  const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)
+                                                              : DefaultTolerance(dtype);
+  const bool passed = error <= tolerance;
+  if (print_ok || !passed) {
+    std::printf("max relative error: %.3g (tolerance %.3g): %s\n", error, tolerance,
+                passed ? "OK" : "FAILED");
+  }
+  return passed ? kExitOk : kExitCheckFailed;
+}
+
 // The same-host path with files (issue 25): A is read from its .npy file
 // straight into a region the server maps, the job runs there (in place, or
 // into the region's second half with --check, which then reads A and C from
@@ -468,15 +499,7 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
     return std::nullopt;  // small: one message costs less
   }
   if (client.options().process_memory) {
-    Job like;
-    like.matrix.rows = header->shape[0];
-    like.matrix.cols = header->shape[1];
-    like.matrix.dtype = header->dtype;
-    like.matrix.layout = header->fortran_order ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
-    like.diagonal = diagonal->data();
-    like.diagonal_bytes = diagonal->size_bytes();
-    like.side = choices.side;
-    like.backend = choices.backend;
+    const Job like = JobOfFiles(*header, *diagonal, choices, nullptr);
     const absl::Time start = absl::Now();
     if (std::optional<MappedRun> run =
             RunMappedFiles(client, like, *header, offset, matrix_path, out_path, check)) {
@@ -493,14 +516,7 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
         std::printf("phases:     map %.1f ms, job %.1f ms, close %.1f ms\n", ms(run->map),
                     ms(run->job), ms(run->close));
       }
-      if (!check) return kExitOk;
-      const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0
-                                   ? absl::GetFlag(FLAGS_tolerance)
-                                   : DefaultTolerance(like.matrix.dtype);
-      const bool passed = run->error <= tolerance;
-      std::printf("max relative error: %.3g (tolerance %.3g): %s\n", run->error, tolerance,
-                  passed ? "OK" : "FAILED");
-      return passed ? kExitOk : kExitCheckFailed;
+      return check ? CheckExit(like.matrix.dtype, run->error, /*print_ok=*/true) : kExitOk;
     }
   }
   const absl::Time start = absl::Now();
@@ -518,16 +534,7 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
     return ReportError(read, kExitUsage);
   }
   const absl::Time read_in = absl::Now();
-  Job job;
-  job.matrix.data = shm.bytes();
-  job.matrix.rows = header->shape[0];
-  job.matrix.cols = header->shape[1];
-  job.matrix.dtype = header->dtype;
-  job.matrix.layout = header->fortran_order ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
-  job.diagonal = diagonal->data();
-  job.diagonal_bytes = diagonal->size_bytes();
-  job.side = choices.side;
-  job.backend = choices.backend;
+  const Job job = JobOfFiles(*header, *diagonal, choices, shm.bytes());
   absl::StatusOr<JobResult> result = MultiplyRegion(
       client, RegionJobOf(job, shm.Ref(), shm.Ref(check ? static_cast<int64_t>(bytes) : 0)));
   if (!result.ok()) {
@@ -555,14 +562,8 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
                 ms(made - start), ms(read_in - made), ms(ran - read_in),
                 ms(start + wall - ran));
   }
-  if (!check) return kExitOk;
-  const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)
-                                                              : DefaultTolerance(job.matrix.dtype);
-  const double error = MaxRelativeError(job, c);
-  const bool passed = error <= tolerance;
-  std::printf("max relative error: %.3g (tolerance %.3g): %s\n", error, tolerance,
-              passed ? "OK" : "FAILED");
-  return passed ? kExitOk : kExitCheckFailed;
+  return check ? CheckExit(job.matrix.dtype, MaxRelativeError(job, c), /*print_ok=*/true)
+               : kExitOk;
 }
 
 }  // namespace
@@ -657,16 +658,7 @@ int RunMultiply() {
     }
   }
   if (!absl::GetFlag(FLAGS_check)) return kExitOk;
-
-  const double tolerance = absl::GetFlag(FLAGS_tolerance) > 0 ? absl::GetFlag(FLAGS_tolerance)
-                                                              : DefaultTolerance(job.matrix.dtype);
-  const double error = MaxRelativeError(job, out->data());
-  const bool passed = error <= tolerance;
-  if (!quiet || !passed) {
-    std::printf("max relative error: %.3g (tolerance %.3g): %s\n", error, tolerance,
-                passed ? "OK" : "FAILED");
-  }
-  return passed ? kExitOk : kExitCheckFailed;
+  return CheckExit(job.matrix.dtype, MaxRelativeError(job, out->data()), /*print_ok=*/!quiet);
 }
 
 }  // namespace dgmm::cli

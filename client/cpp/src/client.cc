@@ -46,6 +46,32 @@ const std::string& MultiplyBatchMethod() {
   static const std::string* const method = new std::string("/dgmm.v1.Dgmm/MultiplyBatch");
   return *method;
 }
+// One unary call of `method`, completed on this thread: it polls a
+// completion queue of its own, as a synchronous call does, instead of
+// waiting for gRPC's callback thread to wake it (two thread switches per
+// call, which cost more than a small job's RPC itself; issue 26). A cancel
+// (JobRun::Fail, the CancelToken) or the deadline still ends the wait: the
+// call then completes with its status.
+grpc::Status UnaryCallOnThisThread(grpc::GenericStub* stub, grpc::ClientContext* context,
+                                   const std::string& method, const grpc::ByteBuffer& request,
+                                   grpc::ByteBuffer* response) {
+  grpc::Status status;
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub->PrepareUnaryCall(context, method, request, &cq);
+  call->StartCall();
+  call->Finish(response, &status, &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  // The one event this queue ever gets: the call's end.
+  const bool got = cq.Next(&tag, &ok);
+  cq.Shutdown();
+  for (void* t; cq.Next(&t, &ok);) {
+  }
+  if (!got) status = grpc::Status(grpc::StatusCode::INTERNAL, "completion queue shut down");
+  return status;
+}
+
 // The status payload that carries a failed job's attempts (AttemptsOf).
 constexpr char kAttemptsPayload[] = "type.dgmm.dev/dgmm.client.attempts";
 
@@ -752,27 +778,8 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
     grpc::ByteBuffer response;
     grpc::Status status;
     run->Register(&context);
-    {
-      // Completed on this thread: it polls its own completion queue, as a
-      // synchronous call does, instead of waiting for gRPC's callback thread
-      // to wake it (two thread switches per call, which cost more than a
-      // small job's RPC itself; issue 26). A cancel (JobRun::Fail, the
-      // CancelToken) or the deadline still ends the wait: the call then
-      // completes with its status.
-      grpc::CompletionQueue cq;
-      std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-          lane->stub->PrepareUnaryCall(&context, MultiplyMethod(), request, &cq);
-      call->StartCall();
-      call->Finish(&response, &status, &cq);
-      void* tag = nullptr;
-      bool ok = false;
-      // The one event this queue ever gets: the call's end.
-      const bool got = cq.Next(&tag, &ok);
-      cq.Shutdown();
-      for (void* t; cq.Next(&t, &ok);) {
-      }
-      if (!got) status = grpc::Status(grpc::StatusCode::INTERNAL, "completion queue shut down");
-    }
+    status = UnaryCallOnThisThread(lane->stub.get(), &context, MultiplyMethod(), request,
+                                   &response);
     run->Unregister(&context);
     request.Clear();
     if (status.ok()) {
@@ -948,21 +955,8 @@ absl::StatusOr<BatchResult> Client::MultiplyBatch(const std::vector<BatchItem>& 
       grpc::ByteBuffer response;
       grpc::Status status;
       run.Register(&context);
-      {
-        // Completed on this thread, as UnaryAttempt's call is.
-        grpc::CompletionQueue cq;
-        std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-            lane->stub->PrepareUnaryCall(&context, MultiplyBatchMethod(), request, &cq);
-        call->StartCall();
-        call->Finish(&response, &status, &cq);
-        void* tag = nullptr;
-        bool ok = false;
-        const bool got = cq.Next(&tag, &ok);
-        cq.Shutdown();
-        for (void* t; cq.Next(&t, &ok);) {
-        }
-        if (!got) status = grpc::Status(grpc::StatusCode::INTERNAL, "completion queue shut down");
-      }
+      status = UnaryCallOnThisThread(lane->stub.get(), &context, MultiplyBatchMethod(), request,
+                                     &response);
       run.Unregister(&context);
       request.Clear();
       if (status.ok()) {
