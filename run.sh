@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages), builds, starts dgmm-server (on
-# the GPU if there is one, else the CPU; with regions, so that a client on
-# this host takes the same-host path), runs one real job through dgmm-cli
+# the GPU if there is one, else the CPU; with its defaults, under which a
+# client on this host takes the same-host path), runs one real job through dgmm-cli
 # with a local float64 check, prints the outcome and stops the server.
 #
 #   ./run.sh [N]        (default N=4096)
@@ -22,7 +22,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$work/port" --allow_regions \
+"$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$work/port" \
   2>"$work/server.log" &
 server_pid=$!
 for _ in $(seq 300); do [[ -s $work/port ]] && break; sleep 0.1; done

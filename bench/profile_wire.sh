@@ -307,7 +307,7 @@ for k, v in counts.most_common():
 }
 
 # ---------------------------------------------------------- the server
-"$server_bin" --listen=127.0.0.1:0 --port_file="$tmp/port" --backend="$backend" "${server_flags[@]}" \
+"$server_bin" --listen=127.0.0.1:0 --port_file="$tmp/port" --backend="$backend" --allow_regions=false "${server_flags[@]}" \
   > "$tmp/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 600); do [[ -s $tmp/port ]] && break; sleep 0.1; done

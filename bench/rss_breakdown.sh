@@ -10,7 +10,7 @@ set -uo pipefail
 build=${1:?build dir}
 shift
 port=$((20000 + RANDOM % 20000))
-"$build/service/dgmm-server" --listen="127.0.0.1:$port" "$@" >/tmp/rss_breakdown.$$.log 2>&1 &
+"$build/service/dgmm-server" --listen="127.0.0.1:$port" --allow_regions=false "$@" >/tmp/rss_breakdown.$$.log 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do
   grep -q "listening on" /tmp/rss_breakdown.$$.log && break

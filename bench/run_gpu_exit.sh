@@ -17,7 +17,7 @@ if [[ ${SKIP_GPU_TESTS:-0} != 1 ]]; then
 fi
 
 work=$(mktemp -d)
-"$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$work/port" 2>"$work/server.log" &
+"$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$work/port" --allow_regions=false 2>"$work/server.log" &
 server=$!
 for _ in $(seq 600); do [[ -s $work/port ]] && break; sleep 0.1; done
 addr=127.0.0.1:$(cat "$work/port")

@@ -168,7 +168,7 @@ measure_tcp before
 start_server() {  # sets server_pid and target; extra environment as arguments (NAME=VALUE)
   rm -f "$tmp/port"
   env "$@" "$server_bin" --listen=127.0.0.1:0 --port_file="$tmp/port" --backend="$backend" \
-    --enable_bench_echo "${server_flags[@]}" >> "$tmp/server.log" 2>&1 &
+    --enable_bench_echo --allow_regions=false "${server_flags[@]}" >> "$tmp/server.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 300); do [[ -s $tmp/port ]] && break; sleep 0.1; done
   [[ -s $tmp/port ]] || { cat "$tmp/server.log" >&2; echo "stream_bench.sh: the server did not start" >&2; exit 1; }

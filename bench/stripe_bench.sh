@@ -134,7 +134,7 @@ fi
 cp "$tmp/iperf.csv" "$out/iperf3.csv"
 
 # ---------------------------------------------------------- the server and the jobs
-"$server_bin" --listen=127.0.0.1:0 --port_file="$tmp/port" --backend="$backend" "${server_flags[@]}" \
+"$server_bin" --listen=127.0.0.1:0 --port_file="$tmp/port" --backend="$backend" --allow_regions=false "${server_flags[@]}" \
   > "$tmp/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 300); do [[ -s $tmp/port ]] && break; sleep 0.1; done
@@ -155,7 +155,7 @@ cat "$out/stripe_bench.csv" >> "$log"
 # dgmm-cli opens the job's connections and touches the output array's pages
 # while it makes A, before the RPC); the process's own wall time is recorded
 # beside it.
-# --shm=off: the socket, as the bench (this server has no --allow_regions).
+# --shm=off: the socket, as the bench (this server has --allow_regions=false).
 echo "n,k_option,k_used,mode,rep,rpc_s,gbps_in_out,process_s" > "$out/dgmm_cli.csv"
 n_cli=${sizes##*,}
 for k in ${cli_stripes//,/ }; do

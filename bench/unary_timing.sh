@@ -18,7 +18,7 @@ for round in $(seq 1 "$rounds"); do
   for bin in "${servers[@]}"; do
     port=$((30000 + RANDOM % 20000))
     log=$(mktemp)
-    "$bin" --listen="127.0.0.1:$port" "$@" >"$log" 2>&1 &
+    "$bin" --listen="127.0.0.1:$port" --allow_regions=false "$@" >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 1 300); do grep -q "listening on" "$log" && break; sleep 0.1; done
     for n in $sizes; do

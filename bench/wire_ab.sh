@@ -36,7 +36,7 @@ for s in $settings; do
   esac
   rm -f "$tmp/port"
   env "${senv[@]}" "$build/service/dgmm-server" --listen=127.0.0.1:0 --port_file="$tmp/port" \
-    --backend=auto "${flags[@]}" > "$tmp/server_$s.log" 2>&1 &
+    --backend=auto --allow_regions=false "${flags[@]}" > "$tmp/server_$s.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do [[ -s $tmp/port ]] && break; sleep 0.1; done
   port=$(cat "$tmp/port")

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
-#include <mutex>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,16 +16,16 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "service/backends/cpu/cpu_device.h"
+#include "service/job/stream_job.h"
 #include "service/server.h"
 #include "service/server_flags.h"
-#include "service/job/stream_job.h"
 #include "service/util/conn_guard.h"
 #include "service/util/log.h"
 #include "util/flag_names.h"
@@ -155,13 +155,16 @@ ABSL_FLAG(bool, enable_bench_echo, false,
           "Also serve dgmm.bench.v1.Echo, a benchmark-only RPC with MultiplyStream's shape that "
           "returns each block unchanged (the transport floor bench/stream_bench.sh compares "
           "jobs with). Leave off in production.");
-ABSL_FLAG(bool, allow_regions, false,
+ABSL_FLAG(bool, allow_regions, true,
           "Serve the region RPCs (RegisterRegion, MultiplyRegion...) and the local socket "
           "(--local_socket): clients on this host pass the descriptors of their own memory "
-          "(memfd, shm_open, CUDA VMM) or CUDA IPC handles, and run jobs on them with no "
-          "payload on the gRPC socket. The server maps only memory a client passed it, so a "
-          "client reaches nothing it could not open itself; regions belong to the client's "
-          "uid (docs/protocol.md \"Regions\"). Off: region RPCs are FAILED_PRECONDITION.");
+          "(memfd, shm_open, CUDA VMM) or CUDA IPC handles, or their own memory "
+          "(--process_memory), and run jobs with no payload on the gRPC socket. On by "
+          "default, so that the C++, Python and Node clients and dgmm-cli on this host take "
+          "the same-host path without flags. The server maps only memory a client passed "
+          "it, so a client reaches nothing it could not open itself; regions belong to the "
+          "client's uid (docs/protocol.md \"Regions\"). --allow_regions=false: no local "
+          "socket, region RPCs are FAILED_PRECONDITION, every client uses the gRPC socket.");
 ABSL_FLAG(std::string, local_socket, "auto",
           "With --allow_regions: path of the Unix socket where clients on this host get a "
           "region session and pass their memory's descriptors. 'auto': "
@@ -253,7 +256,8 @@ absl::Status CheckFlagRanges() {
   for (const absl::Status& s : checks) {
     if (!s.ok()) return s;
   }
-  if (const std::string pin = absl::GetFlag(FLAGS_region_pin); pin != "reuse" && pin != "register") {
+  if (const std::string pin = absl::GetFlag(FLAGS_region_pin);
+      pin != "reuse" && pin != "register") {
     return absl::InvalidArgumentError(
         absl::StrCat("--region_pin=", pin, " is not 'reuse' or 'register'"));
   }
@@ -320,8 +324,7 @@ int Main(int argc, char** argv) {
   StreamTimeouts timeouts;
   timeouts.header = absl::Seconds(absl::GetFlag(FLAGS_stream_header_timeout_s));
   timeouts.idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
-  timeouts.first_block =
-      absl::Seconds(absl::GetFlag(FLAGS_stream_first_block_timeout_s));
+  timeouts.first_block = absl::Seconds(absl::GetFlag(FLAGS_stream_first_block_timeout_s));
   eo.client_limits.max_running = absl::GetFlag(FLAGS_max_running_per_client);
   eo.client_limits.max_queued = absl::GetFlag(FLAGS_max_queued_per_client);
   eo.client_limits.max_share_percent = absl::GetFlag(FLAGS_max_client_share_percent);
@@ -359,9 +362,9 @@ int Main(int argc, char** argv) {
   const int64_t host_budget = e->Info().devices(0).budget_bytes();
   // A unary request is held whole by gRPC before the handler sees it, so the
   // quota must admit the largest one, with room for stream blocks besides.
-  int64_t transport_bytes = std::max<int64_t>(
-      std::clamp<int64_t>(host_budget / 2, int64_t{64} << 20, int64_t{256} << 20),
-      unary + (int64_t{16} << 20));
+  int64_t transport_bytes =
+      std::max<int64_t>(std::clamp<int64_t>(host_budget / 2, int64_t{64} << 20, int64_t{256} << 20),
+                        unary + (int64_t{16} << 20));
   if (const std::string t = absl::GetFlag(FLAGS_transport_memory_budget); t != "auto") {
     auto parsed = ParseBytes(t);
     if (!parsed.ok()) {
@@ -412,8 +415,10 @@ int Main(int argc, char** argv) {
     char* end = nullptr;
     const long bits = std::strtol(mode.c_str(), &end, 8);
     if (mode.empty() || *end != '\0' || bits < 0 || bits > 0777) {
-      std::fprintf(stderr, "dgmm-server: --local_socket_mode must be octal permission bits "
-                           "such as 0666 or 0660, got '%s'\n", mode.c_str());
+      std::fprintf(stderr,
+                   "dgmm-server: --local_socket_mode must be octal permission bits "
+                   "such as 0666 or 0660, got '%s'\n",
+                   mode.c_str());
       return 1;
     }
     so.local_socket_mode = static_cast<mode_t>(bits);
@@ -457,15 +462,15 @@ int Main(int argc, char** argv) {
   };
   const v1::GetServerInfoResponse info = e->Info();
   for (const v1::DeviceInfo& d : info.devices()) {
-    LogInfo("device ", d.index() < 0 ? std::string("cpu") : absl::StrCat("cuda:", d.index()),
-            ": ", d.name(), ", budget ", d.budget_bytes(), " bytes of ", d.total_memory_bytes());
+    LogInfo("device ", d.index() < 0 ? std::string("cpu") : absl::StrCat("cuda:", d.index()), ": ",
+            d.name(), ", budget ", d.budget_bytes(), " bytes of ", d.total_memory_bytes());
   }
   LogInfo(e->gpu_count() > 0 && absl::GetFlag(FLAGS_backend) != ServerBackend::kCpu
               ? "jobs run on the GPU by default"
               : "jobs run on the CPU backend (no GPU in use)");
-  LogInfo("dgmm-server ", DGMM_VERSION, " listening on ", so.listen, " (port ",
-          (*server)->port(), ", ",
-          so.tls_cert_file.empty() ? "plaintext"
+  LogInfo("dgmm-server ", DGMM_VERSION, " listening on ", so.listen, " (port ", (*server)->port(),
+          ", ",
+          so.tls_cert_file.empty()        ? "plaintext"
           : so.tls_client_ca_file.empty() ? "TLS"
                                           : "mutual TLS",
           so.auth_token_file.empty() ? "" : ", bearer token required", ")");

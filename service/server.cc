@@ -79,9 +79,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   region_options.idle_timeout = options.region_idle_timeout;
   region_options.pin_on_register = options.pin_regions_on_register;
   s->regions_ = std::make_unique<RegionRegistry>(region_options, GpuRegionOps(*s->engine_));
-  s->service_ = std::make_unique<DgmmService>(s->engine_.get(), auth, options.stream_timeouts,
-                                              unary_receive, options.max_waiting_unary_calls,
-                                              s->regions_.get());
+  s->service_ =
+      std::make_unique<DgmmService>(s->engine_.get(), auth, options.stream_timeouts, unary_receive,
+                                    options.max_waiting_unary_calls, s->regions_.get());
   s->service_->set_trusted_proxies(options.trusted_proxies);
   s->generic_ = std::make_unique<DgmmGenericService>(s->service_.get());
 
@@ -118,12 +118,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxSendMessageSize(-1);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, options.http2_bdp_probe ? 1 : 0);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                             static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_idle)));
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_idle)));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   // Keepalive must keep probing a peer that stopped reading, data or not.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
@@ -145,11 +147,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
   }
   if (options.allow_regions) {
+    // With --local_socket=auto regions are best effort (they are on by
+    // default): where no place for the socket can be had (a read-only
+    // root, say) the server serves without them and says why. A path given
+    // is the operator's: failing to use it stops the start.
+    const bool best_effort = options.local_socket == "auto";
+    const auto regions_off = [&](const absl::Status& why) {
+      s->regions_->Disable();
+      LogInfo("warning: regions off, every client uses the gRPC socket: ", why.ToString(),
+              " (give --local_socket a path, or --allow_regions=false to say so)");
+    };
     LocalSocketOptions local;
-    if (options.local_socket == "auto") {
+    absl::Status made;
+    if (best_effort) {
       auto path = DefaultLocalSocketPath(s->port_);
-      if (!path.ok()) return path.status();
-      local.path = *path;
+      if (path.ok()) {
+        local.path = *path;
+      } else {
+        made = path.status();
+      }
     } else {
       local.path = options.local_socket;
     }
@@ -158,8 +174,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     local.process_memory = options.process_memory;
     local.max_connections_per_uid = std::max(1, options.max_local_connections / 4);
     local.instance_id = s->regions_->instance_id();
-    if (absl::Status st = s->regions_->StartLocalSocket(std::move(local)); !st.ok()) return st;
-    LogInfo("regions: local socket ", s->regions_->local_socket_path());
+    if (made.ok()) made = s->regions_->StartLocalSocket(std::move(local));
+    if (made.ok()) {
+      LogInfo("regions: local socket ", s->regions_->local_socket_path());
+    } else if (best_effort) {
+      regions_off(made);
+    } else {
+      return made;
+    }
   }
   {
     std::lock_guard lock(s->serving_mu_);
@@ -202,7 +224,8 @@ bool Server::Drain(absl::Duration timeout) {
   SetServing(false);
   // No new region sessions: the socket file goes now (the process exits
   // without destructors after draining, main.cc).
-  if (regions_ != nullptr && regions_->local_socket() != nullptr) regions_->local_socket()->Unlink();
+  if (regions_ != nullptr && regions_->local_socket() != nullptr)
+    regions_->local_socket()->Unlink();
   const bool clean = engine_->Drain(timeout);
   // Replies of finished jobs may still be on their way out, and calls that
   // arrive now are refused with UNAVAILABLE by the handlers: wait until no

@@ -15,15 +15,15 @@ absl::StatusOr<std::byte*> Span(const Region& region, const v1::RegionRef& ref, 
                                 int64_t align, const char* what) {
   if (ref.offset() < 0 || ref.offset() > region.byte_size() ||
       bytes > region.byte_size() - ref.offset()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the %s needs %d bytes at offset %d of region '%s', which has %d bytes", what, bytes,
-        ref.offset(), region.name(), region.byte_size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the %s needs %d bytes at offset %d of region '%s', which has %d bytes",
+                        what, bytes, ref.offset(), region.name(), region.byte_size()));
   }
   std::byte* p = region.data() + ref.offset();
   if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(align) != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the %s in region '%s' at offset %d is not aligned to its %d-byte elements", what,
-        region.name(), ref.offset(), align));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the %s in region '%s' at offset %d is not aligned to its %d-byte elements",
+                        what, region.name(), ref.offset(), align));
   }
   return p;
 }
@@ -32,8 +32,8 @@ absl::StatusOr<std::byte*> Span(const Region& region, const v1::RegionRef& ref, 
 
 absl::Status RegionsOffError() {
   return absl::FailedPreconditionError(
-      "shared-memory and CUDA IPC regions are off on this server (start it with "
-      "--allow_regions); stream the job instead");
+      "shared-memory and CUDA IPC regions are off on this server (it runs with "
+      "--allow_regions=false); stream the job instead");
 }
 
 // The order of the checks, for every RPC (intake.h).
@@ -63,8 +63,7 @@ absl::Status Intake::Served(const JobDraft& d, IntakenJob*) const {
     return WithOutcome(
         absl::ResourceExhaustedError(absl::StrCat(
             "Multiply request of ", d.message_bytes,
-            " bytes exceeds this server's max unary message of ",
-            limits.max_unary_message_bytes,
+            " bytes exceeds this server's max unary message of ", limits.max_unary_message_bytes,
             " bytes (--max_unary_message_bytes); send it with MultiplyStream")),
         Outcome::kMessageTooLarge);
   }
@@ -189,14 +188,14 @@ absl::Status Intake::RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJo
     const uint64_t b = r.result().process_address();
     for (const auto& [at, what] : {std::pair{a, "matrix"}, std::pair{b, "result"}}) {
       if (at % static_cast<uint64_t>(elem) != 0) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "the %s at process address %#x is not aligned to its %d-byte elements", what, at,
-            elem));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("the %s at process address %#x is not aligned to its %d-byte elements",
+                            what, at, elem));
       }
       if (at > UINT64_MAX - static_cast<uint64_t>(bytes)) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "the %s's %d bytes at process address %#x run past the end of the address space",
-            what, bytes, at));
+            "the %s's %d bytes at process address %#x run past the end of the address space", what,
+            bytes, at));
       }
     }
     const uint64_t n = static_cast<uint64_t>(bytes);

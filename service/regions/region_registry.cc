@@ -21,8 +21,8 @@ namespace dgmm {
 namespace {
 
 bool NameChar(char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-         c == '.' || c == '_' || c == '-';
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
 }
 
 constexpr size_t kIpcHandleBytes = 64;
@@ -101,6 +101,7 @@ Region::Use::~Use() {
 
 RegionRegistry::RegionRegistry(RegionOptions options, RegionMemoryOps ops)
     : options_(options),
+      enabled_(options.enabled),
       ops_(std::move(ops)),
       instance_id_(RandomId()),
       pinner_(std::make_unique<ThreadPool>(1)),
@@ -163,14 +164,13 @@ RegionRegistry::~RegionRegistry() {
 
 absl::Status RegionRegistry::CheckName(absl::string_view name) {
   if (name.empty() || name.size() > 64) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "region name must have 1 to 64 characters, got %d", name.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("region name must have 1 to 64 characters, got %d", name.size()));
   }
   for (char c : name) {
     if (!NameChar(c)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "region name '", absl::CHexEscape(name),
-          "' has a character outside [A-Za-z0-9._-]"));
+      return absl::InvalidArgumentError(absl::StrCat("region name '", absl::CHexEscape(name),
+                                                     "' has a character outside [A-Za-z0-9._-]"));
     }
   }
   return absl::OkStatus();
@@ -227,8 +227,7 @@ absl::Status RegionRegistry::CheckRequest(const v1::RegisterRegionRequest& reque
           "socket (LocalPassFd, or LocalOpenShm for an object you own) and register the "
           "ticket (local_fd); docs/protocol.md \"The local socket\"");
     default:
-      return absl::InvalidArgumentError(
-          "RegisterRegionRequest needs one of local_fd and cuda_ipc");
+      return absl::InvalidArgumentError("RegisterRegionRequest needs one of local_fd and cuda_ipc");
   }
 }
 
@@ -260,9 +259,8 @@ absl::StatusOr<std::shared_ptr<Region>> RegionRegistry::MapHost(PassedMemory mem
     const int err = errno;
     r->map_ = nullptr;
     return (err == EACCES || err == EPERM ? absl::InvalidArgumentError
-                                          : absl::ResourceExhaustedError)(
-        absl::StrCat("cannot map the memory passed (", r->key_, ") for reading and writing: ",
-                     ErrnoText(err)));
+                                          : absl::ResourceExhaustedError)(absl::StrCat(
+        "cannot map the memory passed (", r->key_, ") for reading and writing: ", ErrnoText(err)));
   }
   r->map_ = m;
   // Huge pages where the host allows them for shared memory (as the C++
@@ -377,15 +375,15 @@ absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(const Caller& caller,
     std::lock_guard lock(mu_);
     auto& mine = regions_[caller.owner];
     if (mine.count(request.name()) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("this owner already has a region named '", request.name(),
-                       "'; unregister it first or pick another name"));
+      return absl::AlreadyExistsError(absl::StrCat("this owner already has a region named '",
+                                                   request.name(),
+                                                   "'; unregister it first or pick another name"));
     }
     if (static_cast<int>(mine.size()) >= options_.max_per_client) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "this owner already has %d regions registered, the most one may have "
-          "(--max_regions_per_client); unregister some first",
-          mine.size()));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("this owner already has %d regions registered, the most one may have "
+                          "(--max_regions_per_client); unregister some first",
+                          mine.size()));
     }
     // Only host regions take the server's memory; count GPU regions too, so
     // that the budget bounds what one server holds open for its clients.
@@ -424,10 +422,10 @@ absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(const Caller& caller,
         absl::StrCat("this owner already has a region named '", request.name(), "'"));
   }
   mine[request.name()] = *r;
-  LogInfo("region registered: '", request.name(), "' of ", caller.owner, " (pid ",
-          caller.peer.pid, "), ", (*r)->key_.empty() ? "gpu memory" : (*r)->key_, ", ",
-          (*r)->byte_size(), " bytes", (*r)->pinned_ ? ", pinned" : "",
-          (*r)->sealed_ ? ", sealed" : "", ", in ", absl::FormatDuration((*r)->register_time_));
+  LogInfo("region registered: '", request.name(), "' of ", caller.owner, " (pid ", caller.peer.pid,
+          "), ", (*r)->key_.empty() ? "gpu memory" : (*r)->key_, ", ", (*r)->byte_size(), " bytes",
+          (*r)->pinned_ ? ", pinned" : "", (*r)->sealed_ ? ", sealed" : "", ", in ",
+          absl::FormatDuration((*r)->register_time_));
   return (*r)->Describe();
 }
 

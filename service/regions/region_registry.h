@@ -149,7 +149,11 @@ class RegionRegistry {
   // Random, fixed for the registry's life (GetServerInfoResponse.instance_id,
   // and every hello of the local socket).
   const std::string& instance_id() const { return instance_id_; }
-  bool enabled() const { return options_.enabled; }
+  bool enabled() const { return enabled_.load(std::memory_order_acquire); }
+  // Turns regions off for good (region RPCs FAILED_PRECONDITION, no
+  // regions_enabled in GetServerInfo): the server could not start its
+  // local socket where --local_socket=auto looked for a place.
+  void Disable() { enabled_.store(false, std::memory_order_release); }
 
   // Who registers: the owner key (the session's uid, with the bearer
   // token's client when the server has tokens) and the session.
@@ -224,6 +228,7 @@ class RegionRegistry {
   bool Pin(Region& r);
 
   const RegionOptions options_;
+  std::atomic<bool> enabled_;
   const RegionMemoryOps ops_;
   const std::string instance_id_;
   std::shared_ptr<std::atomic<int64_t>> registered_bytes_ =
@@ -238,8 +243,8 @@ class RegionRegistry {
   std::mutex pin_mu_;
   std::atomic<bool> pin_stopped_{false};
   std::unique_ptr<ThreadPool> pinner_ ABSL_GUARDED_BY(pin_mu_);  // null once stopped
-  std::unique_ptr<ThreadPool> workers_;  // joined before the table goes
-  std::unique_ptr<LocalSocket> local_socket_;  // last: closed first (DropSession)
+  std::unique_ptr<ThreadPool> workers_;                          // joined before the table goes
+  std::unique_ptr<LocalSocket> local_socket_;                    // last: closed first (DropSession)
 };
 
 }  // namespace dgmm

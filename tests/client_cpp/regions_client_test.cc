@@ -2,25 +2,26 @@
 // real dgmm-servers on loopback (CPU backend): one with --allow_regions, one
 // without, and one in a mount namespace of its own whose local socket lives
 // in a /dev/shm that is not this host's (a server whose local socket this
-// process cannot reach, as a remote one's). Results are checked against a float64 reference computed here, in
-// outputs poisoned with NaN first.
+// process cannot reach, as a remote one's). Results are checked against a float64 reference
+// computed here, in outputs poisoned with NaN first.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <thread>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -42,8 +43,8 @@ int CountSubstr(const std::string& s, const std::string& what) {
   for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
   return n;
 }
-using ::testing::Not;
 using testing::CliBinary;
+using ::testing::Not;
 using testing::Operands;
 using testing::RunCommand;
 using testing::ServerProcess;
@@ -107,8 +108,8 @@ int64_t RegisteredBytes(Client& client) {
 }
 
 template <typename T>
-RegionJob MakeRegionJob(const Operands<T>& ops, const SharedMemoryRegion& region,
-                        int64_t matrix_at, int64_t result_at) {
+RegionJob MakeRegionJob(const Operands<T>& ops, const SharedMemoryRegion& region, int64_t matrix_at,
+                        int64_t result_at) {
   RegionJob job;
   job.rows = ops.rows;
   job.cols = ops.cols;
@@ -191,8 +192,7 @@ TEST(SharedMemoryRegionTest, ARegionEndsWithItsClientsSession) {
   for (int i = 0; i < 250 && GetRegionStatus(second, "session-bound").ok(); ++i) {
     usleep(20000);
   }
-  EXPECT_EQ(GetRegionStatus(second, "session-bound").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(GetRegionStatus(second, "session-bound").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(RegisteredBytes(second), 0);
   region->release();  // its Client is gone: leak the mapping rather than use it
 }
@@ -230,7 +230,8 @@ TEST(SharedMemoryRegionTest, ErrorsCarryTheServersCodeAndLeaveNothingBehind) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SharedMemoryRegion::Create(client, 64, "bad/name").status().code(),
             absl::StatusCode::kInvalidArgument);
-  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> a = SharedMemoryRegion::Create(client, 64, "dup");
+  absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> a =
+      SharedMemoryRegion::Create(client, 64, "dup");
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(SharedMemoryRegion::Create(client, 64, "dup").status().code(),
             absl::StatusCode::kAlreadyExists);
@@ -371,8 +372,8 @@ TEST(SameHostTest, BlocksOfLinesOverlapAndGiveTheSameResults) {
     Client client(RegionsServer().address(), options);
     for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
       for (v1::Side side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
-        SCOPED_TRACE(absl::StrCat(blocks, " blocks, ", v1::Layout_Name(layout), " ",
-                                  v1::Side_Name(side)));
+        SCOPED_TRACE(
+            absl::StrCat(blocks, " blocks, ", v1::Layout_Name(layout), " ", v1::Side_Name(side)));
         double error = 0;
         JobResult f = SameHostJob(client, Operands<float>(613, 487, layout, side, seed++), &error);
         EXPECT_EQ(f.mode, TransferMode::kRegion) << f.socket_reason;
@@ -525,9 +526,9 @@ TEST(SameHostTest, DataInTheClientsRegionRunsWithoutACopy) {
   absl::StatusOr<JobResult> r = client.Multiply(job, base + bytes, bytes);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->mode, TransferMode::kRegion);
-  EXPECT_LE(ops.MaxRelativeError(ReadBack<float>(**region, static_cast<int64_t>(bytes),
-                                                 ops.a.size())),
-            std::numeric_limits<float>::epsilon());
+  EXPECT_LE(
+      ops.MaxRelativeError(ReadBack<float>(**region, static_cast<int64_t>(bytes), ops.a.size())),
+      std::numeric_limits<float>::epsilon());
   // In place.
   r = client.Multiply(job, base, bytes);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -556,9 +557,9 @@ TEST(SameHostTest, TwoClientsAtOnceAndTwoProcesses) {
       JobResult r = SameHostJob(
           *c, Operands<float>(600, 600, v1::LAYOUT_COL_MAJOR, v1::SIDE_RIGHT, seed + i), &error);
       if (r.mode != TransferMode::kRegion || error > std::numeric_limits<float>::epsilon()) {
-        std::fprintf(stderr, "client %p seed %llu: mode %s (%s), error %g\n",
-                     static_cast<void*>(c), static_cast<unsigned long long>(seed + i),
-                     TransferModeName(r.mode), r.socket_reason.c_str(), error);
+        std::fprintf(stderr, "client %p seed %llu: mode %s (%s), error %g\n", static_cast<void*>(c),
+                     static_cast<unsigned long long>(seed + i), TransferModeName(r.mode),
+                     r.socket_reason.c_str(), error);
         wrong.fetch_add(1);
       }
     }
@@ -569,8 +570,8 @@ TEST(SameHostTest, TwoClientsAtOnceAndTwoProcesses) {
   tc.join();
   EXPECT_EQ(wrong.load(), 0);
   std::string output;
-  const std::string cli = CliBinary() + " multiply --random=600 --check --server=" +
-                          RegionsServer().address();
+  const std::string cli =
+      CliBinary() + " multiply --random=600 --check --server=" + RegionsServer().address();
   EXPECT_EQ(RunCommand("(" + cli + " & " + cli + " & wait) 2>&1", &output), 0) << output;
   EXPECT_EQ(CountSubstr(output, "mode:       shm"), 2) << output;
   EXPECT_EQ(CountSubstr(output, "): OK"), 2) << output;
@@ -582,8 +583,9 @@ TEST(SameHostTest, AClientKilledMidJobLeavesNothingOnTheServer) {
   // A large job (a few hundred ms on this CPU server); the process is
   // killed while it runs (or just before or after: either way nothing of
   // it may stay).
-  const std::string cmd = CliBinary() + " multiply --random=5000 --dtype=f64 --server=" +
-                          server.address() + " > /dev/null 2>&1 & sleep 0.4; kill -9 $!; wait";
+  const std::string cmd = CliBinary() +
+                          " multiply --random=5000 --dtype=f64 --server=" + server.address() +
+                          " > /dev/null 2>&1 & sleep 0.4; kill -9 $!; wait";
   std::string output;
   RunCommand(cmd, &output);
   int64_t registered = -1, reserved = -1;
@@ -601,8 +603,8 @@ TEST(SameHostTest, AClientKilledMidJobLeavesNothingOnTheServer) {
   EXPECT_EQ(reserved, 0);
   // And the server serves.
   double error = 0;
-  JobResult r = SameHostJob(observer, Operands<float>(600, 600, v1::LAYOUT_ROW_MAJOR,
-                                                      v1::SIDE_RIGHT, 9), &error);
+  JobResult r = SameHostJob(
+      observer, Operands<float>(600, 600, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 9), &error);
   EXPECT_EQ(r.mode, TransferMode::kRegion) << r.socket_reason;
   EXPECT_LE(error, std::numeric_limits<float>::epsilon());
 }
@@ -620,8 +622,9 @@ CliRun Cli(const std::string& args, const ServerProcess& server) {
 }
 
 TEST(CliShmTest, OnUsesSharedMemoryAndChecks) {
-  for (const char* shape : {"--random=300 --cols=200", "--random=257 --cols=190 --dtype=f64 "
-                                                       "--layout=col --side=left"}) {
+  for (const char* shape : {"--random=300 --cols=200",
+                            "--random=257 --cols=190 --dtype=f64 "
+                            "--layout=col --side=left"}) {
     SCOPED_TRACE(shape);
     CliRun run = Cli(std::string("multiply --shm=on --check ") + shape, RegionsServer());
     EXPECT_EQ(run.exit_code, 0) << run.output;
@@ -665,6 +668,71 @@ TEST(CliShmTest, AutoIsTheDefaultAndUsesMemoryWhenItCan) {
   EXPECT_THAT(forced.output, HasSubstr("path:       socket (--mode forces the socket)"));
 }
 
+// The same-host path needs no flag on either side: a server started with
+// its defaults serves regions, and dgmm-cli with its defaults takes the
+// process-memory path to it.
+TEST(CliShmTest, AServerWithItsDefaultsIsReachedTheSameHostWay) {
+  ServerProcess server({"--backend=cpu", "--threads=2"}, 0, ServerProcess::Regions::kServerDefault);
+  Client client(server.address());
+  absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->limits().regions_enabled());
+  EXPECT_FALSE(info->limits().local_socket().empty());
+  CliRun run = Cli("multiply --random=600 --cols=500 --dtype=f64 --side=left --check", server);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("mode:       shm"));
+  EXPECT_THAT(run.output, HasSubstr("path:       same host, process memory"));
+  EXPECT_THAT(run.output, HasSubstr("): OK"));
+}
+
+// Regions are on by default and best effort with --local_socket=auto: a
+// server that finds no place for its local socket (here /run read-only and
+// /tmp/dgmm-<uid> not this user's, in a mount namespace of its own) serves
+// on without regions and says why; clients use the socket. A path given
+// with --local_socket that cannot be used stops the start.
+TEST(CliShmTest, NoPlaceForTheLocalSocketTurnsRegionsOffNotTheServer) {
+  std::string output;
+  if (RunCommand("unshare -m sh -c 'mount -t tmpfs -o ro dgmm-test /run' 2>&1", &output) != 0) {
+    GTEST_SKIP() << "no mount namespaces here (unshare -m failed): " << output;
+  }
+  const std::string own_tmp = "/tmp/dgmm-" + std::to_string(getuid());
+  mkdir(own_tmp.c_str(), 0755);  // the mount point (the real one is left as it is)
+  char tmpl[] = "/tmp/dgmm-noplace-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::ofstream(tmpl) << "#!/bin/sh\nunset XDG_RUNTIME_DIR\nexec unshare -m sh -c "
+                         "'mount -t tmpfs -o ro dgmm-test /run && "
+                         "mount -t tmpfs -o uid=65534 dgmm-test "
+                      << own_tmp << " && exec \"$0\" \"$@\"' " << testing::ServerBinary()
+                      << " \"$@\"\n";
+  chmod(tmpl, 0700);
+  const std::string real = testing::ServerBinary();
+  setenv("DGMM_SERVER_BIN", tmpl, 1);
+  {
+    ServerProcess server({"--backend=cpu", "--threads=1"}, 0,
+                         ServerProcess::Regions::kServerDefault);
+    Client client(server.address());
+    absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_FALSE(info->limits().regions_enabled());
+    EXPECT_THAT(server.Log(), HasSubstr("warning: regions off, every client uses the gRPC socket"));
+    CliRun run = Cli("multiply --random=600 --check", server);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_THAT(run.output, HasSubstr("mode:       unary"));
+    EXPECT_THAT(run.output, HasSubstr("): OK"));
+  }
+  // The same with a path of the operator's: not started.
+  const int rc = RunCommand(std::string(tmpl) +
+                                " --listen=127.0.0.1:0 --backend=cpu "
+                                "--local_socket=/run/dgmm-test.sock 2>&1",
+                            &output);
+  EXPECT_NE(rc, 0) << output;
+  EXPECT_THAT(output, HasSubstr("/run/dgmm-test.sock"));
+  setenv("DGMM_SERVER_BIN", real.c_str(), 1);
+  unlink(tmpl);
+}
+
 TEST(CliShmTest, AutoFallsBackToTheSocketAndSaysWhy) {
   CliRun run = Cli("multiply --random=600 --check", RegionsOffServer());
   EXPECT_EQ(run.exit_code, 0) << run.output;
@@ -674,8 +742,8 @@ TEST(CliShmTest, AutoFallsBackToTheSocketAndSaysWhy) {
   EXPECT_THAT(run.output, HasSubstr("): OK"));
 
   // A staging region over the server's region budget.
-  ServerProcess small({"--backend=cpu", "--threads=1", "--allow_regions",
-                       "--region_memory_budget=65536"});
+  ServerProcess small(
+      {"--backend=cpu", "--threads=1", "--allow_regions", "--region_memory_budget=65536"});
   // (Process memory needs no region: that path is turned off here.)
   run = Cli("multiply --random=600 --check --process_memory=false", small);
   EXPECT_EQ(run.exit_code, 0) << run.output;
@@ -732,8 +800,8 @@ void CheckFiles(const Operands<T>& ops, const std::string& dir, const std::strin
     SCOPED_TRACE(path);
     std::vector<T> poison = ops.NanOutput();
     ASSERT_TRUE(WriteNpy(dir + "/C.npy", a, poison.data(), poison.size() * sizeof(T)).ok());
-    CliRun run = Cli(absl::StrCat("multiply ", path, flags, " --matrix=", dir, "/A.npy --diag=",
-                                  dir, "/d.npy --out=", dir, "/C.npy"),
+    CliRun run = Cli(absl::StrCat("multiply ", path, flags, " --matrix=", dir,
+                                  "/A.npy --diag=", dir, "/d.npy --out=", dir, "/C.npy"),
                      RegionsServer());
     ASSERT_EQ(run.exit_code, 0) << run.output;
     EXPECT_THAT(run.output, HasSubstr(says));

@@ -51,8 +51,15 @@ function installDependencies() {
 }
 
 // Starts dgmm-server on an ephemeral loopback port; resolves once it has
-// written the port.
-async function startServer(extraFlags = []) {
+// written the port. --allow_regions=false is added unless extraFlags name
+// --allow_regions: the server's default is on, and a client on this host
+// then takes the same-host path, so a test of the gRPC socket gets the
+// socket unless it asks for regions; { serverDefaults: true } adds nothing.
+async function startServer(extraFlags = [], { serverDefaults = false } = {}) {
+  if (!serverDefaults &&
+      !extraFlags.some((f) => f.startsWith('--allow_regions') || f.startsWith('--noallow_regions'))) {
+    extraFlags = ['--allow_regions=false', ...extraFlags];
+  }
   const binary = process.env.DGMM_SERVER_BIN;
   if (!binary || !fs.existsSync(binary)) throw new Error(`set DGMM_SERVER_BIN to the built dgmm-server (got ${binary})`);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dgmm-node-test-'));

@@ -2,7 +2,8 @@
 // The Node.js client's same-host path (issue 25; client/node/same_host.js,
 // docs/protocol.md section 9, rule 0) against real CPU dgmm-servers: with
 // --allow_regions, jobs of 1 MiB and more go through the client's staging
-// region (info.mode 'shm'); without regions, with sameHost: false, with a
+// region (info.mode 'shm'), also from a server started with its defaults;
+// without regions (--allow_regions=false), with sameHost: false, with a
 // forced RPC or with a region budget smaller than the staging region, they
 // go over the socket (info.socketReason says why when the path was tried).
 // Ends with the warm job time at N=2000 float32, same-host vs socket. Run by
@@ -164,7 +165,23 @@ test('a region job the socket could not do better fails with its own error', asy
   assert.equal(info.mode, 'shm', info.socketReason);
 });
 
-test('a server without --allow_regions: the socket, with the reason, remembered', async () => {
+test('a server started with its defaults: memory, without a flag on either side', async () => {
+  const plain = await startServer(['--threads=2'], { serverDefaults: true });
+  const c = dgmm.createClient(plain.address);
+  try {
+    for (const [Ctor, rows, cols, side, layout] of [[Float32Array, 601, 600, 'right', 'row'],
+      [Float64Array, 500, 301, 'left', 'col']]) {
+      const info = await checkedJob(c, Ctor, rows, cols, side, layout);
+      assert.equal(info.mode, 'shm', info.socketReason);
+      assert.equal(info.socketReason, '');
+    }
+  } finally {
+    c.close();
+    await stopServer(plain);
+  }
+});
+
+test('a server with --allow_regions=false: the socket, with the reason, remembered', async () => {
   const plain = await startServer(['--threads=2']);
   // Counts GetServerInfo calls: the session check is made once, then remembered.
   let infoCalls = 0;

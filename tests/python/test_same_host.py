@@ -427,6 +427,30 @@ class ProcessMemoryTest(SameHostTestCase):
         self.assertEqual((info.mode, info.process_memory), ("shm", True))
 
 
+class ServerDefaultsTest(SameHostTestCase):
+    """A server started with its defaults serves regions: the default
+    client takes the same-host path (process memory) to it without flags."""
+    process_memory = True
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = ServerProcess(flags=("--threads=2",), prefix="dgmm-py-defaults-",
+                                   server_defaults=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_the_default_client_takes_the_same_host_path(self):
+        self.assertTrue(self.observer.server_info().limits.regions_enabled)
+        with dgmm.Client(self.address) as client:
+            for dtype, order, side in ((np.float32, "C", "right"), (np.float64, "F", "left")):
+                with self.subTest(dtype=dtype.__name__, order=order, side=side):
+                    info = self.job(client, dtype, order, side)
+                    self.assertEqual((info.mode, info.socket_reason, info.process_memory),
+                                     ("shm", "", True))
+
+
 class RegionsOffTest(SameHostTestCase):
     @classmethod
     def setUpClass(cls):

@@ -19,7 +19,8 @@ class ServerSupervisor {
  public:
   // Picks a free loopback port (binds port 0, reads it, closes) and a
   // directory for logs; starts nothing yet. `flags` are passed to every
-  // start, after --listen and --port_file.
+  // start, after --listen and --port_file (and --allow_regions=false unless
+  // they name --allow_regions: the load goes over the gRPC socket).
   ServerSupervisor(std::string binary, std::vector<std::string> flags);
   // Stops a running server (SIGTERM, then SIGKILL after 30 s) and removes
   // the log directory unless KeepLogs() was called.

@@ -20,16 +20,23 @@ import time
 class ServerProcess:
     """dgmm-server listening on 127.0.0.1:<ephemeral>; `address` and `port`
     once started. `binary` defaults to $DGMM_SERVER_BIN. `backend` is added
-    as --backend=<backend> unless `flags` name one (None: add nothing)."""
+    as --backend=<backend> unless `flags` name one (None: add nothing).
+    --allow_regions=false is added unless `flags` name --allow_regions or
+    `server_defaults` is true: the server's default is on, and a client on
+    this host then takes the same-host path, so a test of the gRPC socket
+    gets the socket unless it asks for regions."""
 
     def __init__(self, binary=None, flags=(), backend="cpu", start_timeout=30,
-                 stop_timeout=15, prefix="dgmm-server-"):
+                 stop_timeout=15, prefix="dgmm-server-", server_defaults=False):
         binary = binary or os.environ.get("DGMM_SERVER_BIN")
         if not binary or not os.access(binary, os.X_OK):
             raise RuntimeError("set DGMM_SERVER_BIN to the built dgmm-server (got %r)" % binary)
         flags = list(flags)
         if backend and not any(f.startswith("--backend") for f in flags):
             flags.insert(0, "--backend=" + backend)
+        if not server_defaults and not any(f.startswith(("--allow_regions", "--noallow_regions"))
+                                           for f in flags):
+            flags.insert(0, "--allow_regions=false")
         self.stop_timeout = stop_timeout
         self.dir = tempfile.TemporaryDirectory(prefix=prefix)
         port_file = os.path.join(self.dir.name, "port")

@@ -3,13 +3,14 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -30,7 +31,8 @@ std::string FromEnvOr(const char* name, const char* fallback) {
 std::string ServerBinary() { return FromEnvOr("DGMM_SERVER_BIN", DGMM_SERVER_BIN); }
 std::string CliBinary() { return FromEnvOr("DGMM_CLI_BIN", DGMM_CLI_BIN); }
 
-ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int open_files_limit) {
+ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int open_files_limit,
+                             Regions regions) {
   char tmpl[] = "/tmp/dgmm-test-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     std::perror("mkdtemp");
@@ -41,6 +43,12 @@ ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int open_file
   const std::string log_file = dir_ + "/server.log";
   std::vector<std::string> args = {ServerBinary(), "--listen=127.0.0.1:0",
                                    "--port_file=" + port_file};
+  const bool names_regions = std::any_of(extra_flags.begin(), extra_flags.end(), [](auto& f) {
+    return f.rfind("--allow_regions", 0) == 0 || f.rfind("--noallow_regions", 0) == 0;
+  });
+  if (regions == Regions::kOffUnlessAsked && !names_regions) {
+    args.push_back("--allow_regions=false");
+  }
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
 
   pid_ = fork();

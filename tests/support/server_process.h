@@ -18,12 +18,24 @@ std::string CliBinary();
 
 class ServerProcess {
  public:
+  // What the server is started with besides the test's flags.
+  enum class Regions {
+    // --allow_regions=false unless `extra_flags` name --allow_regions: the
+    // server's default is on, and a client on this host then takes the
+    // same-host path, so tests of the gRPC socket (unary, stream, stripes,
+    // retries, drain...) say that they want the socket.
+    kOffUnlessAsked,
+    // Nothing added: the server's own default (tests of the defaults).
+    kServerDefault,
+  };
+
   // Launches dgmm-server with `--listen=127.0.0.1:0 --port_file=...` plus
   // `extra_flags`, and waits (up to 30 s) until it has written its port.
   // Aborts the test binary if the server does not come up.
   // With `open_files_limit` > 0, the server starts with RLIMIT_NOFILE (soft
   // and hard) at that value.
-  explicit ServerProcess(std::vector<std::string> extra_flags = {}, int open_files_limit = 0);
+  explicit ServerProcess(std::vector<std::string> extra_flags = {}, int open_files_limit = 0,
+                         Regions regions = Regions::kOffUnlessAsked);
   ~ServerProcess();
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;

@@ -150,9 +150,9 @@ absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Open(const std::stri
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the server reports no usable local socket ('", path,
-        "'): it runs without --allow_regions, or is too old for descriptor regions"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the server reports no usable local socket ('", path,
+                     "'): it runs without --allow_regions, or is too old for descriptor regions"));
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -183,9 +183,9 @@ absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Open(const std::stri
   }
   session->hello_ = reply->hello();
   if (!instance_id.empty() && session->hello_.instance_id() != instance_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the local socket ", path, " belongs to another server (instance ",
-        session->hello_.instance_id(), ", not ", instance_id, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the local socket ", path, " belongs to another server (instance ",
+                     session->hello_.instance_id(), ", not ", instance_id, ")"));
   }
   return session;
 }
@@ -200,8 +200,7 @@ bool LocalSession::open() const {
   return recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != 0;
 }
 
-absl::StatusOr<v1::LocalResponse> LocalSession::Call(const v1::LocalRequest& request,
-                                                     int pass_fd) {
+absl::StatusOr<v1::LocalResponse> LocalSession::Call(const v1::LocalRequest& request, int pass_fd) {
   const std::string body = request.SerializeAsString();
   std::string frame(4, '\0');
   for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
@@ -267,7 +266,7 @@ absl::StatusOr<std::shared_ptr<LocalSession>> Client::RegionSessionWith(
   const v1::GetServerInfoResponse* info = &server;
   if (!info->limits().regions_enabled()) {
     return absl::FailedPreconditionError(
-        "this server does not take regions (it runs without --allow_regions); stream the job");
+        "this server does not take regions (it runs with --allow_regions=false); stream the job");
   }
   const std::string& path =
       options_.local_socket.empty() ? info->limits().local_socket() : options_.local_socket;
@@ -301,8 +300,8 @@ absl::StatusOr<v1::RegionStatus> RegisterPassed(Client& client, const std::strin
 
 }  // namespace
 
-absl::StatusOr<v1::RegionStatus> RegisterFdRegion(Client& client, const std::string& name,
-                                                  int fd, int64_t offset, int64_t byte_size) {
+absl::StatusOr<v1::RegionStatus> RegisterFdRegion(Client& client, const std::string& name, int fd,
+                                                  int64_t offset, int64_t byte_size) {
   return RegisterPassed(client, name, fd, v1::LOCAL_FD_KIND_MEMORY, -1, 0, offset, byte_size);
 }
 
@@ -318,9 +317,8 @@ absl::StatusOr<v1::RegionStatus> RegisterShmRegion(Client& client, const std::st
 }
 
 absl::StatusOr<v1::RegionStatus> RegisterCudaVmmRegion(Client& client, const std::string& name,
-                                                       int fd, int device,
-                                                       int64_t allocation_bytes, int64_t offset,
-                                                       int64_t byte_size) {
+                                                       int fd, int device, int64_t allocation_bytes,
+                                                       int64_t offset, int64_t byte_size) {
   return RegisterPassed(client, name, fd, v1::LOCAL_FD_KIND_CUDA_VMM, device, allocation_bytes,
                         offset, byte_size);
 }
@@ -446,8 +444,8 @@ absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> SharedMemoryRegion::Create(
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     const int error = errno;
     close(fd);
-    return ErrnoStatus(error, absl::StrCat("sizing and sealing memfd ", key, " (", byte_size,
-                                           " bytes)"));
+    return ErrnoStatus(error,
+                       absl::StrCat("sizing and sealing memfd ", key, " (", byte_size, " bytes)"));
   }
   void* data = mmap(nullptr, byte_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
@@ -476,8 +474,8 @@ absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> SharedMemoryRegion::Create(
   return region;
 }
 
-SharedMemoryRegion::SharedMemoryRegion(Client* client, std::string name, std::string key,
-                                       int fd, void* data, size_t size)
+SharedMemoryRegion::SharedMemoryRegion(Client* client, std::string name, std::string key, int fd,
+                                       void* data, size_t size)
     : client_(client),
       name_(std::move(name)),
       key_(std::move(key)),
@@ -504,9 +502,9 @@ SharedMemoryRegion::~SharedMemoryRegion() {
   Forget();
   if (registered_) {
     registered_ = false;
-    (void)dgmm::Unregister(*client_, name_,
-                           std::min(DeadlineFromNow(*client_),
-                                    absl::Now() + kDestructorUnregisterWait));
+    (void)dgmm::Unregister(
+        *client_, name_,
+        std::min(DeadlineFromNow(*client_), absl::Now() + kDestructorUnregisterWait));
   }
   munmap(data_, size_);
   close(fd_);

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Where a job on pinned region memory spends its time (issue 25's dgmm.empty
+target: <= 1.15 x the PCIe duplex floor). GPU host only (CuPy).
+
+For each server configuration (a fresh dgmm-server per --config), one
+region holds A and C (as dgmm.empty's arrays do); jobs run until the server
+has pinned it, then --reps jobs are timed: the client's wall time of
+client.multiply_region and the server's JobStats (total_ns, queue_wait_ns,
+h2d/compute/d2h summed over pieces). In the same run, with CuPy:
+
+  floor cudaHostAlloc      H2D and D2H of the whole matrix at once on two streams,
+                           from and to cudaHostAlloc'd memory (the user_path floor)
+  floor registered         the same from and to an mmap'd memfd registered with
+                           cudaHostRegister (as the server pins a region)
+  chunked registered       the registered memory in 8 MiB pieces through a kernel on
+                           4 streams, as dgmm's pipeline does (H2D, A*d, D2H per piece)
+
+  python3 bench/pinned_region_timeline.py --build .gpu/build --n 10000 \\
+      --config "" --config "--cuda_tile_bytes=32MiB"
+"""
+
+import argparse
+import mmap
+import os
+import shlex
+import statistics
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
+from dgmm_server import ServerProcess  # noqa: E402
+
+
+def median_ms(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times)
+
+
+def cupy_floors(n, reps):
+    import cupy as cp
+    import cupyx
+    nbytes = n * n * 4
+    ha = cupyx.empty_pinned((n, n), np.float32)
+    hc = cupyx.empty_pinned((n, n), np.float32)
+    ha[...] = 1.5
+    ga = cp.empty((n, n), np.float32)
+    gc = cp.empty((n, n), np.float32)
+    up, down = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+
+    def duplex(src, dst):
+        def run():
+            ga.set(src, stream=up)
+            gc.get(stream=down, out=dst)
+            up.synchronize()
+            down.synchronize()
+        return run
+
+    out = {}
+    run = duplex(ha, hc)
+    run()
+    out["floor cudaHostAlloc"] = median_ms(run, reps)
+    # Registered: an mmap'd memfd, as a dgmm region.
+    fd = os.memfd_create("dgmm-floor")
+    os.ftruncate(fd, 2 * nbytes)
+    mem = mmap.mmap(fd, 2 * nbytes)
+    ra = np.frombuffer(mem, np.float32, n * n, 0).reshape(n, n)
+    rc = np.frombuffer(mem, np.float32, n * n, nbytes).reshape(n, n)
+    ra[...] = 1.5
+    rc[...] = 0
+    ptr = ra.ctypes.data
+    cp.cuda.runtime.hostRegister(ptr, 2 * nbytes, 0)
+    try:
+        run = duplex(ra, rc)
+        run()
+        out["floor registered"] = median_ms(run, reps)
+        d = cp.full(n, 2.0, np.float32)
+        streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
+        piece = 8 << 20
+        rows = max(1, piece // (n * 4))
+        ga_flat, gc_flat = ga, gc
+
+        def chunked():
+            for i, r0 in enumerate(range(0, n, rows)):
+                s = streams[i % 4]
+                r1 = min(n, r0 + rows)
+                with s:
+                    ga_flat[r0:r1].set(ra[r0:r1], stream=s)
+                    cp.multiply(ga_flat[r0:r1], d[None, :], out=gc_flat[r0:r1])
+                    gc_flat[r0:r1].get(stream=s, out=rc[r0:r1])
+            for s in streams:
+                s.synchronize()
+        chunked()
+        assert float(rc[0, 0]) == 3.0 and float(rc[-1, -1]) == 3.0
+        out["chunked registered (8 MiB, 4 streams)"] = median_ms(chunked, reps)
+    finally:
+        cp.cuda.runtime.hostUnregister(ptr)
+        del ra, rc
+        mem.close()
+        os.close(fd)
+    return out
+
+
+def dgmm_rows(dgmm, build, n, reps, flags):
+    server = ServerProcess(binary=os.path.join(build, "service", "dgmm-server"),
+                           flags=["--allow_regions", "--region_memory_budget=8GiB"] + flags,
+                           backend="auto")
+    try:
+        client = dgmm.Client(server.address)
+        nbytes = n * n * 4
+        region = dgmm.SharedMemoryRegion(2 * nbytes)
+        region.register(client, "timeline")
+        a = region.ndarray((n, n), np.float32)
+        c = region.ndarray((n, n), np.float32, offset=nbytes)
+        rng = np.random.default_rng(n)
+        a[...] = rng.uniform(-4, 4, (n, n)).astype(np.float32)
+        d = rng.uniform(-4, 4, n).astype(np.float32)
+        client.multiply_region(a, d, out=c)
+        client.multiply_region(a, d, out=c)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if all(r.pinned for r in client.region_status().regions if r.name == "timeline"):
+                break
+            time.sleep(0.05)
+        pinned = all(r.pinned for r in client.region_status().regions if r.name == "timeline")
+        client.multiply_region(a, d, out=c)
+        rows = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            st = client.multiply_region(a, d, out=c)
+            wall = (time.perf_counter() - t0) * 1e3
+            rows.append((wall, st.total_ns / 1e6, st.queue_wait_ns / 1e6, st.h2d_ns / 1e6,
+                         st.compute_ns / 1e6, st.d2h_ns / 1e6))
+        want = a[-1].astype(np.float64) * d
+        err = np.max(np.abs(c[-1] - want) / np.maximum(np.abs(want), 1e-30))
+        assert err <= 1e-6, err
+        region.close()
+        client.close()
+        med = [statistics.median(col) for col in zip(*rows)]
+        return pinned, med, min(r[0] for r in rows)
+    finally:
+        server.stop()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default=os.path.join(REPO, "build"))
+    p.add_argument("--n", type=int, nargs="+", default=[10000])
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--config", action="append", default=None,
+                   help="extra dgmm-server flags of one configuration (repeatable)")
+    args = p.parse_args()
+    build = os.path.abspath(args.build)
+    sys.path.insert(0, os.path.join(build, "python"))
+    import dgmm
+    configs = args.config if args.config is not None else [""]
+    for n in args.n:
+        print("## N=%d float32, %d MB each way, ms (median, best of %d)" % (
+            n, n * n * 4 // 10**6, args.reps))
+        print()
+        print("| what | wall | best | server total | queue | h2d sum | compute sum | d2h sum |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, (med, best) in cupy_floors(n, args.reps).items():
+            print("| %s | %.2f | %.2f | | | | | |" % (name, med, best))
+        for flags in configs:
+            pinned, med, best = dgmm_rows(dgmm, build, n, args.reps, shlex.split(flags))
+            print("| dgmm region job `%s`%s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+                flags or "(defaults)", "" if pinned else " (NOT pinned)", med[0], best, med[1],
+                med[2], med[3], med[4], med[5]), flush=True)
+        print()
+
+
+if __name__ == "__main__":
+    main()
