@@ -12,8 +12,6 @@ h2d/compute/d2h summed over pieces). In the same run, with CuPy:
                            from and to cudaHostAlloc'd memory (the user_path floor)
   floor registered         the same from and to an mmap'd memfd registered with
                            cudaHostRegister (as the server pins a region)
-  chunked registered       the registered memory in 8 MiB pieces through a kernel on
-                           4 streams, as dgmm's pipeline does (H2D, A*d, D2H per piece)
 
   python3 bench/pinned_region_timeline.py --build .gpu/build --n 10000 \\
       --config "" --config "--cuda_tile_bytes=32MiB"
@@ -80,34 +78,16 @@ def cupy_floors(n, reps):
         run = duplex(ra, rc)
         run()
         out["floor registered"] = median_ms(run, reps)
-        d = cp.full(n, 2.0, np.float32)
-        streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
-        piece = 8 << 20
-        rows = max(1, piece // (n * 4))
-        ga_flat, gc_flat = ga, gc
-
-        def chunked():
-            for i, r0 in enumerate(range(0, n, rows)):
-                s = streams[i % 4]
-                r1 = min(n, r0 + rows)
-                with s:
-                    ga_flat[r0:r1].set(ra[r0:r1], stream=s)
-                    cp.multiply(ga_flat[r0:r1], d[None, :], out=gc_flat[r0:r1])
-                    gc_flat[r0:r1].get(stream=s, out=rc[r0:r1])
-            for s in streams:
-                s.synchronize()
-        chunked()
-        assert float(rc[0, 0]) == 3.0 and float(rc[-1, -1]) == 3.0
-        out["chunked registered (8 MiB, 4 streams)"] = median_ms(chunked, reps)
+    except Exception as e:  # a floor that fails is reported, the dgmm rows still run
+        out["(CuPy registered/chunked failed: %s)" % e] = (float("nan"), float("nan"))
     finally:
         cp.cuda.runtime.hostUnregister(ptr)
         del ra, rc
-        mem.close()
-        os.close(fd)
+        os.close(fd)  # the mapping goes with the process (NumPy views export it)
     return out
 
 
-def dgmm_rows(dgmm, build, n, reps, flags):
+def dgmm_rows(dgmm, build, n, reps, flags, pin_wait=30.0):
     server = ServerProcess(binary=os.path.join(build, "service", "dgmm-server"),
                            flags=["--allow_regions", "--region_memory_budget=8GiB"] + flags,
                            backend="auto")
@@ -123,7 +103,7 @@ def dgmm_rows(dgmm, build, n, reps, flags):
         d = rng.uniform(-4, 4, n).astype(np.float32)
         client.multiply_region(a, d, out=c)
         client.multiply_region(a, d, out=c)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + pin_wait
         while time.monotonic() < deadline:
             if all(r.pinned for r in client.region_status().regions if r.name == "timeline"):
                 break
