@@ -19,6 +19,7 @@ h2d/compute/d2h summed over pieces). In the same run, with CuPy:
 
 import argparse
 import mmap
+import re
 import os
 import shlex
 import statistics
@@ -87,10 +88,34 @@ def cupy_floors(n, reps):
     return out
 
 
+TRACE = re.compile(r"trace: job of (\d+) bytes: set-up ([\d.]+) ms, until the pipeline "
+                   r"([\d.]+) ms, pipeline ([\d.]+) ms \((\d+) pieces\), until tear-down "
+                   r"([\d.]+) ms, tear-down ([\d.]+) ms")
+
+
+def traced(log, reps):
+    """Medians of the last `reps` jobs' DGMM_TRACE_JOBS lines (CUDA job
+    contexts): set-up, until the pipeline, pipeline, pieces, until tear-down,
+    tear-down; None without them."""
+    found = [m.groups()[1:] for m in TRACE.finditer(log)][-reps:]
+    if not found:
+        return None
+    return [statistics.median(float(x[i]) for x in found) for i in range(6)]
+
+
 def dgmm_rows(dgmm, build, n, reps, flags, pin_wait=30.0):
-    server = ServerProcess(binary=os.path.join(build, "service", "dgmm-server"),
-                           flags=["--allow_regions", "--region_memory_budget=8GiB"] + flags,
-                           backend="auto")
+    # NAME=VALUE words of a configuration are the server's environment.
+    env = dict(f.split("=", 1) for f in flags if not f.startswith("-") and "=" in f)
+    flags = [f for f in flags if f.startswith("-") or "=" not in f]
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        server = ServerProcess(binary=os.path.join(build, "service", "dgmm-server"),
+                               flags=["--allow_regions", "--region_memory_budget=8GiB"] + flags,
+                               backend="auto")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     try:
         client = dgmm.Client(server.address)
         nbytes = n * n * 4
@@ -123,7 +148,7 @@ def dgmm_rows(dgmm, build, n, reps, flags, pin_wait=30.0):
         region.close()
         client.close()
         med = [statistics.median(col) for col in zip(*rows)]
-        return pinned, med, min(r[0] for r in rows)
+        return pinned, med, min(r[0] for r in rows), traced(server.log(), reps)
     finally:
         server.stop()
 
@@ -134,8 +159,13 @@ def main():
     p.add_argument("--n", type=int, nargs="+", default=[10000])
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--config", action="append", default=None,
-                   help="extra dgmm-server flags of one configuration (repeatable)")
+                   help="extra dgmm-server flags of one configuration, and NAME=VALUE words "
+                        "for its environment (repeatable; --config=... when it starts with -)")
+    p.add_argument("--trace", action="store_true",
+                   help="start the servers with DGMM_TRACE_JOBS=1 and print their host times")
     args = p.parse_args()
+    if args.trace:
+        os.environ["DGMM_TRACE_JOBS"] = "1"
     build = os.path.abspath(args.build)
     sys.path.insert(0, os.path.join(build, "python"))
     import dgmm
@@ -148,12 +178,29 @@ def main():
         print("|---|---|---|---|---|---|---|---|")
         for name, (med, best) in cupy_floors(n, args.reps).items():
             print("| %s | %.2f | %.2f | | | | | |" % (name, med, best))
+        traces = []
         for flags in configs:
-            pinned, med, best = dgmm_rows(dgmm, build, n, args.reps, shlex.split(flags))
-            print("| dgmm region job `%s`%s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
-                flags or "(defaults)", "" if pinned else " (NOT pinned)", med[0], best, med[1],
-                med[2], med[3], med[4], med[5]), flush=True)
+            pinned, med, best, trace = dgmm_rows(dgmm, build, n, args.reps, shlex.split(flags))
+            name = "`%s`%s" % (flags or "(defaults)", "" if pinned else " (NOT pinned)")
+            print("| dgmm region job %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+                name, med[0], best, med[1], med[2], med[3], med[4], med[5]), flush=True)
+            if trace is not None:
+                traces.append((name, trace))
         print()
+        if traces:
+            print("Server host time of the same jobs (DGMM_TRACE_JOBS=1; medians, ms): the "
+                  "CUDA job context's set-up (device memory, diagonal upload, events), host "
+                  "work between set-up and the first piece, the pipeline (first piece "
+                  "enqueued to last piece done), host work until the context is destroyed, "
+                  "its tear-down.")
+            print()
+            print("| config | set-up | until pipeline | pipeline | pieces | until tear-down "
+                  "| tear-down |")
+            print("|---|---|---|---|---|---|---|")
+            for name, t in traces:
+                print("| %s | %.3f | %.3f | %.3f | %d | %.3f | %.3f |" % (
+                    name, t[0], t[1], t[2], t[3], t[4], t[5]))
+            print()
 
 
 if __name__ == "__main__":

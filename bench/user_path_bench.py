@@ -19,6 +19,8 @@ Rows:
   python dgmm.empty       a and c from dgmm.empty (region memory): client.multiply(a, d,
                           out=c) copies nothing; cold = the arrays' first job
   c++ socket / shm        dgmm::Client::Multiply (dgmm_cpp_client_timing)
+  c++ shm, dgmm::HostVector  the same with A and C allocated as dgmm::HostVector does
+                          (transparent huge pages, as NumPy's large arrays are)
   c++ shm staging         ClientOptions.process_memory = false
   c++ shm staging 4 blocks  and same_host_blocks = 4: four region jobs of a quarter of
                           the lines each, overlapped with the copies in and out
@@ -164,10 +166,12 @@ def python_rows(dgmm, address, a, d, reps, same_host, process_memory=True):
                         (" (%s)" % info.socket_reason if info.socket_reason else ""))
 
 
-def cpp_rows(tool, address, n, reps, same_host, blocks=0, phases=None, process_memory=True):
+def cpp_rows(tool, address, n, reps, same_host, blocks=0, phases=None, process_memory=True,
+             host_vector=False):
     env = dict(os.environ, DGMM_SAME_HOST="1" if same_host else "0",
                DGMM_SAME_HOST_BLOCKS=str(blocks),
-               DGMM_PROCESS_MEMORY="1" if process_memory else "0")
+               DGMM_PROCESS_MEMORY="1" if process_memory else "0",
+               DGMM_TIMING_HUGEPAGES="1" if host_vector else "0")
     run = subprocess.run([tool, address, str(n), str(reps), "1"], capture_output=True,
                          text=True, env=env, timeout=600)
     if run.returncode != 0:
@@ -347,6 +351,8 @@ def main():
                 row["c++ " + tag] = cpp_rows(tool, server.address, n, args.reps, same_host,
                                              phases=cpp_phases.setdefault(n, []) if same_host
                                              else None)
+            row["c++ shm, dgmm::HostVector"] = cpp_rows(tool, server.address, n, args.reps, True,
+                                                         host_vector=True)
             row["python shm staging"] = python_rows(dgmm, server.address, a, d, args.reps, True,
                                                     process_memory=False)
             row["c++ shm staging"] = cpp_rows(tool, server.address, n, args.reps, True,
@@ -426,6 +432,10 @@ def main():
                 target("CPU backend: c++ shm warm <= 1.0 x NumPy, N=%d" % n,
                        r["c++ shm"][1] / numpy_ms[n], 1.0,
                        "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n]))
+                target("CPU backend: c++ shm warm, buffers from dgmm::HostVector (huge pages, "
+                       "as NumPy's), <= 1.0 x NumPy, N=%d" % n,
+                       r["c++ shm, dgmm::HostVector"][1] / numpy_ms[n], 1.0,
+                       "%.1f vs %.1f ms" % (r["c++ shm, dgmm::HostVector"][1], numpy_ms[n]))
         say()
         say("## Where the same-host time goes (C++ client, ms)")
         say()

@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dgmm/client.h"
+#include "dgmm/host_memory.h"
 #include "dgmm/npy.h"
 #include "dgmm/regions.h"
 #include "gmock/gmock.h"
@@ -290,6 +291,27 @@ JobResult SameHostJob(Client& client, const Operands<T>& ops, double* error) {
   EXPECT_TRUE(r.ok()) << r.status();
   *error = ops.MaxRelativeError(out);
   return r.ok() ? *r : JobResult();
+}
+
+// Buffers from dgmm::HostVector (large ones on transparent huge pages) take
+// the process-memory path like any other, with the same results.
+TEST(SameHostTest, HostVectorBuffersGoThroughProcessMemory) {
+  Client client(RegionsServer().address());
+  for (v1::Side side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
+    // 5.7 MB: over kHugePageAllocationBytes, so mapped on its own.
+    Operands<float> ops(1100, 1300, v1::LAYOUT_ROW_MAJOR, side, 77 + side);
+    HostVector<float> a(ops.a.begin(), ops.a.end());
+    HostVector<float> c(a.size(), std::numeric_limits<float>::quiet_NaN());
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(a.data()) % (2 << 20), 0u);
+    Job job = ops.MakeJob();
+    job.matrix.data = a.data();
+    absl::StatusOr<JobResult> r = client.Multiply(job, c.data(), c.size() * sizeof(float));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->mode, TransferMode::kRegion) << r->socket_reason;
+    EXPECT_TRUE(r->process_memory);
+    EXPECT_LE(ops.MaxRelativeError(std::vector<float>(c.begin(), c.end())),
+              std::numeric_limits<float>::epsilon());
+  }
 }
 
 // By default the server reads and writes the caller's own buffers (process

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -18,16 +19,12 @@ namespace dgmm::cuda {
 namespace {
 
 Problem RowMajor(int64_t rows, int64_t cols, DType t = DType::kFloat32) {
-  return Problem{.rows = rows,
-                 .cols = cols,
-                 .dtype = t,
-                 .layout = Layout::kRowMajor,
-                 .side = Side::kRight};
+  return Problem{
+      .rows = rows, .cols = cols, .dtype = t, .layout = Layout::kRowMajor, .side = Side::kRight};
 }
 
 // The pieces cover the tile exactly once, in order, within the limit.
-void ExpectCovers(const Problem& p, int64_t first, int64_t lines,
-                  int64_t limit) {
+void ExpectCovers(const Problem& p, int64_t first, int64_t lines, int64_t limit) {
   const auto pieces = SplitTile(p, first, lines, limit);
   int64_t offset = 0;
   const int64_t elem = static_cast<int64_t>(p.elem_size());
@@ -35,8 +32,7 @@ void ExpectCovers(const Problem& p, int64_t first, int64_t lines,
     EXPECT_EQ(piece.byte_offset, offset);
     EXPECT_EQ(piece.bytes, piece.lines * piece.line_len * elem);
     EXPECT_TRUE(piece.bytes <= limit || piece.bytes == elem);
-    EXPECT_EQ(piece.byte_offset,
-              (piece.first_line - first) * p.line_bytes() + piece.pos * elem);
+    EXPECT_EQ(piece.byte_offset, (piece.first_line - first) * p.line_bytes() + piece.pos * elem);
     if (piece.lines > 1) {
       EXPECT_EQ(piece.line_len, p.line_len());
     }
@@ -75,23 +71,52 @@ TEST(TileSplit, CoversEveryShapeAndLimit) {
   }
 }
 
+// A ramp: pieces double from ramp_bytes up to the limit, and near the end
+// each takes at most half of what is left (not under ramp_bytes).
+TEST(TileSplit, RampsUpAndDown) {
+  const Problem p = RowMajor(4096, 256);  // 1 KiB lines, 4 MiB in all
+  const int64_t kib = 1024;
+  const auto pieces = SplitTile(p, 0, 4096, 512 * kib, 64 * kib);
+  std::vector<int64_t> sizes;
+  for (const Piece& piece : pieces) sizes.push_back(piece.bytes / kib);
+  const std::vector<int64_t> want = {64,  128, 256, 512, 512, 512, 512,
+                                     512, 512, 288, 144, 72,  64,  8};
+  EXPECT_EQ(sizes, want);
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  EXPECT_EQ(total, 4096);
+  for (int64_t lines : {1, 2, 63, 64, 65, 700, 4096}) {
+    for (int64_t limit : {int64_t{4096}, 64 * kib, 512 * kib}) {
+      for (int64_t ramp : {int64_t{0}, int64_t{1}, 3 * kib, 64 * kib, 1024 * kib}) {
+        SCOPED_TRACE(::testing::Message() << lines << " " << limit << " " << ramp);
+        const auto cut = SplitTile(p, 7, lines, limit, ramp);
+        int64_t offset = 0;
+        for (const Piece& piece : cut) {
+          EXPECT_EQ(piece.byte_offset, offset);
+          EXPECT_LE(piece.bytes, std::max(limit, p.line_bytes()));
+          EXPECT_EQ(piece.first_line, 7 + offset / p.line_bytes());
+          offset += piece.bytes;
+        }
+        EXPECT_EQ(offset, lines * p.line_bytes());
+      }
+    }
+  }
+}
+
 TEST(TileSplit, EmptyTileHasNoPieces) {
   EXPECT_TRUE(SplitTile(RowMajor(10, 10), 0, 0, 64).empty());
 }
 
 TEST(CudaStatus, ErrorsBecomeInternalWithTheCudaText) {
   EXPECT_TRUE(CudaStatus(cudaSuccess, "x").ok());
-  const absl::Status st =
-      CudaStatus(cudaErrorMemoryAllocation, "cudaMallocAsync");
+  const absl::Status st = CudaStatus(cudaErrorMemoryAllocation, "cudaMallocAsync");
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
   EXPECT_NE(st.message().find("cudaMallocAsync"), std::string::npos) << st;
-  EXPECT_NE(st.message().find(cudaGetErrorString(cudaErrorMemoryAllocation)),
-            std::string::npos)
+  EXPECT_NE(st.message().find(cudaGetErrorString(cudaErrorMemoryAllocation)), std::string::npos)
       << st;
   const absl::Status cb = CublasStatus(CUBLAS_STATUS_INVALID_VALUE, "dgmm");
   EXPECT_EQ(cb.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(cb.message().find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos)
-      << cb;
+  EXPECT_NE(cb.message().find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos) << cb;
 }
 
 TEST(CudaStatus, OnlyContextCorruptingErrorsAreSticky) {
@@ -121,13 +146,12 @@ TEST(LaunchPolicy, VectorizesOnlyAlignedWholeVectors) {
   EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 4);
   tile.in = base + 2;
   EXPECT_EQ(ChooseLaunchPolicy(tile, 132).vector_width, 1);
-  const DeviceTile<double> d{
-      .in = reinterpret_cast<const double*>(base),
-      .out = reinterpret_cast<double*>(uintptr_t{1} << 21),
-      .diag = nullptr,
-      .lines = 3,
-      .line_len = 8,
-      .per_line = true};
+  const DeviceTile<double> d{.in = reinterpret_cast<const double*>(base),
+                             .out = reinterpret_cast<double*>(uintptr_t{1} << 21),
+                             .diag = nullptr,
+                             .lines = 3,
+                             .line_len = 8,
+                             .per_line = true};
   const LaunchPolicy policy = ChooseLaunchPolicy(d, 132);
   EXPECT_EQ(policy.vector_width, 2);
   EXPECT_GE(policy.grid_blocks, 1);
@@ -138,12 +162,10 @@ TEST(CreateCudaDevices, RejectsOptionsOutOfRange) {
   std::string why;
   CudaOptions o;
   o.streams = 0;
-  EXPECT_EQ(CreateCudaDevices(o, &why).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaDevices(o, &why).status().code(), absl::StatusCode::kInvalidArgument);
   o = CudaOptions{};
   o.tile_bytes = 8;
-  EXPECT_EQ(CreateCudaDevices(o, &why).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaDevices(o, &why).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CreateCudaDevices, SaysWhyWhenThereIsNoDevice) {
@@ -156,8 +178,7 @@ TEST(CreateCudaDevices, SaysWhyWhenThereIsNoDevice) {
     EXPECT_FALSE(why.empty());
     std::printf("no GPU here: %s\n", why.c_str());
   } else {
-    std::printf("%zu GPU(s); the first is %s\n", devices->size(),
-                (*devices)[0]->name().c_str());
+    std::printf("%zu GPU(s); the first is %s\n", devices->size(), (*devices)[0]->name().c_str());
   }
 }
 

@@ -14,8 +14,9 @@
 // DGMM_SAME_HOST_BLOCKS=K sets ClientOptions.same_host_blocks,
 // DGMM_PROCESS_MEMORY=0 ClientOptions.process_memory (the mode then says
 // "shm", else "shm process" when the server used the caller's memory),
-// DGMM_TIMING_HUGEPAGES=1 puts A and C on transparent huge pages (madvise,
-// as NumPy does for large arrays). Exits 1
+// DGMM_TIMING_HUGEPAGES=1 puts A and C in dgmm::AllocateHostMemory (what
+// dgmm::HostVector allocates: transparent huge pages, madvised as NumPy does
+// for its large arrays) instead of plain anonymous memory. Exits 1
 // on an RPC error, 3 when the first result differs from a float64 reference.
 #include <sys/mman.h>
 
@@ -29,22 +30,29 @@
 #include <vector>
 
 #include "dgmm/client.h"
+#include "dgmm/host_memory.h"
 
 namespace {
 
 // A and C in anonymous memory of their own (as std::vector's large
-// allocations are), madvised onto transparent huge pages before the first
-// touch when asked (NumPy does that for its large arrays).
+// allocations are), or from dgmm::AllocateHostMemory when asked.
 template <typename T>
 class Array {
  public:
-  Array(size_t n, bool hugepages) : n_(n) {
-    void* p = mmap(nullptr, bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) std::abort();
-    if (hugepages) madvise(p, bytes(), MADV_HUGEPAGE);
+  Array(size_t n, bool hugepages) : n_(n), hugepages_(hugepages) {
+    void* p = hugepages ? dgmm::AllocateHostMemory(bytes())
+                        : mmap(nullptr, bytes(), PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || p == nullptr) std::abort();
     p_ = static_cast<T*>(p);
   }
-  ~Array() { munmap(p_, bytes()); }
+  ~Array() {
+    if (hugepages_) {
+      dgmm::FreeHostMemory(p_, bytes());
+    } else {
+      munmap(p_, bytes());
+    }
+  }
   Array(const Array&) = delete;
   Array& operator=(const Array&) = delete;
   T* data() { return p_; }
@@ -55,6 +63,7 @@ class Array {
   size_t bytes() const { return std::max<size_t>(n_ * sizeof(T), 1); }
   T* p_ = nullptr;
   size_t n_;
+  bool hugepages_;
 };
 
 template <typename T>

@@ -1,10 +1,13 @@
 #include "service/backends/cuda/cuda_job_context.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "service/backends/cuda/cuda_status.h"
+#include "service/util/log.h"
 
 namespace dgmm::cuda {
 namespace {
@@ -31,9 +34,33 @@ absl::Duration EventGap(cudaEvent_t from, cudaEvent_t to) {
   return absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
 }
 
+bool TraceJobs() {
+  static const bool on = [] {
+    const char* v = std::getenv("DGMM_TRACE_JOBS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 }  // namespace
 
 CudaJobContext::~CudaJobContext() {
+  const absl::Time begin = absl::Now();
+  struct Trace {
+    const CudaJobContext* job;
+    absl::Time begin;
+    ~Trace() {
+      if (!TraceJobs()) return;
+      const auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
+      LogInfo(absl::StrFormat(
+          "trace: job of %d bytes: set-up %.3f ms, until the pipeline %.3f ms, pipeline %.3f ms "
+          "(%d pieces), until tear-down %.3f ms, tear-down %.3f ms",
+          job->p_.matrix_bytes(), ms(job->initialized_ - job->created_),
+          ms(job->processed_ - job->initialized_ - (job->pipeline_end_ - job->pipeline_start_)),
+          ms(job->pipeline_end_ - job->pipeline_start_), job->pieces_, ms(begin - job->processed_),
+          ms(absl::Now() - begin)));
+    }
+  } trace{this, begin};
   if (!device_->Enter().ok()) return;
   // Process drains every piece before returning, so nothing of this job is
   // in flight: the frees need no ordering beyond the setup stream.
@@ -41,8 +68,7 @@ CudaJobContext::~CudaJobContext() {
     if (p != nullptr) cudaFreeAsync(p, device_->setup_stream_);
   }
   for (Lane& lane : lanes_) {
-    for (cudaEvent_t e :
-         {lane.start, lane.uploaded, lane.computed, lane.done}) {
+    for (cudaEvent_t e : {lane.start, lane.uploaded, lane.computed, lane.done}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
   }
@@ -52,12 +78,10 @@ CudaJobContext::~CudaJobContext() {
 absl::Status CudaJobContext::Init(const std::byte* diag) {
   cudaStream_t s = device_->setup_stream_;
   auto alloc = [&](std::byte** out, int64_t bytes) {
-    return device_->Check(
-        cudaMallocFromPoolAsync(
-            reinterpret_cast<void**>(out),
-            static_cast<size_t>(std::max<int64_t>(bytes, 1)), device_->pool_,
-            s),
-        absl::StrFormat("cudaMallocFromPoolAsync(%d bytes)", bytes));
+    return device_->Check(cudaMallocFromPoolAsync(reinterpret_cast<void**>(out),
+                                                  static_cast<size_t>(std::max<int64_t>(bytes, 1)),
+                                                  device_->pool_, s),
+                          absl::StrFormat("cudaMallocFromPoolAsync(%d bytes)", bytes));
   };
   if (auto st = alloc(&d_diag_, p_.diag_bytes()); !st.ok()) return st;
   // A job on the client's device memory (kDeviceRegion) needs no slots.
@@ -65,34 +89,29 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
     if (auto st = alloc(&d_in_, region_bytes()); !st.ok()) return st;
     if (auto st = alloc(&d_out_, region_bytes()); !st.ok()) return st;
   }
-  if (auto st = device_->Check(
-          cudaMemcpyAsync(d_diag_, diag, static_cast<size_t>(p_.diag_bytes()),
-                          cudaMemcpyHostToDevice, s),
-          "diagonal upload");
+  if (auto st = device_->Check(cudaMemcpyAsync(d_diag_, diag, static_cast<size_t>(p_.diag_bytes()),
+                                               cudaMemcpyHostToDevice, s),
+                               "diagonal upload");
       !st.ok()) {
     return st;
   }
-  if (auto st =
-          device_->Check(cudaStreamSynchronize(s), "diagonal upload sync");
-      !st.ok()) {
+  if (auto st = device_->Check(cudaStreamSynchronize(s), "diagonal upload sync"); !st.ok()) {
     return st;
   }
   // kDeviceRegion launches once: one lane's events.
   lanes_.resize(mode_ == JobMode::kDeviceRegion ? 1 : device_->pieces_in_flight());
   for (Lane& lane : lanes_) {
-    for (cudaEvent_t* e :
-         {&lane.start, &lane.uploaded, &lane.computed, &lane.done}) {
-      if (auto st = device_->Check(cudaEventCreate(e), "cudaEventCreate");
-          !st.ok()) {
+    for (cudaEvent_t* e : {&lane.start, &lane.uploaded, &lane.computed, &lane.done}) {
+      if (auto st = device_->Check(cudaEventCreate(e), "cudaEventCreate"); !st.ok()) {
         return st;
       }
     }
   }
+  initialized_ = absl::Now();
   return absl::OkStatus();
 }
 
-std::byte* CudaJobContext::DeviceAddress(std::byte* region, int lane,
-                                         const Piece& piece) const {
+std::byte* CudaJobContext::DeviceAddress(std::byte* region, int lane, const Piece& piece) const {
   if (mode_ == JobMode::kWhole) {
     return region + piece.first_line * p_.line_bytes() +
            piece.pos * static_cast<int64_t>(p_.elem_size());
@@ -104,8 +123,7 @@ template <typename T>
 DeviceTile<T> CudaJobContext::MakeDeviceTile(std::byte* in, std::byte* out,
                                              const Piece& piece) const {
   const bool per_line = p_.scale_per_line();
-  const T* diag = reinterpret_cast<const T*>(d_diag_) +
-                  (per_line ? piece.first_line : piece.pos);
+  const T* diag = reinterpret_cast<const T*>(d_diag_) + (per_line ? piece.first_line : piece.pos);
   return DeviceTile<T>{.in = reinterpret_cast<const T*>(in),
                        .out = reinterpret_cast<T*>(out),
                        .diag = diag,
@@ -114,36 +132,30 @@ DeviceTile<T> CudaJobContext::MakeDeviceTile(std::byte* in, std::byte* out,
                        .per_line = per_line};
 }
 
-absl::Status CudaJobContext::Launch(const Lane& lane, const Piece& piece,
-                                    int lane_index) {
-  return LaunchOn(DeviceAddress(d_in_, lane_index, piece),
-                  DeviceAddress(d_out_, lane_index, piece), piece, lane.stream);
+absl::Status CudaJobContext::Launch(const Lane& lane, const Piece& piece, int lane_index) {
+  return LaunchOn(DeviceAddress(d_in_, lane_index, piece), DeviceAddress(d_out_, lane_index, piece),
+                  piece, lane.stream);
 }
 
-absl::Status CudaJobContext::LaunchOn(std::byte* in, std::byte* out,
-                                      const Piece& piece, int stream_index) {
+absl::Status CudaJobContext::LaunchOn(std::byte* in, std::byte* out, const Piece& piece,
+                                      int stream_index) {
   cudaStream_t stream = device_->streams_[stream_index];
   const int sms = device_->multiprocessors_;
   if (backend_ == BackendKind::kCublas) {
     cublasHandle_t h = device_->cublas_[stream_index];
-    return device_->Check(
-        p_.dtype == DType::kFloat32
-            ? LaunchCublasDgmm(h, MakeDeviceTile<float>(in, out, piece))
-            : LaunchCublasDgmm(h, MakeDeviceTile<double>(in, out, piece)),
-        "cublas<t>dgmm");
+    return device_->Check(p_.dtype == DType::kFloat32
+                              ? LaunchCublasDgmm(h, MakeDeviceTile<float>(in, out, piece))
+                              : LaunchCublasDgmm(h, MakeDeviceTile<double>(in, out, piece)),
+                          "cublas<t>dgmm");
   }
-  return device_->Check(
-      p_.dtype == DType::kFloat32
-          ? LaunchDgmmKernel(MakeDeviceTile<float>(in, out, piece), sms, stream)
-          : LaunchDgmmKernel(MakeDeviceTile<double>(in, out, piece), sms,
-                             stream),
-      "dgmm kernel launch");
+  return device_->Check(p_.dtype == DType::kFloat32
+                            ? LaunchDgmmKernel(MakeDeviceTile<float>(in, out, piece), sms, stream)
+                            : LaunchDgmmKernel(MakeDeviceTile<double>(in, out, piece), sms, stream),
+                        "dgmm kernel launch");
 }
 
-absl::Status CudaJobContext::Start(Lane& lane, int lane_index,
-                                   const Piece& piece, const Tile& tile,
-                                   bool pinned_in, bool pinned_out,
-                                   StageTimes* times) {
+absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piece, const Tile& tile,
+                                   bool pinned_in, bool pinned_out, StageTimes* times) {
   const std::byte* src = tile.in + piece.byte_offset;
   // The staging buffer's last result must be out before it is refilled.
   if (auto st = AwaitCopyOut(lane, times); !st.ok()) return st;
@@ -160,45 +172,35 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index,
   const size_t n = static_cast<size_t>(piece.bytes);
   lane.piece = piece;
   lane.busy = true;
-  if (auto st =
-          device_->Check(cudaEventRecord(lane.start, s), "cudaEventRecord");
+  if (auto st = device_->Check(cudaEventRecord(lane.start, s), "cudaEventRecord"); !st.ok()) {
+    return st;
+  }
+  if (auto st = device_->Check(cudaMemcpyAsync(DeviceAddress(d_in_, lane_index, piece), src, n,
+                                               cudaMemcpyHostToDevice, s),
+                               "host-to-device copy");
       !st.ok()) {
     return st;
   }
-  if (auto st = device_->Check(
-          cudaMemcpyAsync(DeviceAddress(d_in_, lane_index, piece), src, n,
-                          cudaMemcpyHostToDevice, s),
-          "host-to-device copy");
-      !st.ok()) {
-    return st;
-  }
-  if (auto st =
-          device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord");
-      !st.ok()) {
+  if (auto st = device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord"); !st.ok()) {
     return st;
   }
   if (auto st = Launch(lane, piece, lane_index); !st.ok()) return st;
-  if (auto st =
-          device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord");
-      !st.ok()) {
+  if (auto st = device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord"); !st.ok()) {
     return st;
   }
-  if (auto st = device_->Check(
-          cudaMemcpyAsync(dst, DeviceAddress(d_out_, lane_index, piece), n,
-                          cudaMemcpyDeviceToHost, s),
-          "device-to-host copy");
+  if (auto st = device_->Check(cudaMemcpyAsync(dst, DeviceAddress(d_out_, lane_index, piece), n,
+                                               cudaMemcpyDeviceToHost, s),
+                               "device-to-host copy");
       !st.ok()) {
     return st;
   }
   return device_->Check(cudaEventRecord(lane.done, s), "cudaEventRecord");
 }
 
-absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile,
-                                    bool pinned_out, StageTimes* times) {
+absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile, bool pinned_out,
+                                    StageTimes* times) {
   lane.busy = false;
-  if (auto st =
-          device_->Check(cudaEventSynchronize(lane.done), "pipeline wait");
-      !st.ok()) {
+  if (auto st = device_->Check(cudaEventSynchronize(lane.done), "pipeline wait"); !st.ok()) {
     return st;
   }
   if (times != nullptr) {
@@ -236,8 +238,7 @@ absl::Status CudaJobContext::AwaitCopyOut(Lane& lane, StageTimes* times) {
   return done.status;
 }
 
-absl::Status CudaJobContext::ProcessResident(const Tile& tile,
-                                             StageTimes* times) {
+absl::Status CudaJobContext::ProcessResident(const Tile& tile, StageTimes* times) {
   Lane& lane = lanes_[0];
   lane.stream = static_cast<int>(device_->next_stream_.fetch_add(1) %
                                  static_cast<uint32_t>(device_->streams()));
@@ -250,12 +251,10 @@ absl::Status CudaJobContext::ProcessResident(const Tile& tile,
   piece.lines = tile.lines;
   piece.line_len = p_.line_len();
   piece.pos = 0;
-  if (auto st = device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord");
-      !st.ok()) {
+  if (auto st = device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord"); !st.ok()) {
     return st;
   }
-  absl::Status status = LaunchOn(const_cast<std::byte*>(tile.in), tile.out, piece,
-                                 lane.stream);
+  absl::Status status = LaunchOn(const_cast<std::byte*>(tile.in), tile.out, piece, lane.stream);
   if (status.ok()) {
     status = device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord");
   }
@@ -271,20 +270,18 @@ absl::Status CudaJobContext::ProcessResident(const Tile& tile,
   return absl::OkStatus();
 }
 
-absl::Status CudaJobContext::Process(const Tile& tile,
-                                     const CancelFn& cancelled,
+absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled,
                                      StageTimes* times) {
   if (tile.lines == 0) return absl::OkStatus();
-  if (tile.first_line < 0 || tile.lines < 0 ||
-      tile.first_line + tile.lines > p_.lines()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tile lines [%d, %d) lie outside the matrix's %d lines",
-        tile.first_line, tile.first_line + tile.lines, p_.lines()));
+  if (tile.first_line < 0 || tile.lines < 0 || tile.first_line + tile.lines > p_.lines()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tile lines [%d, %d) lie outside the matrix's %d lines", tile.first_line,
+                        tile.first_line + tile.lines, p_.lines()));
   }
   if (!device_->in_service()) {
-    return absl::UnavailableError(absl::StrFormat(
-        "GPU %d (%s) is out of service after an unrecoverable CUDA error",
-        device_->index(), device_->name()));
+    return absl::UnavailableError(
+        absl::StrFormat("GPU %d (%s) is out of service after an unrecoverable CUDA error",
+                        device_->index(), device_->name()));
   }
   if (auto st = device_->Enter(); !st.ok()) return st;
   if (mode_ == JobMode::kDeviceRegion) return ProcessResident(tile, times);
@@ -299,10 +296,9 @@ absl::Status CudaJobContext::Process(const Tile& tile,
   const int64_t pieces =
       line_bytes > piece_limit
           ? tile.lines * ((line_bytes + piece_limit - 1) / piece_limit)
-          : (tile.lines + piece_limit / line_bytes - 1) /
-                (piece_limit / line_bytes);
-  const int want = static_cast<int>(std::min<int64_t>(
-      device_->pieces_in_flight(), std::max<int64_t>(pieces, 1)));
+          : (tile.lines + piece_limit / line_bytes - 1) / (piece_limit / line_bytes);
+  const int want = static_cast<int>(
+      std::min<int64_t>(device_->pieces_in_flight(), std::max<int64_t>(pieces, 1)));
 
   std::vector<std::byte*> staging;
   StagingRing* ring = nullptr;
@@ -316,15 +312,25 @@ absl::Status CudaJobContext::Process(const Tile& tile,
   const uint32_t first_stream = device_->next_stream_.fetch_add(1);
   for (int i = 0; i < depth; ++i) {
     lanes_[i].staging = staging.empty() ? nullptr : staging[i];
-    lanes_[i].stream =
-        static_cast<int>((first_stream + i) % device_->streams());
+    lanes_[i].stream = static_cast<int>((first_stream + i) % device_->streams());
     lanes_[i].busy = false;
   }
 
+  // From and to pinned memory nothing but the GPU's copies are in the
+  // pipeline: a ramp of pieces (an eighth of a full one first and last)
+  // shortens the time it waits to fill and to drain
+  // (bench/pinned_region_timeline.py). DGMM_PIECE_RAMP=0 turns it off (A/B).
+  static const bool ramp_on = [] {
+    const char* v = std::getenv("DGMM_PIECE_RAMP");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  const int64_t ramp = ramp_on && pinned_in && pinned_out ? piece_limit / 8 : 0;
   absl::Status status;
-  TileSplitter splitter(p_, tile.first_line, tile.lines, piece_limit);
+  TileSplitter splitter(p_, tile.first_line, tile.lines, piece_limit, ramp);
   Piece piece;
+  pipeline_start_ = absl::Now();
   for (int64_t i = 0; status.ok() && splitter.Next(&piece); ++i) {
+    ++pieces_;
     const int l = static_cast<int>(i % depth);
     // Results that leave through staging: the lane after this one is
     // finished a piece early, so that its result is copied out (on its own
@@ -365,7 +371,9 @@ absl::Status CudaJobContext::Process(const Tile& tile,
     }
     cudaGetLastError();
   }
+  pipeline_end_ = absl::Now();
   if (!staging.empty()) ring->Release(staging);
+  processed_ = absl::Now();
   return status;
 }
 

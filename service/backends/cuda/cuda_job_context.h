@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "service/backends/cuda/cuda_device.h"
 #include "service/backends/cuda/dgmm_kernel.h"
 #include "service/backends/cuda/tile_split.h"
@@ -26,28 +27,22 @@ inline int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 // kStreamed), all from the device's pool.
 class CudaJobContext final : public JobContext {
  public:
-  CudaJobContext(CudaDevice* device, const Problem& p, BackendKind backend,
-                 JobMode mode, int64_t slot_bytes)
-      : device_(device),
-        p_(p),
-        backend_(backend),
-        mode_(mode),
-        slot_bytes_(slot_bytes) {}
+  CudaJobContext(CudaDevice* device, const Problem& p, BackendKind backend, JobMode mode,
+                 int64_t slot_bytes)
+      : device_(device), p_(p), backend_(backend), mode_(mode), slot_bytes_(slot_bytes) {}
   ~CudaJobContext() override;
 
   // Allocates the job's device memory and uploads the diagonal.
   absl::Status Init(const std::byte* diag);
 
-  absl::Status Process(const Tile& tile, const CancelFn& cancelled,
-                       StageTimes* times) override;
+  absl::Status Process(const Tile& tile, const CancelFn& cancelled, StageTimes* times) override;
 
  private:
   // One piece in flight: its staging buffer (if any), stream and events.
   struct Lane {
     std::byte* staging = nullptr;
     int stream = 0;
-    cudaEvent_t start = nullptr, uploaded = nullptr, computed = nullptr,
-                done = nullptr;
+    cudaEvent_t start = nullptr, uploaded = nullptr, computed = nullptr, done = nullptr;
     bool busy = false;
     Piece piece;
     // The copy of this lane's result out of its staging buffer, running on
@@ -61,27 +56,22 @@ class CudaJobContext final : public JobContext {
   };
 
   int64_t region_bytes() const {
-    return mode_ == JobMode::kWhole
-               ? RoundUp(p_.matrix_bytes(), kAlign)
-               : int64_t{device_->pieces_in_flight()} * slot_bytes_;
+    return mode_ == JobMode::kWhole ? RoundUp(p_.matrix_bytes(), kAlign)
+                                    : int64_t{device_->pieces_in_flight()} * slot_bytes_;
   }
   // Device address of `piece`'s input (or output) in lane `lane`.
-  std::byte* DeviceAddress(std::byte* region, int lane,
-                           const Piece& piece) const;
+  std::byte* DeviceAddress(std::byte* region, int lane, const Piece& piece) const;
   absl::Status Launch(const Lane& lane, const Piece& piece, int lane_index);
   absl::Status LaunchOn(std::byte* in, std::byte* out, const Piece& piece, int stream);
   // kDeviceRegion: the tile's pointers are device memory of this GPU.
   absl::Status ProcessResident(const Tile& tile, StageTimes* times);
-  absl::Status Start(Lane& lane, int lane_index, const Piece& piece,
-                     const Tile& tile, bool pinned_in, bool pinned_out,
-                     StageTimes* times);
-  absl::Status Finish(Lane& lane, const Tile& tile, bool pinned_out,
-                      StageTimes* times);
+  absl::Status Start(Lane& lane, int lane_index, const Piece& piece, const Tile& tile,
+                     bool pinned_in, bool pinned_out, StageTimes* times);
+  absl::Status Finish(Lane& lane, const Tile& tile, bool pinned_out, StageTimes* times);
   // Waits for `lane`'s copy out, if one runs, and returns how it went.
   absl::Status AwaitCopyOut(Lane& lane, StageTimes* times);
   template <typename T>
-  DeviceTile<T> MakeDeviceTile(std::byte* in, std::byte* out,
-                               const Piece& piece) const;
+  DeviceTile<T> MakeDeviceTile(std::byte* in, std::byte* out, const Piece& piece) const;
 
   CudaDevice* const device_;
   const Problem p_;
@@ -92,6 +82,11 @@ class CudaJobContext final : public JobContext {
   std::byte* d_in_ = nullptr;
   std::byte* d_out_ = nullptr;
   std::vector<Lane> lanes_;
+  // DGMM_TRACE_JOBS=1 in the server's environment: each job logs where its
+  // host time went (set-up, the pipeline, tear-down), for benchmarks.
+  absl::Time created_ = absl::Now();
+  absl::Time initialized_, processed_, pipeline_start_, pipeline_end_;
+  int64_t pieces_ = 0;
 };
 
 }  // namespace dgmm::cuda

@@ -5,13 +5,15 @@
 namespace dgmm::cuda {
 
 TileSplitter::TileSplitter(const Problem& p, int64_t first_line, int64_t lines,
-                           int64_t max_piece_bytes)
+                           int64_t max_piece_bytes, int64_t ramp_bytes)
     : first_line_(first_line),
       lines_(p.line_len() > 0 ? std::max<int64_t>(lines, 0) : 0),
       line_len_(p.line_len()),
       elem_(static_cast<int64_t>(p.elem_size())),
-      lines_per_piece_(p.line_bytes() > 0 ? max_piece_bytes / p.line_bytes()
-                                          : 0) {
+      lines_per_piece_(p.line_bytes() > 0 ? max_piece_bytes / p.line_bytes() : 0),
+      max_piece_bytes_(max_piece_bytes),
+      ramp_bytes_(std::max<int64_t>(ramp_bytes, 0)),
+      next_limit_(ramp_bytes_) {
   part_len_ = std::max<int64_t>(1, max_piece_bytes / elem_);
   const int64_t vector_elems = 16 / elem_;
   if (part_len_ >= vector_elems) part_len_ -= part_len_ % vector_elems;
@@ -21,7 +23,13 @@ bool TileSplitter::Next(Piece* piece) {
   if (line_ >= lines_) return false;
   const int64_t line_bytes = line_len_ * elem_;
   if (lines_per_piece_ > 0) {
-    const int64_t n = std::min(lines_per_piece_, lines_ - line_);
+    int64_t n = std::min(lines_per_piece_, lines_ - line_);
+    if (ramp_bytes_ > 0 && ramp_bytes_ < max_piece_bytes_) {
+      const int64_t left = (lines_ - line_) * line_bytes;
+      const int64_t limit = std::min(next_limit_, std::max(ramp_bytes_, left / 2));
+      n = std::min(n, std::max<int64_t>(1, limit / line_bytes));
+      next_limit_ = std::min(max_piece_bytes_, next_limit_ * 2);
+    }
     *piece = Piece{.byte_offset = line_ * line_bytes,
                    .bytes = n * line_bytes,
                    .first_line = first_line_ + line_,
@@ -46,10 +54,10 @@ bool TileSplitter::Next(Piece* piece) {
   return true;
 }
 
-std::vector<Piece> SplitTile(const Problem& p, int64_t first_line,
-                             int64_t lines, int64_t max_piece_bytes) {
+std::vector<Piece> SplitTile(const Problem& p, int64_t first_line, int64_t lines,
+                             int64_t max_piece_bytes, int64_t ramp_bytes) {
   std::vector<Piece> pieces;
-  TileSplitter splitter(p, first_line, lines, max_piece_bytes);
+  TileSplitter splitter(p, first_line, lines, max_piece_bytes, ramp_bytes);
   Piece piece;
   while (splitter.Next(&piece)) pieces.push_back(piece);
   return pieces;

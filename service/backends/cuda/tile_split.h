@@ -30,10 +30,17 @@ struct Piece {
 // a time. Whole lines are grouped as many as fit; a line longer than the
 // limit is cut into parts whose length is a multiple of 16 bytes where the
 // limit allows, so that vector accesses stay aligned.
+//
+// With `ramp_bytes` > 0 (whole lines only), the pieces ramp: the first is at
+// most ramp_bytes, each next one up to twice the one before, until
+// max_piece_bytes; and near the end each takes at most half of what is left
+// (never under ramp_bytes), so the last ones are small again. A pipeline
+// then waits one small piece to start (the first copy in) and one to end
+// (the last copy out) instead of a whole one each, with full pieces between.
 class TileSplitter {
  public:
-  TileSplitter(const Problem& p, int64_t first_line, int64_t lines,
-               int64_t max_piece_bytes);
+  TileSplitter(const Problem& p, int64_t first_line, int64_t lines, int64_t max_piece_bytes,
+               int64_t ramp_bytes = 0);
 
   // Writes the next piece and returns true, or returns false when done.
   bool Next(Piece* piece);
@@ -47,11 +54,14 @@ class TileSplitter {
   int64_t part_len_;         // elements per part of a line
   int64_t line_ = 0;         // next line, relative to first_line_
   int64_t pos_ = 0;          // next position within that line
+  int64_t max_piece_bytes_;
+  int64_t ramp_bytes_;  // 0: no ramp
+  int64_t next_limit_;  // the ramp's limit for the next piece
 };
 
 // All pieces at once (for tests and small tiles).
-std::vector<Piece> SplitTile(const Problem& p, int64_t first_line,
-                             int64_t lines, int64_t max_piece_bytes);
+std::vector<Piece> SplitTile(const Problem& p, int64_t first_line, int64_t lines,
+                             int64_t max_piece_bytes, int64_t ramp_bytes = 0);
 
 }  // namespace dgmm::cuda
 
