@@ -317,14 +317,20 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
   }
 
   // From and to pinned memory nothing but the GPU's copies are in the
-  // pipeline: a ramp of pieces (an eighth of a full one first and last)
-  // shortens the time it waits to fill and to drain
-  // (bench/pinned_region_timeline.py). DGMM_PIECE_RAMP=0 turns it off (A/B).
+  // pipeline: for a job of many pieces, a ramp (an eighth of a full piece
+  // first and last) shortens the time it waits to fill and to drain. On the
+  // H200 the pipeline of an N=20000 float32 job took 35.1 ms with it against
+  // 36.2 without; at N=10000 9.04 and 9.07; a job of a few pieces only got
+  // more of them (N=1000: 0.28 against 0.19 ms), so it has none
+  // (bench/results/user_path/h200_timeline_ramp_ec561f3.md).
+  // DGMM_PIECE_RAMP=0 turns it off (A/B).
   static const bool ramp_on = [] {
     const char* v = std::getenv("DGMM_PIECE_RAMP");
     return v == nullptr || std::string(v) != "0";
   }();
-  const int64_t ramp = ramp_on && pinned_in && pinned_out ? piece_limit / 8 : 0;
+  constexpr int64_t kRampMinPieces = 16;
+  const int64_t ramp =
+      ramp_on && pinned_in && pinned_out && pieces >= kRampMinPieces ? piece_limit / 8 : 0;
   absl::Status status;
   TileSplitter splitter(p_, tile.first_line, tile.lines, piece_limit, ramp);
   Piece piece;
