@@ -886,10 +886,12 @@ TEST(CliShmTest, NpyOutputIsMadeAnewOrOverwrittenInPlace) {
     std::memcpy(got.data(), c->data(), got.size() * sizeof(float));
     EXPECT_LE(ops.MaxRelativeError(got), std::numeric_limits<float>::epsilon());
   };
-  // No output yet: made anew.
+  // No output yet: made anew (C written from this process's memory).
   CliRun run = Cli(args, RegionsServer());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("process memory"));
+  EXPECT_THAT(run.output, HasSubstr("written to a new " + c_path));
+  EXPECT_THAT(run.output, HasSubstr(", write C "));
   check_c();
   // The same array there (poisoned): overwritten in place.
   std::vector<float> poison = ops.NanOutput();
@@ -898,6 +900,8 @@ TEST(CliShmTest, NpyOutputIsMadeAnewOrOverwrittenInPlace) {
   run = Cli(args, RegionsServer());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(inode(), before) << "not overwritten in place";
+  EXPECT_THAT(run.output, HasSubstr("wrote C into " + c_path));
+  EXPECT_THAT(run.output, HasSubstr(", close "));
   check_c();
   // Another array there: replaced by a new file.
   NpyHeader other = a;
