@@ -45,11 +45,11 @@ function runVectors(file) {
 // patterns, complex interleaved), and the relative error allowed per
 // element (a rounding or two of it).
 const DTYPES = {
-  float16: {Ctor: Uint16Array, parts: 1, rtol: 2e-3},
-  float32: {Ctor: Float32Array, parts: 1, rtol: 1e-6},
-  float64: {Ctor: Float64Array, parts: 1, rtol: 1e-15},
-  complex64: {Ctor: Float32Array, parts: 2, rtol: 1e-6},
-  complex128: {Ctor: Float64Array, parts: 2, rtol: 4e-15},
+  float16: { Ctor: Uint16Array, parts: 1, rtol: 2e-3 },
+  float32: { Ctor: Float32Array, parts: 1, rtol: 1e-6 },
+  float64: { Ctor: Float64Array, parts: 1, rtol: 1e-15 },
+  complex64: { Ctor: Float32Array, parts: 2, rtol: 1e-6 },
+  complex128: { Ctor: Float64Array, parts: 2, rtol: 4e-15 },
 };
 
 function halfToNumber(h) {
@@ -69,10 +69,7 @@ function numberToHalf(x) {
   let hi = 0x7bff;
   while (hi - lo > 1) {
     const mid = (lo + hi) >> 1;
-    if (halfToNumber(mid) <= ax)
-      lo = mid;
-    else
-      hi = mid;
+    if (halfToNumber(mid) <= ax) lo = mid; else hi = mid;
   }
   const below = ax - halfToNumber(lo);
   const above = halfToNumber(lo + 1) - ax;
@@ -85,7 +82,7 @@ async function runCase(file, target) {
   const out = { name: c.name, status: 'OK', mode: null, stripes: null, attempts: 0, checked: false, max_abs_err: null, message: '' };
   const T = DTYPES[c.dtype];
   if (!T) throw new Error(`dtype '${c.dtype}' is not valid`);
-  const {Ctor, parts} = T;
+  const { Ctor, parts } = T;
   const { rows, cols, side, layout } = c;
   const next = random(c.seed);
   // Values in the storage: a half type's 16-bit pattern, else the number.
@@ -97,8 +94,7 @@ async function runCase(file, target) {
   const a = draw(rows * cols);
   const d = draw(side === 'right' ? cols : rows);
   const r = side === 'both' ? draw(cols) : null;
-  const result =
-      new Ctor(rows * cols * parts).fill(Ctor === Uint16Array ? 0x7e00 : NaN);  // Poisoned.
+  const result = new Ctor(rows * cols * parts).fill(Ctor === Uint16Array ? 0x7e00 : NaN); // Poisoned.
   const client = dgmm.createClient(target, undefined, {
     loadBalancingPolicy: 'round_robin',
     retry: opts.max_attempts != null ? { maxAttempts: opts.max_attempts } : undefined,
@@ -117,9 +113,7 @@ async function runCase(file, target) {
       maxUnaryMessageBytes: opts.max_unary_message_bytes ?? undefined,
       out: result,
       returnInfo: true,
-      progress: (linesDone) => {
-        linesPlaced = linesDone;
-      },
+      progress: (linesDone) => { linesPlaced = linesDone; },
     });
     const { info } = done;
     Object.assign(out, { mode: info.mode, stripes: info.stripes, attempts: info.attempts, resumed: info.resumed,
@@ -130,18 +124,15 @@ async function runCase(file, target) {
     let maxErr = 0;
     let ok = true;
     // Element k as [re, im] (float64), and products in float64.
-    const load = (v, k) =>
-        (parts === 2 ? [v[2 * k], v[2 * k + 1]] :
-                       [Ctor === Uint16Array ? halfToNumber(v[k]) : v[k], 0]);
+    const load = (v, k) => (parts === 2 ? [v[2 * k], v[2 * k + 1]]
+      : [Ctor === Uint16Array ? halfToNumber(v[k]) : v[k], 0]);
     const mul = (x, y) => [x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]];
     for (let i = 0; i < rows; i++) {
       for (let j = 0; j < cols; j++) {
         const idx = layout === 'col' ? j * rows + i : i * cols + j;
         let want;
-        if (side === 'both')
-          want = mul(mul(load(d, i), load(a, idx)), load(r, j));
-        else
-          want = mul(load(a, idx), load(d, side === 'right' ? j : i));
+        if (side === 'both') want = mul(mul(load(d, i), load(a, idx)), load(r, j));
+        else want = mul(load(a, idx), load(d, side === 'right' ? j : i));
         const got = load(result, idx);
         const err = Math.hypot(got[0] - want[0], got[1] - want[1]);
         want = Math.hypot(want[0], want[1]);
