@@ -271,6 +271,12 @@ def region_row(dgmm, address, a, d, reps):
     return warm, pinned
 
 
+# --only: cli (dgmm-cli rows), cupy (CuPy and the floor), clients (Python and C++
+# over the socket and the same host, and HostVector), staging (staging-region
+# rows), empty (dgmm.empty and the reused region).
+GROUPS = ("cli", "cupy", "clients", "staging", "empty")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, nargs="+", default=[1000, 2000])
@@ -281,7 +287,13 @@ def main():
     parser.add_argument("--server-flags", default="")
     parser.add_argument("--commit", default=None)
     parser.add_argument("--out", help="also write the report here")
+    parser.add_argument("--only", nargs="+", choices=GROUPS, default=None,
+                        help="run only these groups of rows (NumPy's rows always run); the "
+                             "targets whose rows did not run are left out")
     args = parser.parse_args()
+
+    def want(group):
+        return args.only is None or group in args.only
     build = os.path.abspath(args.build)
     dgmm = import_dgmm(build)
     tool = os.path.join(build, "python", "dgmm_cpp_client_timing")
@@ -328,48 +340,52 @@ def main():
                     np.save(files[2], np.load(files[0]) * np.load(files[1]))
 
                 row["numpy .npy files"] = (None, median_ms(numpy_files, args.reps), "")
-                for same_host in (False, True):
+                for same_host in ((False, True) if want("cli") else ()):
                     tag = "shm" if same_host else "socket"
                     row["cli .npy " + tag] = cli_rows(cli, server.address, files, args.reps,
                                                       same_host)
                     check(np.load(files[2]), a, d)
-                row["cli .npy shm staging"] = cli_rows(cli, server.address, files, args.reps,
-                                                       True, process_memory=False)
-                check(np.load(files[2]), a, d)
-                row["cli .npy shm new file"] = cli_rows(cli, server.address, files, args.reps,
-                                                        True, new_output=True)
-                check(np.load(files[2]), a, d)
-            cupy = cupy_rows(a, d, args.reps) if args.backend != "cpu" else None
+                if want("cli"):
+                    row["cli .npy shm staging"] = cli_rows(cli, server.address, files, args.reps,
+                                                           True, process_memory=False)
+                    check(np.load(files[2]), a, d)
+                    row["cli .npy shm new file"] = cli_rows(cli, server.address, files,
+                                                            args.reps, True, new_output=True)
+                    check(np.load(files[2]), a, d)
+            cupy = cupy_rows(a, d, args.reps) if args.backend != "cpu" and want("cupy") else None
             if cupy is not None:
                 row["cupy pageable"] = (None, cupy[0], "")
                 row["cupy pinned"] = (None, cupy[1], "")
                 row["PCIe duplex floor"] = (None, cupy[2], "")
-            for same_host in (False, True):
+            for same_host in ((False, True) if want("clients") else ()):
                 tag = "shm" if same_host else "socket"
                 row["python " + tag] = python_rows(dgmm, server.address, a, d, args.reps,
                                                    same_host)
                 row["c++ " + tag] = cpp_rows(tool, server.address, n, args.reps, same_host,
                                              phases=cpp_phases.setdefault(n, []) if same_host
                                              else None)
-            row["c++ shm, dgmm::HostVector"] = cpp_rows(tool, server.address, n, args.reps, True,
-                                                         host_vector=True)
-            row["python shm staging"] = python_rows(dgmm, server.address, a, d, args.reps, True,
-                                                    process_memory=False)
-            row["c++ shm staging"] = cpp_rows(tool, server.address, n, args.reps, True,
-                                              phases=cpp_phases.setdefault(n, []),
-                                              process_memory=False)
-            row["c++ shm staging 4 blocks"] = cpp_rows(tool, server.address, n, args.reps, True,
-                                                       blocks=4,
-                                                       phases=cpp_phases.setdefault(n, []),
-                                                       process_memory=False)
-            row["python dgmm.empty"], empty_pinned = empty_rows(dgmm, server.address, a, d,
-                                                                args.reps)
-            reused, reused_pinned = region_row(dgmm, server.address, a, d, args.reps)
-            row["region reused"] = (None, reused, "")
-            if empty_pinned[1] is not None:
-                row["python dgmm.empty pinned"] = empty_pinned
-            if reused_pinned is not None:
-                row["region reused pinned"] = (None, reused_pinned, "")
+            if want("clients"):
+                row["c++ shm, dgmm::HostVector"] = cpp_rows(tool, server.address, n, args.reps, True,
+                                                             host_vector=True)
+            if want("staging"):
+                row["python shm staging"] = python_rows(dgmm, server.address, a, d, args.reps, True,
+                                                        process_memory=False)
+                row["c++ shm staging"] = cpp_rows(tool, server.address, n, args.reps, True,
+                                                  phases=cpp_phases.setdefault(n, []),
+                                                  process_memory=False)
+                row["c++ shm staging 4 blocks"] = cpp_rows(tool, server.address, n, args.reps, True,
+                                                           blocks=4,
+                                                           phases=cpp_phases.setdefault(n, []),
+                                                           process_memory=False)
+            if want("empty"):
+                row["python dgmm.empty"], empty_pinned = empty_rows(dgmm, server.address, a, d,
+                                                                    args.reps)
+                reused, reused_pinned = region_row(dgmm, server.address, a, d, args.reps)
+                row["region reused"] = (None, reused, "")
+                if empty_pinned[1] is not None:
+                    row["python dgmm.empty pinned"] = empty_pinned
+                if reused_pinned is not None:
+                    row["region reused pinned"] = (None, reused_pinned, "")
             results[n] = row
         numpy_ms = {n: results[n]["numpy A*d"][1] for n in results}
         say("| path | " + " | ".join("N=%d cold | N=%d warm | × NumPy" % (n, n) for n in results)
@@ -400,42 +416,53 @@ def main():
             say("| %s | %s | %.2f | %s |" % (name, measured, value,
                                              "MET" if value <= limit else "MISSED"))
 
-        gpu_host = args.backend != "cpu" and any("cupy pageable" in r for r in results.values())
+        def guard(report):
+            try:  # a target whose rows did not run (--only) is left out
+                report()
+            except (KeyError, TypeError):
+                pass
+
+        gpu_host = args.backend != "cpu" and bool(gpu)
         for n in results:
             r = results[n]
             if gpu_host and n >= 10000:
-                target("python shm warm <= 0.33 x NumPy, N=%d" % n,
+                guard(lambda: target("python shm warm <= 0.33 x NumPy, N=%d" % n,
                        r["python shm"][1] / numpy_ms[n], 0.33,
-                       "%.1f vs %.1f ms" % (r["python shm"][1], numpy_ms[n]))
-                target("python shm warm faster than CuPy pageable, N=%d" % n,
+                       "%.1f vs %.1f ms" % (r["python shm"][1], numpy_ms[n])))
+                guard(lambda: target("python shm warm faster than CuPy pageable, N=%d" % n,
                        r["python shm"][1] / r["cupy pageable"][1], 1.0,
-                       "%.1f vs %.1f ms" % (r["python shm"][1], r["cupy pageable"][1]))
+                       "%.1f vs %.1f ms" % (r["python shm"][1], r["cupy pageable"][1])))
                 # Warm is the steady state of arrays that are reused: the
                 # server has pinned their regions (it does so in the
                 # background after their second job); the jobs before the
                 # pin are the "python dgmm.empty" row.
-                empty = r.get("python dgmm.empty pinned", r["python dgmm.empty"])
-                target("python dgmm.empty warm (regions pinned) <= 1.15 x PCIe duplex floor, "
+                empty = r.get("python dgmm.empty pinned", r.get("python dgmm.empty"))
+                guard(lambda: target("python dgmm.empty warm (regions pinned) <= 1.15 x PCIe duplex floor, "
                        "N=%d" % n, empty[1] / r["PCIe duplex floor"][1], 1.15,
-                       "%.1f vs %.1f ms" % (empty[1], r["PCIe duplex floor"][1]))
-                target("dgmm-cli .npy (default flags) <= 0.8 x NumPy load+multiply+save, N=%d" % n,
+                       "%.1f vs %.1f ms" % (empty[1], r["PCIe duplex floor"][1])))
+                guard(lambda: target("dgmm-cli .npy (default flags) <= 0.8 x NumPy load+multiply+save, N=%d" % n,
                        r["cli .npy shm"][1] / r["numpy .npy files"][1], 0.8,
-                       "%.1f vs %.1f ms" % (r["cli .npy shm"][1], r["numpy .npy files"][1]))
-                target("c++ shm warm <= 0.25 x NumPy, N=%d" % n,
+                       "%.1f vs %.1f ms" % (r["cli .npy shm"][1], r["numpy .npy files"][1])))
+                guard(lambda: target("dgmm-cli .npy (default flags) into a new output file <= 0.8 x "
+                                     "NumPy load+multiply+save, N=%d" % n,
+                       r["cli .npy shm new file"][1] / r["numpy .npy files"][1], 0.8,
+                       "%.1f vs %.1f ms" % (r["cli .npy shm new file"][1],
+                                            r["numpy .npy files"][1])))
+                guard(lambda: target("c++ shm warm <= 0.25 x NumPy, N=%d" % n,
                        r["c++ shm"][1] / numpy_ms[n], 0.25,
-                       "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n]))
+                       "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n])))
             for who in ("python", "c++"):
-                target("%s first shm job no slower than a first socket job, N=%d" % (who, n),
+                guard(lambda: target("%s first shm job no slower than a first socket job, N=%d" % (who, n),
                        r[who + " shm"][0] / r[who + " socket"][0], 1.0,
-                       "%.1f vs %.1f ms" % (r[who + " shm"][0], r[who + " socket"][0]))
+                       "%.1f vs %.1f ms" % (r[who + " shm"][0], r[who + " socket"][0])))
             if not gpu_host:
-                target("CPU backend: c++ shm warm <= 1.0 x NumPy, N=%d" % n,
+                guard(lambda: target("CPU backend: c++ shm warm <= 1.0 x NumPy, N=%d" % n,
                        r["c++ shm"][1] / numpy_ms[n], 1.0,
-                       "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n]))
-                target("CPU backend: c++ shm warm, buffers from dgmm::HostVector (huge pages, "
+                       "%.1f vs %.1f ms" % (r["c++ shm"][1], numpy_ms[n])))
+                guard(lambda: target("CPU backend: c++ shm warm, buffers from dgmm::HostVector (huge pages, "
                        "as NumPy's), <= 1.0 x NumPy, N=%d" % n,
                        r["c++ shm, dgmm::HostVector"][1] / numpy_ms[n], 1.0,
-                       "%.1f vs %.1f ms" % (r["c++ shm, dgmm::HostVector"][1], numpy_ms[n]))
+                       "%.1f vs %.1f ms" % (r["c++ shm, dgmm::HostVector"][1], numpy_ms[n])))
         say()
         say("## Where the same-host time goes (C++ client, ms)")
         say()
