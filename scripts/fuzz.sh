@@ -60,7 +60,8 @@ fi
 # compile differ from it. A `git archive` export names it in .commit.
 commit() {
   local inputs=(service/validator.h service/validator.cc service/problem.h service/problem.cc
-                client/cpp/include/dgmm/npy.h client/cpp/src/npy.cc proto tests/fuzz)
+                client/cpp/include/dgmm/npy.h client/cpp/src/npy.cc
+                client/cpp/include/dgmm/host_memory.h client/cpp/src/host_memory.cc proto tests/fuzz)
   if git -C "$root" rev-parse HEAD >/dev/null 2>&1; then
     echo "$(git -C "$root" rev-parse HEAD)$(git -C "$root" diff --quiet HEAD -- "${inputs[@]}" ||
       echo ' (+ uncommitted changes to the fuzzed sources)')"

@@ -48,4 +48,10 @@ void FreeHostMemory(void* p, size_t bytes) {
   munmap(p, RoundUp(bytes, kHugePage));
 }
 
+HostMemoryPtr MakeHostMemory(size_t bytes) {
+  void* p = AllocateHostMemory(bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  return HostMemoryPtr(p, HostMemoryDeleter{bytes});
+}
+
 }  // namespace dgmm

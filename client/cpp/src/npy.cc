@@ -305,7 +305,7 @@ std::string EncodeNpyHeader(const NpyHeader& header, int version) {
 
 NpyArray::NpyArray(NpyHeader header)
     : header_(std::move(header)),
-      storage_(std::make_unique_for_overwrite<double[]>((header_.data_bytes() + 7) / 8 + 1)) {}
+      storage_(MakeHostMemory(header_.data_bytes() + 8)) {}
 
 NpyArray::NpyArray(NpyHeader header, void* external)
     : header_(std::move(header)), external_(external) {}

@@ -15,6 +15,7 @@
 #define DGMM_CLIENT_HOST_MEMORY_H_
 
 #include <cstddef>
+#include <memory>
 #include <new>
 #include <vector>
 
@@ -29,6 +30,15 @@ inline constexpr size_t kHugePageAllocationBytes = size_t{4} << 20;
 // FreeHostMemory and the same `bytes`.
 void* AllocateHostMemory(size_t bytes);
 void FreeHostMemory(void* p, size_t bytes);
+
+// Owns memory from AllocateHostMemory.
+struct HostMemoryDeleter {
+  size_t bytes = 0;
+  void operator()(void* p) const noexcept { FreeHostMemory(p, bytes); }
+};
+using HostMemoryPtr = std::unique_ptr<void, HostMemoryDeleter>;
+// `bytes` of it; throws std::bad_alloc when none can be had.
+HostMemoryPtr MakeHostMemory(size_t bytes);
 
 // A standard allocator over AllocateHostMemory.
 template <typename T>

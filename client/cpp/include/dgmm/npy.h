@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "dgmm/host_memory.h"
 #include "dgmm/v1/dgmm.pb.h"
 
 namespace dgmm {
@@ -48,7 +49,8 @@ std::string EncodeNpyHeader(const NpyHeader& header, int version = 1);
 // An array read from a .npy file. The data is 8-byte aligned.
 class NpyArray {
  public:
-  // An array of `header`'s shape with uninitialized contents.
+  // An array of `header`'s shape with uninitialized contents (a large one
+  // on transparent huge pages: dgmm/host_memory.h).
   explicit NpyArray(NpyHeader header);
   // An array of `header`'s shape in the caller's memory `external` (at
   // least header.data_bytes(); it must outlive the array).
@@ -61,7 +63,7 @@ class NpyArray {
 
  private:
   NpyHeader header_;
-  std::unique_ptr<double[]> storage_;
+  HostMemoryPtr storage_;  // large arrays on huge pages (dgmm/host_memory.h)
   void* external_ = nullptr;
 };
 
