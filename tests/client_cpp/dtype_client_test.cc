@@ -36,7 +36,14 @@ constexpr v1::Backend kBackend = v1::BACKEND_CPU;
 #endif
 
 ServerProcess& SharedServer() {
+#if defined(DGMM_DTYPE_GPU)
+  // Pieces of at most 160 bytes: the GPU pipeline groups whole lines of the
+  // narrow types and cuts the wide types' lines into parts, each piece with
+  // its own offsets into the prepared diagonals.
+  static ServerProcess server({"--threads=2", "--allow_regions", "--cuda_tile_bytes=160"});
+#else
   static ServerProcess server({"--threads=2", "--allow_regions"});
+#endif
   return server;
 }
 
