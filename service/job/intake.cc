@@ -76,9 +76,10 @@ absl::Status Intake::Served(const JobDraft& d, IntakenJob*) const {
 
 absl::Status Intake::Header(const JobDraft& d, IntakenJob* out) const {
   if (!d.decoded.ok()) return d.decoded;
-  const DiagonalIn diagonal_in = d.kind == JobKind::kRegion && d.region->has_diagonal()
-                                     ? DiagonalIn::kRegion
-                                     : DiagonalIn::kHeader;
+  const DiagonalIn diagonal_in =
+      d.kind == JobKind::kRegion && (d.region->has_diagonal() || d.region->has_right_diagonal())
+          ? DiagonalIn::kRegion
+          : DiagonalIn::kHeader;
   auto job = ValidateHeader(*d.header, engine_->options().limits,
                             /*streamed=*/d.kind == JobKind::kStream, diagonal_in);
   if (!job.ok()) return job.status();

@@ -209,7 +209,9 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
   if (diagonal_in == DiagonalIn::kRegion) {
     if (have_bytes != 0 || have_right != 0) {
       return Invalid(
-          "the diagonal is either inline (header.diagonal) or in a region (diagonal), not both");
+          "the diagonal is either inline (header.diagonal) or in a region (diagonal), not both; "
+          "for SIDE_BOTH both diagonals are inline (header.diagonal and header.right_diagonal) "
+          "or both in regions (the diagonal and right_diagonal refs)");
     }
   } else if (have_bytes != p.diag_bytes()) {
     return Invalid(absl::StrFormat(

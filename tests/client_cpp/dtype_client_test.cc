@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dgmm/client.h"
+#include "dgmm/regions.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/dtype_reference.h"
@@ -339,6 +340,70 @@ TEST_F(DTypeClientTest, RefusalsAreInvalidArgumentAndSaySo) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("right_diagonal has 0 bytes"));
 }
 
+// MultiplyRegion with A, C and both diagonals in one registered region
+// (RegionRef diagonal and right_diagonal), C apart from A and in place; and
+// the refusals of refs that do not fit the side.
+TEST_F(DTypeClientTest, RegionJobWithBothDiagonalsInTheRegion) {
+  Client client(SharedServer().address(), OptionsFor(Route::kStagingRegion));
+  using TA = Complex64;
+  using TD = Half;
+  for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
+    for (bool in_place : {false, true}) {
+      Case<TA, TD> c(21, 11, layout, v1::SIDE_BOTH, in_place ? 71 : 72);
+      const size_t a_bytes = c.a.size() * sizeof(TA);
+      const size_t l_at = 2 * a_bytes, r_at = l_at + 64;
+      auto region = SharedMemoryRegion::Create(client, r_at + c.r.size() * sizeof(TD));
+      ASSERT_TRUE(region.ok()) << region.status();
+      char* base = (*region)->bytes();
+      std::memcpy(base, c.a.data(), a_bytes);
+      std::memset(base + a_bytes, 0xff, a_bytes);  // C poisoned
+      std::memcpy(base + l_at, c.l.data(), c.l.size() * sizeof(TD));
+      std::memcpy(base + r_at, c.r.data(), c.r.size() * sizeof(TD));
+      Job job = c.MakeJob();
+      RegionJob rj = RegionJobOf(job, (*region)->Ref(0),
+                                 (*region)->Ref(in_place ? 0 : static_cast<int64_t>(a_bytes)));
+      rj.diagonal = nullptr;
+      rj.diagonal_bytes = 0;
+      rj.right_diagonal = nullptr;
+      rj.right_diagonal_bytes = 0;
+      rj.diagonal_ref = (*region)->Ref(static_cast<int64_t>(l_at));
+      rj.right_diagonal_ref = (*region)->Ref(static_cast<int64_t>(r_at));
+      absl::StatusOr<JobResult> r = MultiplyRegion(client, rj);
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::memcpy(c.out.data(), base + (in_place ? 0 : a_bytes), a_bytes);
+      EXPECT_EQ(c.Check(), "") << v1::Layout_Name(layout) << (in_place ? " in place" : "");
+
+      // One diagonal in the region and the other inline, or the other
+      // missing: refused.
+      RegionJob half = rj;
+      half.right_diagonal_ref.reset();
+      half.right_diagonal = c.r.data();
+      half.right_diagonal_bytes = c.r.size() * sizeof(TD);
+      r = MultiplyRegion(client, half);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(r.status().message()),
+                  HasSubstr("for SIDE_BOTH both diagonals are inline (header.diagonal and "
+                            "header.right_diagonal) or both in regions"));
+      half.right_diagonal = nullptr;
+      half.right_diagonal_bytes = 0;
+      r = MultiplyRegion(client, half);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(r.status().message()),
+                  HasSubstr("a SIDE_BOTH job has both diagonals inline"));
+      // A right_diagonal ref on a one-sided job: refused.
+      RegionJob one = rj;
+      one.side = v1::SIDE_LEFT;
+      r = MultiplyRegion(client, one);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(r.status().message()),
+                  HasSubstr("a right_diagonal ref is for SIDE_BOTH only"));
+    }
+  }
+}
+
 // GetServerInfo names what each backend takes.
 TEST_F(DTypeClientTest, ServerInfoListsDTypesAndSidesPerBackend) {
   Client client(SharedServer().address());
@@ -406,6 +471,34 @@ void CublasComplex(uint64_t seed) {
 }
 TEST_F(DTypeClientTest, CublasComplex64) { CublasComplex<Complex64>(1400); }
 TEST_F(DTypeClientTest, CublasComplex128) { CublasComplex<Complex128>(1500); }
+
+// A server pinned to cuBLAS (--backend=cublas) runs BACKEND_AUTO jobs cuBLAS
+// has no dgmm for (a half type, a promoted diagonal, SIDE_BOTH) on the
+// kernel, and the others on cuBLAS.
+TEST_F(DTypeClientTest, PinnedCublasRunsWhatItCannotTakeOnTheKernel) {
+  ServerProcess pinned({"--threads=2", "--backend=cublas"});
+  Client client(pinned.address(), OptionsFor(Route::kUnary));
+  Case<Half, Half> half(19, 13, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 1600);
+  Job job = half.MakeJob();
+  job.backend = v1::BACKEND_AUTO;
+  auto r = client.Multiply(job, half.out.data(), half.out.size() * sizeof(Half));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stats.backend(), v1::BACKEND_CUDA_KERNEL);
+  EXPECT_EQ(half.Check(), "");
+  Case<double, float> promoted(19, 13, v1::LAYOUT_COL_MAJOR, v1::SIDE_BOTH, 1601);
+  job = promoted.MakeJob();
+  job.backend = v1::BACKEND_AUTO;
+  r = client.Multiply(job, promoted.out.data(), promoted.out.size() * sizeof(double));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stats.backend(), v1::BACKEND_CUDA_KERNEL);
+  EXPECT_EQ(promoted.Check(), "");
+  Case<float, float> plain(19, 13, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1602);
+  job = plain.MakeJob();
+  job.backend = v1::BACKEND_AUTO;
+  r = client.Multiply(job, plain.out.data(), plain.out.size() * sizeof(float));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stats.backend(), v1::BACKEND_CUBLAS);
+}
 #endif
 
 }  // namespace
