@@ -404,6 +404,37 @@ TEST_F(DTypeClientTest, RegionJobWithBothDiagonalsInTheRegion) {
   }
 }
 
+// The budget counts the real bytes: A and C of 16-byte complex128, and the
+// diagonals as held (a float16 d of SIDE_BOTH widened to float32, the left
+// one rounded up to 256 bytes).
+TEST_F(DTypeClientTest, BudgetCountsTheElementSizesAndThePreparedDiagonals) {
+  ServerProcess small({"--threads=2", "--host_memory_budget=64KiB", "--backend=cpu"});
+  Client client(small.address(), OptionsFor(Route::kUnary));
+  Case<Complex128, Complex128> big(50, 50, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 1700);
+  // On the CPU whichever build this is (the host budget is the one counted).
+  const auto cpu_job = [](const auto& c) {
+    Job job = c.MakeJob();
+    job.backend = v1::BACKEND_CPU;
+    return job;
+  };
+  auto r = client.MultiplyUnary(cpu_job(big), big.out.data(), big.out.size() * 16);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  // 2 * 50 * 50 * 16 + 50 * 16.
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job needs 80800 bytes of host memory"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("complex128"));
+  Case<Half, Half> fits(100, 150, v1::LAYOUT_ROW_MAJOR, v1::SIDE_BOTH, 1702);
+  // 2 * 100 * 150 * 2 + 512 (100 float32, rounded up) + 150 * 4 = 61112: fits.
+  r = client.MultiplyUnary(cpu_job(fits), fits.out.data(), fits.out.size() * 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(fits.Check(), "");
+  Case<Half, Half> over(100, 170, v1::LAYOUT_ROW_MAJOR, v1::SIDE_BOTH, 1703);
+  // 2 * 100 * 170 * 2 + 512 + 170 * 4 = 69192: over.
+  r = client.MultiplyUnary(cpu_job(over), over.out.data(), over.out.size() * 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("job needs 69192 bytes"));
+}
+
 // GetServerInfo names what each backend takes.
 TEST_F(DTypeClientTest, ServerInfoListsDTypesAndSidesPerBackend) {
   Client client(SharedServer().address());
