@@ -251,6 +251,49 @@ class DTypeTest(unittest.TestCase):
             self.assertEqual(c.dtype, np.float32)
             np.testing.assert_array_equal(c, a * np.array([0.1, 3.0], dtype=np.float32))
 
+    def test_region_jobs_of_every_dtype(self):
+        """multiply_region on a registered SharedMemoryRegion: A and C in it
+        (apart and in place), the diagonals inline or in the region too."""
+        server = ServerProcess(flags=["--threads=2", "--allow_regions"],
+                               prefix="dgmm-py-dtypes-regions-")
+        try:
+            with dgmm.Client(server.address) as client:
+                for dtype in dtypes():
+                    for side in ("left", "both"):
+                        for order in ("C", "F"):
+                            for in_place, diag_in_region in ((False, False), (True, True)):
+                                what = "%s %s %s%s%s" % (dtype, side, order,
+                                                          " in place" if in_place else "",
+                                                          " d in region" if diag_in_region else "")
+                                a0, d0 = self.operands(dtype, dtype, side, order)
+                                region = dgmm.SharedMemoryRegion(1 << 16)
+                                try:
+                                    region.register(client, "dt-%d" % (abs(hash(what)) % 10**9))
+                                    a = region.ndarray(a0.shape, dtype, order=order)
+                                    a[...] = a0
+                                    c = a if in_place else region.ndarray(
+                                        a0.shape, dtype, offset=8192, order=order)
+                                    if not in_place:  # poisoned: all ones is a NaN
+                                        poison = region.ndarray((c.nbytes,), np.uint8, 8192)
+                                        poison[...] = 0xff
+                                    d = d0
+                                    if diag_in_region:
+                                        parts = d0 if side == "both" else (d0,)
+                                        placed, at = [], 16384
+                                        for part in parts:
+                                            v = region.ndarray(part.shape, dtype, offset=at)
+                                            v[...] = part
+                                            placed.append(v)
+                                            at += 4096
+                                        d = tuple(placed) if side == "both" else placed[0]
+                                    client.multiply_region(a, d, c, side=side)
+                                    self.assertTrue(same(np.array(c), reference(a0, side, d0)),
+                                                    what)
+                                finally:
+                                    region.close()
+        finally:
+            server.stop()
+
     def test_server_info_lists_the_dtypes(self):
         with dgmm.Client(SERVER.address) as client:
             info = client.server_info()

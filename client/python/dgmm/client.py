@@ -789,18 +789,20 @@ class Client:
 
         A is a 2-D float16, bfloat16 (ml_dtypes.bfloat16, where ml_dtypes is
         installed), float32, float64, complex64 or complex128 array (half
-        types are computed in float32 and rounded once; docs/dtypes.md): NumPy, anything with the buffer
-        protocol, or a CUDA array (CuPy, PyTorch, __cuda_array_interface__ or
-        a CUDA __dlpack__), which is copied to the host and whose C comes back
-        as the same kind of array on its device (a CPU torch.Tensor gives a
-        torch.Tensor). C has A's dtype and layout (C order stays C order,
-        Fortran order stays Fortran order; any other array is sent as a
-        C-order copy); A itself is read in place. d is 1-D; a d whose dtype
-        widens exactly into A's (NumPy's result_type(A, d) is A's: float32 d
-        for a float64 A, float16 for float32, any real for a complex A) is
-        sent as it is and widened by the server, any other real d is
-        converted to A's dtype here, a complex d with a real A is a
-        ValueError (the result would be complex). backend: "auto", "cpu", "cuda-kernel" or "cublas" (a
+        types are computed in float32 and rounded once; docs/dtypes.md):
+        NumPy, anything with the buffer protocol, or a CUDA array (CuPy,
+        PyTorch, __cuda_array_interface__ or a CUDA __dlpack__), which is
+        copied to the host and whose C comes back as the same kind of array
+        on its device (a CPU torch.Tensor gives a torch.Tensor). C has A's
+        dtype and layout (C order stays C order, Fortran order stays Fortran
+        order; any other array is sent as a C-order copy); A itself is read
+        in place. d is 1-D; a d whose dtype widens exactly into A's (NumPy's
+        result_type(A, d) is A's dtype: float32 or float16 d for a float64 A,
+        float16 for float32, float32 for complex64, float64 or complex64 for
+        complex128) is sent as it is and widened by the server; any other
+        real d is converted to A's dtype here; a complex d with a real A is
+        a ValueError (the result would be complex).
+        backend: "auto", "cpu", "cuda-kernel" or "cublas" (a
         hint; also the enum names "BACKEND_CPU", ... or dgmm.pb values); any
         other name raises dgmm.InvalidArgumentError (a DgmmError with code
         INVALID_ARGUMENT, and a ValueError) before any call.
