@@ -291,6 +291,24 @@ class DTypeTest(unittest.TestCase):
                                                     what)
                                 finally:
                                     region.close()
+                # The raw call with both diagonals as RegionRefs.
+                a0, (l0, r0) = self.operands(np.dtype("<c8"), np.dtype("<c8"), "both", "C")
+                region = dgmm.SharedMemoryRegion(1 << 16)
+                try:
+                    region.register(client, "dt-raw")
+                    a = region.ndarray(a0.shape, a0.dtype)
+                    a[...] = a0
+                    region.ndarray(l0.shape, l0.dtype, 16384)[...] = l0
+                    region.ndarray(r0.shape, r0.dtype, 20480)[...] = r0
+                    header = dgmm.pb.JobHeader(rows=a0.shape[0], cols=a0.shape[1],
+                                               dtype=dgmm.pb.DTYPE_COMPLEX64,
+                                               side=dgmm.pb.SIDE_BOTH)
+                    client.multiply_region_refs(header, region.ref(0), region.ref(0),
+                                                diagonal=region.ref(16384),
+                                                right_diagonal=region.ref(20480))
+                    self.assertTrue(same(np.array(a), reference(a0, "both", (l0, r0))))
+                finally:
+                    region.close()
         finally:
             server.stop()
 

@@ -767,13 +767,16 @@ class RegionMethods:
         header.diagonal = np.ascontiguousarray(d, dtype=dtype).tobytes()
         return None
 
-    def multiply_region_refs(self, header, matrix, result, diagonal=None, timeout=None):
+    def multiply_region_refs(self, header, matrix, result, diagonal=None, timeout=None,
+                             right_diagonal=None):
         """The raw call: a dgmm.pb.JobHeader and dgmm.pb.RegionRefs
-        (region.ref(offset), or any region of this uid by name); returns
-        dgmm.pb.JobStats."""
+        (region.ref(offset), or any region of this uid by name; SIDE_BOTH's
+        right diagonal as `right_diagonal`); returns dgmm.pb.JobStats."""
         request = pb.MultiplyRegionRequest(header=header, matrix=matrix, result=result)
         if diagonal is not None:
             request.diagonal.CopyFrom(diagonal)
+        if right_diagonal is not None:
+            request.right_diagonal.CopyFrom(right_diagonal)
         return _call(self, "MultiplyRegion", request, timeout, _session(self, timeout)).stats
 
     def region_status(self, name="", timeout=None):
