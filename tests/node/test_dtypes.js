@@ -142,7 +142,8 @@ function sameBits(dtype, got, want) {
   return Object.is(got, want);
 }
 
-async function check(dtype, dDtype, rows, cols, side, layout, options, seed) {
+// `run(a, diag, opts)` resolves to C; by default dgmm.multiply on `client`.
+async function check(dtype, dDtype, rows, cols, side, layout, options, seed, run = null) {
   const next = rng(seed);
   const t = TYPES[dtype];
   const a = fill(dtype, rows * cols, next);
@@ -152,7 +153,7 @@ async function check(dtype, dDtype, rows, cols, side, layout, options, seed) {
   const diag = side === 'both' ? [l, r] : l;
   const opts = { ...options, layout, dtype, sameHost: false };
   if (dDtype !== dtype) opts.diagonalDtype = dDtype;
-  const c = await dgmm.multiply(client, a, rows, cols, diag, side, opts);
+  const c = run ? await run(a, diag, opts) : await dgmm.multiply(client, a, rows, cols, diag, side, opts);
   assert.ok(c instanceof t.Ctor);
   assert.equal(c.length, a.length);
   let mismatches = 0;
@@ -194,6 +195,32 @@ test('a diagonal promoted into the matrix dtype', async () => {
   for (const [dtype, dDtype] of [['float64', 'float32'], ['float32', 'float16'], ['complex64', 'float32'],
     ['complex128', 'complex64'], ['complex128', 'bfloat16'], ['float64', 'float16']]) {
     for (const side of ['right', 'both']) await check(dtype, dDtype, 9, 7, side, 'col', {}, seed++);
+  }
+});
+
+test('SharedMemoryRegion.multiply of every dtype and side', async () => {
+  const regions = require(require('node:path').join(CLIENT_DIR, 'regions.js'));
+  const regionServer = await startServer(['--threads=2', '--allow_regions']);
+  const regionClient = dgmm.createClient(regionServer.address);
+  const shm = regions.createSharedMemoryRegion(64 * 1024);
+  try {
+    await shm.register(regionClient, 'node-dtypes');
+    let seed = 2000;
+    for (const dtype of Object.keys(TYPES)) {
+      for (const side of ['left', 'both']) {
+        for (const layout of ['row', 'col']) {
+          await check(dtype, dtype, 19, 11, side, layout, {}, seed++, async (a, diag, opts) => {
+            const { result, stats } = await shm.multiply(regionClient, a, 19, 11, diag, side, opts);
+            assert.equal(stats.bytesOut, a.byteLength);
+            return result;
+          });
+        }
+      }
+    }
+  } finally {
+    await shm.close();
+    regionClient.close();
+    await stopServer(regionServer);
   }
 });
 
