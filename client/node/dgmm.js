@@ -365,39 +365,112 @@ function awaitConnection(client, policy, deadline) {
   });
 }
 
+// The element types (docs/dtypes.md): the typed array that holds each (the
+// half types as their 16-bit patterns in a Uint16Array, the complex ones
+// as interleaved real and imaginary parts) and its values per element.
+const DTYPES = {
+  float16: { wire: 'DTYPE_FLOAT16', Ctor: Uint16Array, parts: 1 },
+  bfloat16: { wire: 'DTYPE_BFLOAT16', Ctor: Uint16Array, parts: 1 },
+  float32: { wire: 'DTYPE_FLOAT32', Ctor: Float32Array, parts: 1 },
+  float64: { wire: 'DTYPE_FLOAT64', Ctor: Float64Array, parts: 1 },
+  complex64: { wire: 'DTYPE_COMPLEX64', Ctor: Float32Array, parts: 2 },
+  complex128: { wire: 'DTYPE_COMPLEX128', Ctor: Float64Array, parts: 2 },
+};
+
+// The dtype of `typed` as options name it (a dtype name), or as its type
+// implies (float32, float64).
+function dtypeOf(typed, named, what) {
+  if (named !== undefined && named !== null) {
+    const t = DTYPES[named];
+    if (!t) throw new RangeError(`dgmm: unknown ${what} dtype "${named}"; expected one of ${Object.keys(DTYPES).join(', ')}`);
+    return named;
+  }
+  if (typed instanceof Float32Array) return 'float32';
+  if (typed instanceof Float64Array) return 'float64';
+  if (typed instanceof Uint16Array) {
+    throw new TypeError(`dgmm: a Uint16Array ${what} holds float16 or bfloat16 patterns: name its dtype (options.${what === 'matrix' ? 'dtype' : 'diagonalDtype'})`);
+  }
+  return null;
+}
+
+// One diagonal as the typed array of `dtype` it is sent as (a plain array
+// of numbers is converted to it).
+function diagonalOf(diag, dtype, which) {
+  const { Ctor } = DTYPES[dtype];
+  if (diag instanceof Ctor) return diag;
+  // Numbers, or a float typed array, converted to the diagonal's type (as
+  // before issue 27: a Float64Array diagonal of a Float32Array A is sent as
+  // float32).
+  if (Ctor !== Uint16Array && (Array.isArray(diag) || diag instanceof Float32Array || diag instanceof Float64Array)) {
+    return Ctor.from(diag);
+  }
+  throw new TypeError(`dgmm: the ${which} must be a ${Ctor.name} of ${dtype}${Ctor === Uint16Array ? ' patterns' : ' (or an array of numbers)'}`);
+}
+
 function describeJob(a, rows, cols, diag, side, options) {
   const backend = backendEnumName(options.backend ?? 'auto'); // Rule 4 first: refused before anything.
-  const Ctor = a instanceof Float32Array ? Float32Array : a instanceof Float64Array ? Float64Array : null;
-  if (!Ctor) throw new TypeError('dgmm: the matrix must be a Float32Array or a Float64Array');
-  if (!Number.isInteger(rows) || !Number.isInteger(cols) || rows * cols !== a.length) {
-    throw new RangeError(`dgmm: ${a.length} elements do not make a ${rows} x ${cols} matrix`);
+  const dtype = dtypeOf(a, options.dtype, 'matrix');
+  if (!dtype || !(a instanceof DTYPES[dtype].Ctor)) {
+    throw new TypeError('dgmm: the matrix must be a Float32Array or a Float64Array (float32, float64, or with options.dtype complex64, complex128), or a Uint16Array with options.dtype float16 or bfloat16');
   }
-  if (side !== 'right' && side !== 'left') throw new RangeError(`dgmm: side must be "right" or "left", got ${side}`);
+  const { Ctor, parts } = DTYPES[dtype];
+  if (!Number.isInteger(rows) || !Number.isInteger(cols) || rows * cols * parts !== a.length) {
+    throw new RangeError(`dgmm: ${a.length} elements do not make a ${rows} x ${cols} ${dtype} matrix`);
+  }
+  if (side !== 'right' && side !== 'left' && side !== 'both') {
+    throw new RangeError(`dgmm: side must be "right", "left" or "both", got ${side}`);
+  }
   const layout = options.layout || 'row';
   if (layout !== 'row' && layout !== 'col') throw new RangeError(`dgmm: layout must be "row" or "col", got ${layout}`);
-  const d = diag instanceof Ctor ? diag : Ctor.from(diag); // In the matrix's dtype.
+  // The diagonals: A's dtype unless options.diagonalDtype names another
+  // (one that widens exactly into A's; the server says which do).
+  let dDtype = options.diagonalDtype ?? null;
+  if (dDtype !== null && !DTYPES[dDtype]) {
+    throw new RangeError(`dgmm: unknown diagonal dtype "${dDtype}"; expected one of ${Object.keys(DTYPES).join(', ')}`);
+  }
+  let d, right = null;
+  if (side === 'both') {
+    if (!Array.isArray(diag) || diag.length !== 2 || typeof diag[0] === 'number') {
+      throw new TypeError('dgmm: side "both" takes the diagonals as a pair [l, r]: C = diag(l)·A·diag(r)');
+    }
+    dDtype = dDtype ?? dtype;
+    d = diagonalOf(diag[0], dDtype, 'left diagonal');
+    right = diagonalOf(diag[1], dDtype, 'right diagonal');
+  } else {
+    dDtype = dDtype ?? dtype;
+    d = diagonalOf(diag, dDtype, 'diagonal');
+  }
   const colMajor = layout === 'col';
   const lineElems = colMajor ? rows : cols;
+  const elemBytes = Ctor.BYTES_PER_ELEMENT * parts;
+  const dElemBytes = DTYPES[dDtype].Ctor.BYTES_PER_ELEMENT * DTYPES[dDtype].parts;
+  const header = {
+    rows,
+    cols,
+    dtype: DTYPES[dtype].wire,
+    layout: colMajor ? 'LAYOUT_COL_MAJOR' : 'LAYOUT_ROW_MAJOR',
+    side: side === 'left' ? 'SIDE_LEFT' : side === 'both' ? 'SIDE_BOTH' : 'SIDE_RIGHT',
+    backend,
+    diagonal: bytesOf(d),
+  };
+  if (dDtype !== dtype) header.diagonalDtype = DTYPES[dDtype].wire;
+  if (right) header.rightDiagonal = bytesOf(right);
   return {
     Ctor,
     a,
     d,
+    right,
+    dElemBytes,
     colMajor,
-    header: {
-      rows,
-      cols,
-      dtype: Ctor === Float32Array ? 'DTYPE_FLOAT32' : 'DTYPE_FLOAT64',
-      layout: colMajor ? 'LAYOUT_COL_MAJOR' : 'LAYOUT_ROW_MAJOR',
-      side: side === 'left' ? 'SIDE_LEFT' : 'SIDE_RIGHT',
-      backend,
-      diagonal: bytesOf(d),
-    },
+    header,
     numLines: colMajor ? cols : rows,
     lineElems,
-    lineBytes: lineElems * Ctor.BYTES_PER_ELEMENT,
+    lineBytes: lineElems * elemBytes,
     // Rule 2: the diagonal runs along the split dimension (row-major LEFT,
-    // column-major RIGHT): a part gets its slice, else the whole diagonal.
-    diagonalSliced: (side === 'left') !== colMajor,
+    // column-major RIGHT; SIDE_BOTH: the left one row-major, the right one
+    // column-major): a part gets its slice, else the whole diagonal.
+    diagonalSliced: side === 'both' || (side === 'left') !== colMajor,
+    slicedField: side === 'both' && colMajor ? 'rightDiagonal' : 'diagonal',
   };
 }
 
@@ -405,7 +478,10 @@ function describeJob(a, rows, cols, diag, side, options) {
 function partHeader(job, first, count, group) {
   const header = { ...job.header };
   if (job.colMajor) header.cols = count; else header.rows = count;
-  if (job.diagonalSliced) header.diagonal = bytesOf(job.d, first * job.Ctor.BYTES_PER_ELEMENT, (first + count) * job.Ctor.BYTES_PER_ELEMENT);
+  if (job.diagonalSliced) {
+    const whole = job.slicedField === 'rightDiagonal' ? job.right : job.d;
+    header[job.slicedField] = bytesOf(whole, first * job.dElemBytes, (first + count) * job.dElemBytes);
+  }
   if (group) header.group = group;
   return header;
 }
@@ -641,10 +717,16 @@ function checkOutput(job, out) {
   return out;
 }
 
-// Computes C = A·diag(diag) (side "right") or diag(diag)·A (side "left") for
-// the rows x cols matrix `a` (Float32Array or Float64Array, row-major unless
-// options.layout is "col") and resolves to C: a new array of a's type and
-// layout, or options.out filled in place. With options.returnStats, resolves
+// Computes C = A·diag(diag) (side "right"), diag(diag)·A (side "left") or,
+// with side "both" and diag a pair [l, r], diag(l)·A·diag(r), for the rows x
+// cols matrix `a` (row-major unless options.layout is "col"): a Float32Array
+// or Float64Array (float32, float64), or with options.dtype a Float32Array of
+// interleaved complex64 or Float64Array of complex128 (re, im per element),
+// or a Uint16Array of float16 or bfloat16 patterns; and resolves to C: a new
+// array of a's type, dtype and layout, or options.out filled in place. The
+// diagonals are of options.diagonalDtype (default a's dtype; one that
+// widens exactly into it, e.g. 'float32' for a complex64 A; typed arrays of
+// floats are converted to it). With options.returnStats, resolves
 // to { result, stats } (for a striped job: byte counts summed over the parts,
 // times the longest part's); with options.returnInfo, to { result, stats,
 // info }, info = { mode, stripes, attempts, resumed, groupId, stats: [per part],

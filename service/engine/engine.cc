@@ -123,6 +123,12 @@ absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mo
     r.backend = job.backend.has_value()        ? *job.backend
                 : pinned_gpu_backend_.has_value() ? *pinned_gpu_backend_
                                                   : r.device->backends().front();
+    if (!job.backend.has_value() && r.backend == BackendKind::kCublas && !CublasTakes(p)) {
+      // --backend=cublas pins what BACKEND_AUTO means; a job cuBLAS has no
+      // dgmm for (half types, a promoted diagonal, SIDE_BOTH) runs on the
+      // kernel. A job that names BACKEND_CUBLAS was refused by the validator.
+      r.backend = BackendKind::kCudaKernel;
+    }
     r.need.device_pool = r.pool;
     r.need.device_bytes = r.device->Footprint(p, mode, options_.limits.max_block_bytes);
   }
@@ -171,8 +177,10 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   auto done = std::make_shared<StartCallback>(std::move(done_fn));
   if (admitted_here != nullptr && RunsHere(*route, problem, mode)) here = std::make_shared<Here>();
   thread_local const Here* submitting = nullptr;
-  auto on_admit = [this, r = *route, problem, mode, arrived, diag = std::string(job.diagonal),
-                   group, done, here](absl::StatusOr<Reservation> res) mutable {
+  // The diagonals widened to C's compute type, once, for the device.
+  std::string prepared = PrepareDiagonals(job.problem, job.diagonal, job.right_diagonal);
+  auto on_admit = [this, r = *route, problem, mode, arrived, diag = prepared, group, done,
+                   here](absl::StatusOr<Reservation> res) mutable {
     if (here != nullptr && submitting == here.get() && res.ok()) {
       here->reservation = std::move(*res);
       return;
@@ -196,8 +204,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   }
   if (here != nullptr && here->reservation.has_value()) {
     absl::StatusOr<std::unique_ptr<ActiveJob>> active =
-        Activate(*route, problem, mode, arrived, std::string(job.diagonal), group,
-                 std::move(*here->reservation));
+        Activate(*route, problem, mode, arrived, prepared, group, std::move(*here->reservation));
     if (active.ok()) {
       *admitted_here = std::move(*active);
     } else {
@@ -280,7 +287,9 @@ absl::StatusOr<Admission::Ticket> Engine::StartBatch(
     }
     need.host_bytes += route->need.host_bytes + kBatchResultOverheadBytes;
     matrix_bytes += job->problem.matrix_bytes();
-    b.jobs_.push_back({*route, job->problem, std::string(job->diagonal), job->group});
+    b.jobs_.push_back({*route, job->problem,
+                       PrepareDiagonals(job->problem, job->diagonal, job->right_diagonal),
+                       job->group});
   }
   need.host_bytes += largest_gpu_matrix;
   if (need.host_bytes > admission_->capacity(0) ||
@@ -418,8 +427,10 @@ v1::GetServerInfoResponse Engine::Info() const {
   l->set_max_dim(options_.limits.max_dim);
   l->set_max_queue(options_.max_queue);
   l->set_max_batch_jobs(options_.limits.max_batch_jobs);
-  info.add_dtypes(v1::DTYPE_FLOAT32);
-  info.add_dtypes(v1::DTYPE_FLOAT64);
+  // Every dtype some backend takes (issue 27, docs/dtypes.md).
+  constexpr v1::DType kAll[] = {v1::DTYPE_FLOAT32,  v1::DTYPE_FLOAT64,   v1::DTYPE_FLOAT16,
+                                v1::DTYPE_BFLOAT16, v1::DTYPE_COMPLEX64, v1::DTYPE_COMPLEX128};
+  for (v1::DType t : kAll) info.add_dtypes(t);
   // Every backend of a device in service, once, in the order of the enum.
   std::set<int> backends;
   for (const auto& d : info.devices()) {
@@ -429,10 +440,16 @@ v1::GetServerInfoResponse Engine::Info() const {
   for (int b : backends) {
     v1::BackendCapabilities* c = info.add_capabilities();
     c->set_backend(static_cast<v1::Backend>(b));
-    c->add_dtypes(v1::DTYPE_FLOAT32);
-    c->add_dtypes(v1::DTYPE_FLOAT64);
+    // cuBLAS: S, D, C and Z dgmm, one dtype, one side (CublasTakes).
+    const bool cublas = b == v1::BACKEND_CUBLAS;
+    for (v1::DType t : kAll) {
+      if (cublas && (t == v1::DTYPE_FLOAT16 || t == v1::DTYPE_BFLOAT16)) continue;
+      c->add_dtypes(t);
+    }
     c->add_sides(v1::SIDE_LEFT);
     c->add_sides(v1::SIDE_RIGHT);
+    if (!cublas) c->add_sides(v1::SIDE_BOTH);
+    c->set_mixed_diagonal(!cublas);
   }
   info.set_default_backend(
       !gpu_default_ ? v1::BACKEND_CPU

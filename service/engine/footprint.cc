@@ -10,10 +10,13 @@
 namespace dgmm {
 
 int64_t HostFootprint(const Problem& p, JobMode mode, int64_t max_block_bytes) {
-  if (mode == JobMode::kWhole) return 2 * p.matrix_bytes() + p.diag_bytes();
+  // The diagonals are held as the device gets them: widened to C's compute
+  // type, both of them for SIDE_BOTH (Problem::prepared_diag_bytes).
+  const int64_t diag = p.prepared_diag_bytes();
+  if (mode == JobMode::kWhole) return p.matrix_bytes() + p.out_matrix_bytes() + diag;
   // A region job's matrix and result are in memory the client registered.
-  if (mode == JobMode::kHostRegion || mode == JobMode::kDeviceRegion) return p.diag_bytes();
-  return 2 * kStreamWindowBlocks * max_block_bytes + p.diag_bytes();
+  if (mode == JobMode::kHostRegion || mode == JobMode::kDeviceRegion) return diag;
+  return 2 * kStreamWindowBlocks * max_block_bytes + diag;
 }
 
 const char* ModeName(JobMode mode) {

@@ -1,6 +1,7 @@
 #include "service/job/intake.h"
 
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -75,12 +76,26 @@ absl::Status Intake::Served(const JobDraft& d, IntakenJob*) const {
 
 absl::Status Intake::Header(const JobDraft& d, IntakenJob* out) const {
   if (!d.decoded.ok()) return d.decoded;
-  const DiagonalIn diagonal_in = d.kind == JobKind::kRegion && d.region->has_diagonal()
-                                     ? DiagonalIn::kRegion
-                                     : DiagonalIn::kHeader;
+  const DiagonalIn diagonal_in =
+      d.kind == JobKind::kRegion && (d.region->has_diagonal() || d.region->has_right_diagonal())
+          ? DiagonalIn::kRegion
+          : DiagonalIn::kHeader;
   auto job = ValidateHeader(*d.header, engine_->options().limits,
                             /*streamed=*/d.kind == JobKind::kStream, diagonal_in);
   if (!job.ok()) return job.status();
+  if (d.kind == JobKind::kRegion) {
+    const bool both = job->problem.two_sided();
+    if (d.region->has_right_diagonal() && !both) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a right_diagonal ref is for SIDE_BOTH only; this job's side is ",
+                       SideName(job->problem.side)));
+    }
+    if (both && d.region->has_diagonal() != d.region->has_right_diagonal()) {
+      return absl::InvalidArgumentError(
+          "a SIDE_BOTH job has both diagonals inline (header.diagonal and "
+          "header.right_diagonal) or both in regions (diagonal and right_diagonal refs)");
+    }
+  }
   out->job = *job;
   out->mode = d.kind == JobKind::kStream ? JobMode::kStreamed : JobMode::kWhole;
   return absl::OkStatus();
@@ -104,11 +119,14 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
       "the matrix, result and diagonal regions of one job must be of one kind (and, for "
       "GPU memory, on one GPU)");
   if ((*result)->kind() != m.kind() || (*result)->device() != m.device()) return mixed;
-  std::shared_ptr<Region> diagonal_region;
-  if (r.has_diagonal()) {
-    auto diagonal = regions_->Find(d.owner, r.diagonal().name());
+  std::shared_ptr<Region> diagonal_region, right_region;
+  for (const auto& [has, ref, place] :
+       {std::tuple{r.has_diagonal(), &r.diagonal(), &diagonal_region},
+        std::tuple{r.has_right_diagonal(), &r.right_diagonal(), &right_region}}) {
+    if (!has) continue;
+    auto diagonal = regions_->Find(d.owner, ref->name());
     if (!diagonal.ok()) return diagonal.status();
-    diagonal_region = *diagonal;
+    *place = *diagonal;
     if ((*diagonal)->kind() != v1::REGION_KIND_SYSTEM_SHM) {
       return absl::InvalidArgumentError(
           "a diagonal in GPU memory (a CUDA IPC or VMM region) is not supported: send it inline "
@@ -119,6 +137,7 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
   out->matrix = *matrix;
   out->result = *result;
   out->diagonal_region = std::move(diagonal_region);
+  out->right_region = std::move(right_region);
   if (m.on_gpu()) {
     out->mode = JobMode::kDeviceRegion;
     out->job.gpu = m.device();
@@ -138,9 +157,10 @@ absl::Status Intake::ProcessSources(const JobDraft& d, IntakenJob* out) const {
         "a job in process memory names both its matrix and its result by process_address "
         "alone (no region name, offset 0)");
   }
-  if (r.has_diagonal()) {
+  if (r.has_diagonal() || r.has_right_diagonal()) {
     return absl::InvalidArgumentError(
-        "the diagonal of a job in process memory goes inline (header.diagonal)");
+        "the diagonal of a job in process memory goes inline (header.diagonal, and "
+        "header.right_diagonal for SIDE_BOTH)");
   }
   if (d.process_memory == nullptr) {
     return absl::FailedPreconditionError(
@@ -172,32 +192,43 @@ absl::Status Intake::Payload(const JobDraft& d, IntakenJob* out) const {
 absl::Status Intake::RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJob* out) const {
   const Problem& p = out->job.problem;
   const int64_t elem = static_cast<int64_t>(p.elem_size());
-  if (out->diagonal_region != nullptr) {
-    // Copied into the job, so that the client may change it once the reply
-    // is out, and checked intact after the copy (a shrink shows here).
-    Region::Use use(std::move(out->diagonal_region));
-    auto span = Span(*use, r.diagonal(), p.diag_bytes(), elem, "diagonal");
+  const int64_t out_elem = static_cast<int64_t>(p.out_elem_size());
+  const int64_t diag_elem = static_cast<int64_t>(p.diag_elem_size());
+  // Copied into the job, so that the client may change them once the reply
+  // is out, and checked intact after the copy (a shrink shows here).
+  for (const auto& [region, ref, bytes, copy, view, what] :
+       {std::tuple{&out->diagonal_region, &r.diagonal(), p.diag_bytes(), &out->diagonal,
+                   &out->job.diagonal, "diagonal"},
+        std::tuple{&out->right_region, &r.right_diagonal(), p.right_diag_bytes(),
+                   &out->right_diagonal, &out->job.right_diagonal, "right diagonal"}}) {
+    if (*region == nullptr) continue;
+    Region::Use use(std::move(*region));
+    auto span = Span(*use, *ref, bytes, diag_elem, what);
     if (!span.ok()) return span.status();
-    out->diagonal.assign(reinterpret_cast<const char*>(*span), static_cast<size_t>(p.diag_bytes()));
+    copy->assign(reinterpret_cast<const char*>(*span), static_cast<size_t>(bytes));
     if (absl::Status intact = use->CheckIntact(); !intact.ok()) return intact;
-    out->job.diagonal = out->diagonal;
+    *view = *copy;
   }
   const int64_t bytes = p.matrix_bytes();
+  const int64_t out_bytes = p.out_matrix_bytes();
   if (out->process_memory != nullptr) {
     const uint64_t a = r.matrix().process_address();
     const uint64_t b = r.result().process_address();
-    for (const auto& [at, what] : {std::pair{a, "matrix"}, std::pair{b, "result"}}) {
-      if (at % static_cast<uint64_t>(elem) != 0) {
+    for (const auto& [at, what, size, align] :
+         {std::tuple{a, "matrix", bytes, elem}, std::tuple{b, "result", out_bytes, out_elem}}) {
+      if (at % static_cast<uint64_t>(align) != 0) {
         return absl::InvalidArgumentError(
             absl::StrFormat("the %s at process address %#x is not aligned to its %d-byte elements",
-                            what, at, elem));
+                            what, at, align));
       }
-      if (at > UINT64_MAX - static_cast<uint64_t>(bytes)) {
+      if (at > UINT64_MAX - static_cast<uint64_t>(size)) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "the %s's %d bytes at process address %#x run past the end of the address space", what,
-            bytes, at));
+            size, at));
       }
     }
+    // The overlap checks below take the matrix's size for both: the
+    // validator keeps C in A's dtype, so the two are equal.
     const uint64_t n = static_cast<uint64_t>(bytes);
     if (a != b && a < b + n && b < a + n) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -211,7 +242,7 @@ absl::Status Intake::RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJo
   }
   auto in = Span(*out->matrix, r.matrix(), bytes, elem, "matrix");
   if (!in.ok()) return in.status();
-  auto result = Span(*out->result, r.result(), bytes, elem, "result");
+  auto result = Span(*out->result, r.result(), out_bytes, out_elem, "result");
   if (!result.ok()) return result.status();
   if (out->result->SameObject(*out->matrix)) {
     const int64_t a = out->matrix->object_offset() + r.matrix().offset();

@@ -68,12 +68,12 @@ struct IntakenJob {
   // kRegion: the regions (held while the job runs) and the spans in them;
   // or, for a job in the client's own memory, that memory (then `in` and
   // `out` are addresses in the client process, and the regions are null).
-  std::shared_ptr<Region> matrix, result, diagonal_region;
+  std::shared_ptr<Region> matrix, result, diagonal_region, right_region;
   std::shared_ptr<const ProcessMemory> process_memory;
   const std::byte* in = nullptr;
   std::byte* out = nullptr;
-  // A diagonal read out of a region.
-  std::string diagonal;
+  // Diagonals read out of regions (SIDE_BOTH: the left and the right one).
+  std::string diagonal, right_diagonal;
 };
 
 // FAILED_PRECONDITION: the region RPCs on a server without --allow_regions.

@@ -14,18 +14,64 @@ absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(what);
 }
 
-absl::StatusOr<DType> ToDType(int v) {
+constexpr absl::string_view kDTypes =
+    "DTYPE_FLOAT32 (1), DTYPE_FLOAT64 (2), DTYPE_FLOAT16 (3), DTYPE_BFLOAT16 (4), "
+    "DTYPE_COMPLEX64 (5) or DTYPE_COMPLEX128 (6)";
+
+// `field` names the header field in the messages. DTYPE_UNSPECIFIED is
+// nullopt (the caller says whether that is allowed).
+absl::StatusOr<std::optional<DType>> ToDType(int v, absl::string_view field) {
   switch (v) {
-    case v1::DTYPE_FLOAT32:
-      return DType::kFloat32;
-    case v1::DTYPE_FLOAT64:
-      return DType::kFloat64;
     case v1::DTYPE_UNSPECIFIED:
-      return Invalid("dtype is not set; expected DTYPE_FLOAT32 or DTYPE_FLOAT64");
+      return std::optional<DType>();
+    case v1::DTYPE_FLOAT32:
+      return std::optional<DType>(DType::kFloat32);
+    case v1::DTYPE_FLOAT64:
+      return std::optional<DType>(DType::kFloat64);
+    case v1::DTYPE_FLOAT16:
+      return std::optional<DType>(DType::kFloat16);
+    case v1::DTYPE_BFLOAT16:
+      return std::optional<DType>(DType::kBFloat16);
+    case v1::DTYPE_COMPLEX64:
+      return std::optional<DType>(DType::kComplex64);
+    case v1::DTYPE_COMPLEX128:
+      return std::optional<DType>(DType::kComplex128);
     default:
-      return Invalid(absl::StrCat("unknown dtype ", v,
-                                  "; expected DTYPE_FLOAT32 (1) or DTYPE_FLOAT64 (2)"));
+      return Invalid(absl::StrCat("unknown ", field, " ", v, "; expected ", kDTypes));
   }
+}
+
+// A's, the diagonals' and C's dtypes: the defaults filled in, the pair
+// checked (docs/protocol.md "Element types").
+absl::Status ResolveDTypes(const v1::JobHeader& header, Problem* p) {
+  auto a = ToDType(header.dtype(), "dtype");
+  if (!a.ok()) return a.status();
+  if (!a->has_value()) return Invalid(absl::StrCat("dtype is not set; expected ", kDTypes));
+  auto d = ToDType(header.diagonal_dtype(), "diagonal_dtype");
+  if (!d.ok()) return d.status();
+  auto c = ToDType(header.result_dtype(), "result_dtype");
+  if (!c.ok()) return c.status();
+  p->dtype = **a;
+  p->diagonal_dtype = d->value_or(p->dtype);
+  const DType promoted = ResultType(p->dtype, p->diag_dtype());
+  p->result_dtype = c->value_or(promoted);
+  if (!KernelSupports(promoted, p->out_dtype())) {
+    return Invalid(
+        absl::StrCat("result_dtype ", DTypeName(p->out_dtype()), " cannot hold the product of a ",
+                     DTypeName(p->dtype), " matrix and a ", DTypeName(p->diag_dtype()),
+                     " diagonal: their result type (NumPy's result_type) is ", DTypeName(promoted),
+                     ", and a stated result_dtype must be that or a type it widens to exactly"));
+  }
+  if (p->out_dtype() != p->dtype) {
+    return Invalid(absl::StrCat(
+        "the result of a ", DTypeName(p->dtype), " matrix and a ", DTypeName(p->diag_dtype()),
+        " diagonal is ", DTypeName(p->out_dtype()),
+        ", another dtype than the matrix's: this "
+        "server computes results in the matrix's dtype only (a diagonal of a narrower or equal "
+        "dtype is promoted into it); convert the matrix to ",
+        DTypeName(p->out_dtype()), " before sending it"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Layout> ToLayout(int v) {
@@ -48,9 +94,11 @@ absl::StatusOr<Side> ToSide(int v) {
       return Side::kRight;
     case v1::SIDE_LEFT:
       return Side::kLeft;
+    case v1::SIDE_BOTH:
+      return Side::kBoth;
     default:
-      return Invalid(
-          absl::StrCat("unknown side ", v, "; expected SIDE_RIGHT (1) or SIDE_LEFT (2)"));
+      return Invalid(absl::StrCat("unknown side ", v,
+                                  "; expected SIDE_RIGHT (1), SIDE_LEFT (2) or SIDE_BOTH (3)"));
   }
 }
 
@@ -112,8 +160,7 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
     return Invalid(absl::StrCat("matrix shape ", header.rows(), "x", header.cols(),
                                 " is invalid; rows and cols must both be >= 1"));
   }
-  auto dtype = ToDType(header.dtype());
-  if (!dtype.ok()) return dtype.status();
+  if (absl::Status t = ResolveDTypes(header, &p); !t.ok()) return t;
   auto layout = ToLayout(header.layout());
   if (!layout.ok()) return layout.status();
   auto side = ToSide(header.side());
@@ -122,7 +169,6 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
   if (!backend.ok()) return backend.status();
   p.rows = header.rows();
   p.cols = header.cols();
-  p.dtype = *dtype;
   p.layout = *layout;
   p.side = *side;
   job.backend = *backend;
@@ -143,19 +189,44 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
                            " rows or columns (--max_dim)")),
                        Outcome::kTooLarge);
   }
+  if (job.backend == BackendKind::kCublas && !CublasTakes(p)) {
+    return Invalid(absl::StrCat(
+        "BACKEND_CUBLAS runs cuBLAS's S, D, C and Z dgmm: float32, float64, complex64 or "
+        "complex128, one dtype for the matrix, the diagonal and the result, one side; this job "
+        "is a ",
+        DTypeName(p.dtype), " matrix with a ", DTypeName(p.diag_dtype()), " diagonal, side ",
+        SideName(p.side), ". Use BACKEND_CUDA_KERNEL, BACKEND_CPU or BACKEND_AUTO"));
+  }
   const int64_t want = p.diag_len();
   const int64_t have_bytes = static_cast<int64_t>(header.diagonal().size());
+  const int64_t have_right = static_cast<int64_t>(header.right_diagonal().size());
+  if (!p.two_sided() && have_right != 0) {
+    return Invalid(absl::StrCat("right_diagonal has ", have_right, " bytes but side ",
+                                SideName(p.side),
+                                " has one diagonal (header.diagonal); right_diagonal is for "
+                                "SIDE_BOTH only"));
+  }
   if (diagonal_in == DiagonalIn::kRegion) {
-    if (have_bytes != 0) {
+    if (have_bytes != 0 || have_right != 0) {
       return Invalid(
-          "the diagonal is either inline (header.diagonal) or in a region (diagonal), not both");
+          "the diagonal is either inline (header.diagonal) or in a region (diagonal), not both; "
+          "for SIDE_BOTH both diagonals are inline (header.diagonal and header.right_diagonal) "
+          "or both in regions (the diagonal and right_diagonal refs)");
     }
   } else if (have_bytes != p.diag_bytes()) {
     return Invalid(absl::StrFormat(
-        "diagonal has %d bytes but side %s of a %dx%d %s matrix needs %d elements "
+        "diagonal has %d bytes but side %s of a %dx%d %s matrix%s needs %d elements "
         "(%s) = %d bytes",
-        have_bytes, SideName(p.side), p.rows, p.cols, DTypeName(p.dtype), want,
-        p.side == Side::kRight ? "one per column" : "one per row", p.diag_bytes()));
+        have_bytes, SideName(p.side), p.rows, p.cols, DTypeName(p.dtype),
+        p.diag_dtype() == p.dtype
+            ? ""
+            : absl::StrCat(" with a ", DTypeName(p.diag_dtype()), " diagonal"),
+        want, p.side == Side::kRight ? "one per column" : "one per row", p.diag_bytes()));
+  } else if (p.two_sided() && have_right != p.right_diag_bytes()) {
+    return Invalid(absl::StrFormat(
+        "right_diagonal has %d bytes but side both of a %dx%d matrix needs %d %s elements "
+        "(one per column) = %d bytes",
+        have_right, p.rows, p.cols, p.cols, DTypeName(p.diag_dtype()), p.right_diag_bytes()));
   }
   if (streamed && p.line_bytes() > limits.max_block_bytes) {
     // Advise only what can work: the other layout if its lines fit a block,
@@ -168,7 +239,7 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
                             row_major ? "column" : "row", other_line);
     }
     if (limits.max_unary_message_bytes > 0 &&
-        p.matrix_bytes() + p.diag_bytes() < limits.max_unary_message_bytes) {
+        p.matrix_bytes() + p.diag_bytes() + p.right_diag_bytes() < limits.max_unary_message_bytes) {
       absl::StrAppend(&advice, advice.empty() ? "; " : ", or ",
                       "send it in one Multiply request");
     }
@@ -183,6 +254,7 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
     job.group = header.group();
   }
   job.diagonal = header.diagonal();
+  job.right_diagonal = header.right_diagonal();
   return job;
 }
 

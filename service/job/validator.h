@@ -31,7 +31,10 @@ struct RequestLimits {
 // which must outlive it) and the backend hint (nullopt for BACKEND_AUTO).
 struct JobRequest {
   Problem problem;
+  // The diagonal (kBoth: the left one) and, for kBoth, the right one, in
+  // problem.diag_dtype(), as sent.
   absl::string_view diagonal;
+  absl::string_view right_diagonal;
   std::optional<BackendKind> backend;
   // Jobs on CUDA IPC regions: the GPU ordinal they must run on; -1: any.
   int gpu = -1;

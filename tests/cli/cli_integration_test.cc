@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dgmm/npy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -165,6 +166,101 @@ TEST_F(CliIntegrationTest, ReadsAndWritesFilesNumpyUnderstands) {
   EXPECT_THAT(output, HasSubstr("numpy agrees"));
 }
 
+// Issue 27: every dtype, one side and both, each layout and RPC, checked
+// against the CLI's float64 (complex128) reference.
+TEST_F(CliIntegrationTest, RandomCheckPassesForEveryDTypeAndSideBoth) {
+  for (const char* dtype : {"f16", "bf16", "f32", "f64", "c64", "c128"}) {
+    for (const char* side : {"left", "both"}) {
+      for (const char* how : {"--layout=row --mode=unary",
+                              "--layout=col --mode=stream "
+                              "--chunk-bytes=4KiB"}) {
+        const std::string args = absl::StrCat("multiply --random=130 --cols=70 --dtype=", dtype,
+                                              " --side=", side, " ", how, " --check");
+        CliRun run = Cli(args);
+        EXPECT_EQ(run.exit_code, 0) << args << "\n" << run.output;
+        EXPECT_THAT(run.output, HasSubstr("max relative error:")) << args;
+        EXPECT_THAT(run.output, HasSubstr(absl::StrCat("side ", side))) << args;
+      }
+    }
+  }
+  // A result the reference disagrees with fails the check: float16's
+  // roundings are far over a tolerance of 1e-9.
+  CliRun run = Cli("multiply --random=50 --dtype=f16 --side=both --check --tolerance=1e-9");
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+}
+
+// .npy files of the new dtypes as NumPy writes them: float16, complex64,
+// complex128, bfloat16 (a 2-byte void, as np.save writes ml_dtypes.bfloat16),
+// a float16 diagonal promoted into a float64 matrix, and --side both; the
+// results read back by NumPy and compared with NumPy's own arithmetic
+// (float16 in float32 with one rounding, as dgmm defines it).
+TEST_F(CliIntegrationTest, MultipliesNpyFilesOfEveryDTypeAndSideBoth) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 with numpy is not available";
+  }
+  std::string output;
+  ASSERT_EQ(RunCommand("cd '" + dir_ +
+                           "' && /usr/bin/python3 -c \"import numpy as np; "
+                           "rng = np.random.default_rng(7); u = lambda *s: rng.uniform(0.5, 2, s); "
+                           "np.save('a16.npy', u(33, 21).astype('<f2')); "
+                           "np.save('l16.npy', u(33).astype('<f2')); "
+                           "np.save('r16.npy', u(21).astype('<f2')); "
+                           "np.save('a64.npy', np.asfortranarray(u(33, 21))); "
+                           "np.save('c8.npy', (u(33, 21) + 1j * u(33, 21)).astype('<c8')); "
+                           "np.save('d8.npy', (u(21) + 1j * u(21)).astype('<c8')); "
+                           "np.save('c16.npy', np.asfortranarray(u(33, 21) + 1j * u(33, 21))); "
+                           "np.save('l128.npy', u(33) + 1j * u(33)); "
+                           "np.save('r128.npy', u(21) + 1j * u(21)); "
+                           "bits = lambda f: (f.astype('<f4').view('<u4') >> 16).astype('<u2'); "
+                           "np.save('abf.npy', bits(u(33, 21)).view('V2')); "
+                           "np.save('dbf.npy', bits(u(33)).view('V2'))\"",
+                       &output),
+            0)
+      << output;
+  const auto multiply = [&](const std::string& args) {
+    CliRun run = Cli("multiply " + args + " --check");
+    EXPECT_EQ(run.exit_code, 0) << args << "\n" << run.output;
+  };
+  const auto p = [&](const char* name) { return Path(name); };
+  multiply(absl::StrCat("--matrix=", p("a16.npy"), " --side=both --left=", p("l16.npy"),
+                        " --right=", p("r16.npy"), " --out=", p("o16.npy")));
+  multiply(
+      absl::StrCat("--matrix=", p("a64.npy"), " --diag=", p("r16.npy"), " --out=", p("o64.npy")));
+  multiply(absl::StrCat("--matrix=", p("c8.npy"), " --diag=", p("d8.npy"), " --out=", p("o8.npy"),
+                        " --mode=stream --chunk_bytes=1KiB"));
+  multiply(absl::StrCat("--matrix=", p("c16.npy"), " --side=both --left=", p("l128.npy"),
+                        " --right=", p("r128.npy"), " --out=", p("o128.npy")));
+  multiply(absl::StrCat("--matrix=", p("abf.npy"), " --side=left --diag=", p("dbf.npy"),
+                        " --out=", p("obf.npy")));
+  ASSERT_EQ(
+      RunCommand(
+          "cd '" + dir_ +
+              "' && /usr/bin/python3 -c \"import numpy as np; L = np.load; f4 = np.float32; "
+              "a, l, r, c = L('a16.npy'), L('l16.npy'), L('r16.npy'), L('o16.npy'); "
+              "assert c.dtype == np.float16; "
+              "want = ((l.astype(f4)[:, None] * a.astype(f4)) * r.astype(f4)).astype(np.float16); "
+              "assert np.array_equal(c.view('u2'), want.view('u2')), 'float16 both'; "
+              "a, c = L('a64.npy'), L('o64.npy'); "
+              "assert c.dtype == np.float64 and c.flags.f_contiguous; "
+              "assert np.array_equal(c, a * r.astype(np.float64)), 'float16 d into float64'; "
+              "a, d, c = L('c8.npy'), L('d8.npy'), L('o8.npy'); "
+              "assert c.dtype == np.complex64 and np.allclose(c, a * d, rtol=1e-6, atol=0); "
+              "a, l, r, c = L('c16.npy'), L('l128.npy'), L('r128.npy'), L('o128.npy'); "
+              "assert c.dtype == np.complex128 and c.flags.f_contiguous; "
+              "assert np.allclose(c, (l[:, None] * a) * r, rtol=1e-15, atol=0), 'complex128'; "
+              "a, d, c = L('abf.npy'), L('dbf.npy'), L('obf.npy'); "
+              "assert c.dtype.kind == 'V' and c.dtype.itemsize == 2; "
+              "f = lambda v: (v.view('<u2').astype('<u4') << 16).view('<f4'); "
+              "p = (f(d)[:, None] * f(a)).view('<u4'); "
+              "want = ((p + 0x7fff + ((p >> 16) & 1)) >> 16).astype('<u2'); "
+              "assert np.array_equal(c.view('<u2'), want), 'bfloat16'; "
+              "print('numpy agrees')\" 2>&1",
+          &output),
+      0)
+      << output;
+  EXPECT_THAT(output, HasSubstr("numpy agrees"));
+}
+
 TEST_F(CliIntegrationTest, WrongDiagonalLengthPrintsInvalidArgumentAndExitsOne) {
   std::vector<double> a(6 * 4, 1.0), d(5, 2.0);  // right side needs 4
   ASSERT_TRUE(
@@ -187,12 +283,26 @@ TEST_F(CliIntegrationTest, UnusableInputsAreUsageErrorsExitingTwo) {
   ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT32, false, {2, 2}}, a.data(), 16).ok());
   std::vector<double> d64(2);
   ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT64, false, {2}}, d64.data(), 16).ok());
+  // A float64 diagonal with a float32 matrix: NumPy's result is float64,
+  // which the server does not compute from a float32 matrix; it says so.
   run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
             " --out=" + Path("c.npy"));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output,
+              HasSubstr("error: INVALID_ARGUMENT: the result of a float32 matrix and a float64 "
+                        "diagonal is float64"));
+  // --side both takes --left and --right.
+  run = Cli("multiply --side=both --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
+            " --out=" + Path("c.npy"));
   EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_THAT(
-      run.output,
-      HasSubstr("error: INVALID_ARGUMENT: the matrix is float32 but the diagonal is float64"));
+  EXPECT_THAT(run.output, HasSubstr("--side both needs --matrix, --left, --right and --out"));
+  run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
+            " --right=" + Path("d.npy") + " --out=" + Path("c.npy"));
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--left and --right go with --side both"));
+  run = Cli("multiply --random=10 --dtype=f8");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("expected f16, bf16, f32, f64, c64 or c128"));
 
   EXPECT_EQ(Cli("multiply --random=10 --side=up").exit_code, 2);
   EXPECT_EQ(Cli("multiply --random=10 --frobnicate").exit_code, 2);

@@ -253,8 +253,13 @@ TEST(ClientIntegrationTest, ServerInfoReportsVersionLimitsAndTheCpuDevice) {
     backends.push_back(c.backend());
     if (c.backend() != v1::BACKEND_CPU) continue;
     cpu_listed = true;
-    EXPECT_THAT(c.dtypes(), ::testing::UnorderedElementsAre(v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64));
-    EXPECT_THAT(c.sides(), ::testing::UnorderedElementsAre(v1::SIDE_LEFT, v1::SIDE_RIGHT));
+    // Issue 27: every dtype, both sides and SIDE_BOTH (dtype_client_test.cc
+    // checks each backend's entry).
+    EXPECT_THAT(c.dtypes(), ::testing::UnorderedElementsAre(
+                                v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64, v1::DTYPE_FLOAT16,
+                                v1::DTYPE_BFLOAT16, v1::DTYPE_COMPLEX64, v1::DTYPE_COMPLEX128));
+    EXPECT_THAT(c.sides(),
+                ::testing::UnorderedElementsAre(v1::SIDE_LEFT, v1::SIDE_RIGHT, v1::SIDE_BOTH));
   }
   EXPECT_TRUE(cpu_listed);
   std::vector<int> unique = backends;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/files.h"
@@ -111,6 +112,41 @@ TEST_F(NpyTest, WritesNumpyStyleVersion1HeaderAlignedTo64Bytes) {
   absl::StatusOr<NpyHeader> parsed = ParseNpyHeader(header, &offset);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(offset, header.size());
+}
+
+// Issue 27: the descr NumPy writes for each new dtype, both ways.
+TEST_F(NpyTest, ReadsAndWritesEveryDTypeWithNumpysDescr) {
+  const std::pair<const char*, v1::DType> cases[] = {
+      {"<f2", v1::DTYPE_FLOAT16},  {"<c8", v1::DTYPE_COMPLEX64}, {"<c16", v1::DTYPE_COMPLEX128},
+      {"<V2", v1::DTYPE_BFLOAT16}, {"<f4", v1::DTYPE_FLOAT32},   {"<f8", v1::DTYPE_FLOAT64}};
+  const size_t sizes[] = {2, 8, 16, 2, 4, 8};
+  for (size_t k = 0; k < 6; ++k) {
+    const auto& [descr, dtype] = cases[k];
+    const std::string header = EncodeNpyHeader({dtype, true, {3, 2}});
+    EXPECT_THAT(header, HasSubstr(absl::StrCat("{'descr': '", descr, "', 'fortran_order': True")));
+    std::string bytes(6 * sizes[k], '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + k);
+    const std::string name = absl::StrCat("t", k, ".npy");
+    ASSERT_TRUE(WriteNpy(Path(name), {dtype, true, {3, 2}}, bytes.data(), bytes.size()).ok());
+    absl::StatusOr<NpyArray> read = ReadNpy(Path(name));
+    ASSERT_TRUE(read.ok()) << descr << ": " << read.status();
+    EXPECT_EQ(read->header().dtype, dtype) << descr;
+    EXPECT_TRUE(read->header().fortran_order);
+    ASSERT_EQ(read->size_bytes(), bytes.size()) << descr;
+    EXPECT_EQ(std::memcmp(read->data(), bytes.data(), bytes.size()), 0) << descr;
+  }
+  // '|V2' (how np.save writes a 2-byte void) is bfloat16 too.
+  WriteRaw("v.npy", FileWithDict("{'descr': '|V2', 'fortran_order': False, 'shape': (3,), }", 6));
+  absl::StatusOr<NpyArray> read = ReadNpy(Path("v.npy"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->header().dtype, v1::DTYPE_BFLOAT16);
+  // Other voids and big-endian half or complex are refused, naming what is read.
+  WriteRaw("v4.npy", FileWithDict("{'descr': '|V4', 'fortran_order': False, 'shape': (2,), }", 8));
+  absl::Status s = ReadStatus("v4.npy");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("'|V4'; dgmm reads float16 ('<f2'), bfloat16"));
+  WriteRaw("b.npy", FileWithDict("{'descr': '>c16', 'fortran_order': False, 'shape': (1,), }", 16));
+  EXPECT_THAT(std::string(ReadStatus("b.npy").message()), HasSubstr("big-endian"));
 }
 
 TEST_F(NpyTest, WritesAndReadsVersion2Header) {

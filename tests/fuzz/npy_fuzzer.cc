@@ -48,8 +48,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (header.ok()) {
     FUZZ_CHECK(header->shape.size() == 1 || header->shape.size() == 2);
     for (int64_t dim : header->shape) FUZZ_CHECK(dim >= 0);
-    FUZZ_CHECK(header->dtype == dgmm::v1::DTYPE_FLOAT32 ||
-               header->dtype == dgmm::v1::DTYPE_FLOAT64);
+    FUZZ_CHECK(
+        header->dtype == dgmm::v1::DTYPE_FLOAT32 || header->dtype == dgmm::v1::DTYPE_FLOAT64 ||
+        header->dtype == dgmm::v1::DTYPE_FLOAT16 || header->dtype == dgmm::v1::DTYPE_BFLOAT16 ||
+        header->dtype == dgmm::v1::DTYPE_COMPLEX64 || header->dtype == dgmm::v1::DTYPE_COMPLEX128);
     FUZZ_CHECK(data_offset <= size);
     readable = size - data_offset == header->data_bytes();
     for (int version : {1, 2}) {

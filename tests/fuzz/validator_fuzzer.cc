@@ -26,7 +26,12 @@ void CheckAccepted(const dgmm::v1::JobHeader& header, const dgmm::JobRequest& jo
   FUZZ_CHECK(p.rows == header.rows() && p.cols == header.cols());
   FUZZ_CHECK(p.rows >= 1 && p.cols >= 1);
   FUZZ_CHECK(p.rows <= limits.max_dim && p.cols <= limits.max_dim);
-  FUZZ_CHECK(p.elem_size() == 4 || p.elem_size() == 8);
+  FUZZ_CHECK(p.elem_size() == 2 || p.elem_size() == 4 || p.elem_size() == 8 || p.elem_size() == 16);
+  // The result is in A's dtype (the validator refuses any other), the
+  // diagonal promotes into it exactly.
+  FUZZ_CHECK(p.out_dtype() == p.dtype);
+  FUZZ_CHECK(dgmm::KernelSupports(p.diag_dtype(), p.out_dtype()));
+  FUZZ_CHECK(p.out_matrix_bytes() == p.matrix_bytes());
   int64_t bytes = 0;
   FUZZ_CHECK(!__builtin_mul_overflow(p.rows, p.cols, &bytes));
   FUZZ_CHECK(!__builtin_mul_overflow(bytes, static_cast<int64_t>(p.elem_size()), &bytes));
@@ -34,6 +39,8 @@ void CheckAccepted(const dgmm::v1::JobHeader& header, const dgmm::JobRequest& jo
   FUZZ_CHECK(p.lines() * p.line_len() == p.rows * p.cols);
   FUZZ_CHECK(static_cast<int64_t>(job.diagonal.size()) == p.diag_bytes());
   FUZZ_CHECK(job.diagonal.data() == header.diagonal().data());
+  FUZZ_CHECK(static_cast<int64_t>(job.right_diagonal.size()) == p.right_diag_bytes());
+  FUZZ_CHECK(p.two_sided() == (header.side() == dgmm::v1::SIDE_BOTH));
   if (streamed) FUZZ_CHECK(p.line_bytes() <= limits.max_block_bytes);
 
   FUZZ_CHECK(dgmm::ValidateMatrixPayload(p, static_cast<std::size_t>(p.matrix_bytes())).ok());

@@ -437,9 +437,9 @@ std::vector<Row> Catalogue() {
   rows.push_back(S(
       "stream_header_dtype_unknown",
       [] {
-        return StreamMsgs{HeaderWith([](auto* h) { h->set_dtype(static_cast<v1::DType>(3)); })};
+        return StreamMsgs{HeaderWith([](auto* h) { h->set_dtype(static_cast<v1::DType>(9)); })};
       },
-      kInvalid, "unknown dtype 3"));
+      kInvalid, "unknown dtype 9"));
   rows.push_back(S(
       "stream_header_diagonal_short",
       [] { return StreamMsgs{HeaderWith([](auto* h) { h->mutable_diagonal()->resize(4); })}; },

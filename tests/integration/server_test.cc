@@ -94,9 +94,9 @@ TEST_F(ServerTest, UnaryErrorsAreInvalidArgumentWithWhatWasExpected) {
   ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
                "needs 4 elements (one per row)");
   bad = good;
-  bad.header.set_dtype(static_cast<v1::DType>(5));
+  bad.header.set_dtype(static_cast<v1::DType>(7));
   ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
-               "unknown dtype 5");
+               "unknown dtype 7");
   bad = good;
   bad.header.set_rows(int64_t{1} << 40);
   bad.header.set_cols(int64_t{1} << 40);

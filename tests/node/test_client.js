@@ -103,11 +103,12 @@ test('a wrong diagonal length is INVALID_ARGUMENT with the server\'s message', a
   }
 });
 
-test('server info reports limits and both dtypes', async () => {
+test('server info reports limits and every dtype', async () => {
   const info = await dgmm.serverInfo(client);
   assert.ok(info.version);
   assert.ok(info.limits.maxBlockBytes > 0);
-  assert.deepEqual([...info.dtypes].sort(), ['DTYPE_FLOAT32', 'DTYPE_FLOAT64']);
+  assert.deepEqual([...info.dtypes].sort(), ['DTYPE_BFLOAT16', 'DTYPE_COMPLEX128', 'DTYPE_COMPLEX64',
+    'DTYPE_FLOAT16', 'DTYPE_FLOAT32', 'DTYPE_FLOAT64']);
 });
 
 test('health is SERVING', async () => {

@@ -206,9 +206,10 @@ class ClientTest(unittest.TestCase):
             server.stop()
 
     def test_unsupported_arrays_are_rejected_before_sending(self):
-        bad = [(np.ones((3, 3), dtype=np.int64), np.ones(3), "float32 or float64"),
-               (np.ones((3, 3), dtype=np.float16), np.ones(3), "float32 or float64"),
-               (np.ones((3, 3), dtype=np.complex128), np.ones(3), "float32 or float64"),
+        # float16 and complex matrices are jobs since issue 27 (test_dtypes.py).
+        bad = [(np.ones((3, 3), dtype=np.int64), np.ones(3), "float32, float64"),
+               (np.ones((3, 3), dtype=np.uint16), np.ones(3), "float32, float64"),
+               (np.ones((3, 3), dtype=np.float32), np.ones(3, np.complex64), "complex"),
                (np.ones(3), np.ones(3), "2-D"),
                (np.ones((3, 3)), np.ones((3, 1)), "1-D")]
         for a, d, words in bad:

@@ -62,7 +62,10 @@ int RunInfo() {
     std::vector<std::string> types, sides;
     for (int d : c.dtypes()) types.push_back(DTypeName(static_cast<v1::DType>(d)));
     for (int s : c.sides()) {
-      sides.push_back(s == v1::SIDE_LEFT ? "left" : s == v1::SIDE_RIGHT ? "right" : "other");
+      sides.push_back(s == v1::SIDE_LEFT    ? "left"
+                      : s == v1::SIDE_RIGHT ? "right"
+                      : s == v1::SIDE_BOTH  ? "both"
+                                            : "other");
     }
     std::printf("backend %s: %s; sides %s\n", BackendName(c.backend()).c_str(),
                 absl::StrJoin(types, ", ").c_str(), absl::StrJoin(sides, ", ").c_str());

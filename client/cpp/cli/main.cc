@@ -18,18 +18,23 @@ Usage:
   dgmm-cli multiply --matrix=A.npy --diag=d.npy --out=C.npy [--side=right|left]
                     [--backend=auto|cpu|cuda-kernel|cublas] [--mode=auto|unary|stream]
                     [--stripes=K] [--check] [common flags]
-  dgmm-cli multiply --random=N [--cols=M] [--dtype=f32|f64] [--layout=row|col]
-                    [--side=right|left] [--seed=S] [--check] [--out=C.npy] ...
+  dgmm-cli multiply --matrix=A.npy --side=both --left=l.npy --right=r.npy --out=C.npy ...
+  dgmm-cli multiply --random=N [--cols=M] [--dtype=f16|bf16|f32|f64|c64|c128]
+                    [--layout=row|col] [--side=right|left|both] [--seed=S] [--check]
+                    [--out=C.npy] ...
   dgmm-cli info [common flags]
   dgmm-cli health [--service=NAME] [common flags]
   dgmm-cli --help
 
 Subcommands:
   multiply  Sends A and d to the server and receives C. With --matrix/--diag, reads
-            .npy files (float32 or float64, C or Fortran order, A and d of the same
-            dtype; len(d) = cols for right, rows for left) and writes C to --out in
-            A's dtype and order. With --random=N, generates an N x M matrix (M =
-            --cols, default N) and its diagonal, values uniform in [0.5, 2). Prints
+            .npy files (float16 '<f2', bfloat16 as np.save writes ml_dtypes.bfloat16
+            ('<V2'), float32, float64, complex64 '<c8' or complex128 '<c16'; C or
+            Fortran order; d of A's dtype or one the server promotes into it;
+            len(d) = cols for right, rows for left; --side=both takes --left
+            (rows) and --right (cols) of one dtype) and writes C to --out in A's
+            dtype and order. With --random=N, generates an N x M matrix (M =
+            --cols, default N) and its diagonal(s), values uniform in [0.5, 2). Prints
             the mode (unary or stream), the backend and device, the server's timings
             (queue wait, h2d, compute, d2h, total, in ms) and the throughput.
             A job that fits in one --chunk_bytes block (and under 7/8 of
@@ -49,8 +54,12 @@ Subcommands:
 multiply flags:
   --matrix=PATH        A, a 2-D .npy file.
   --diag=PATH          d, a 1-D .npy file.
+  --left=PATH, --right=PATH
+                       With --side=both: l (len rows) and r (len cols), 1-D .npy files.
   --out=PATH           Where to write C as .npy (required with --matrix).
-  --side=right|left    right: C = A·diag(d) (default); left: C = diag(d)·A.
+  --side=right|left|both
+                       right: C = A·diag(d) (default); left: C = diag(d)·A; both:
+                       C = diag(l)·A·diag(r) in one pass.
   --backend=NAME       auto (default: the server's fastest), cpu, cuda-kernel, cublas.
   --mode=NAME          auto (default), unary (one message) or stream.
   --shm=auto|on|off    A and C through memory, not the gRPC socket, when the server is
@@ -70,13 +79,14 @@ multiply flags:
                        under 64 MiB go whole. K and the mode are printed first.
   --random=N           Random operands with N rows instead of files.
   --cols=M             With --random: columns (default N).
-  --dtype=f32|f64      With --random: element type (default f32).
+  --dtype=NAME         With --random: f16, bf16, f32 (default), f64, c64 or c128.
   --layout=row|col     With --random: C (row) or Fortran (col) order (default row).
   --seed=S             With --random: random seed (default 1).
-  --check              Compare C with a float64 reference computed here and print
-                       the largest relative error; exit 3 above --tolerance.
-  --tolerance=X        Default 1e-6 for f32, 1e-14 for f64 (a scaled element is
-                       exact to one rounding).
+  --check              Compare C with a float64 (complex128) reference computed here
+                       and print the largest relative error; exit 3 above --tolerance.
+  --tolerance=X        Default 1e-6 for f32 and c64, 1e-14 for f64 and c128, 2e-3 for
+                       f16, 1.6e-2 for bf16 (a scaled element is exact to a rounding or
+                       two).
 
 health flags:
   --service=NAME       Service to check: "" (default) is the whole server,

@@ -27,11 +27,20 @@
 #include "dgmm/regions.h"
 
 ABSL_FLAG(std::string, matrix, "",
-          "The matrix A: a 2-D .npy file, float32 or float64, C or Fortran order.");
-ABSL_FLAG(std::string, diag, "", "The diagonal d: a 1-D .npy file of A's dtype.");
+          "The matrix A: a 2-D .npy file, C or Fortran order, of float16 ('<f2'), bfloat16 "
+          "(ml_dtypes.bfloat16, saved by NumPy as '<V2'), float32, float64, complex64 or "
+          "complex128.");
+ABSL_FLAG(std::string, diag, "",
+          "The diagonal d (--side right or left): a 1-D .npy file of A's dtype or one the server "
+          "promotes into it (e.g. float32 d for a float64 A).");
+ABSL_FLAG(std::string, left, "",
+          "With --side both: the left diagonal l (len rows), a 1-D .npy file.");
+ABSL_FLAG(std::string, right, "",
+          "With --side both: the right diagonal r (len cols), a 1-D .npy file of l's dtype.");
 ABSL_FLAG(std::string, out, "", "Where to write C as .npy (A's shape, dtype and order).");
 ABSL_FLAG(std::string, side, "right",
-          "right: C = A·diag(d), len(d) = cols; left: C = diag(d)·A, len(d) = rows.");
+          "right: C = A·diag(d), len(d) = cols; left: C = diag(d)·A, len(d) = rows; both: "
+          "C = diag(l)·A·diag(r) in one pass (--left and --right).");
 ABSL_FLAG(std::string, backend, "auto",
           "auto, cpu, cuda-kernel or cublas, or BACKEND_AUTO etc. (a hint; auto is the "
           "server's best).");
@@ -43,7 +52,9 @@ ABSL_FLAG(std::string, mode, "auto",
 ABSL_FLAG(int64_t, random, 0,
           "Instead of files: a random N-row matrix and diagonal, values in [0.5, 2).");
 ABSL_FLAG(int64_t, cols, 0, "With --random: columns (default N).");
-ABSL_FLAG(std::string, dtype, "f32", "With --random: f32 or f64.");
+ABSL_FLAG(std::string, dtype, "f32",
+          "With --random: f16, bf16, f32, f64, c64 or c128 (float16, bfloat16, float32, "
+          "float64, complex64, complex128).");
 ABSL_FLAG(std::string, layout, "row", "With --random: row (C order) or col (Fortran order).");
 ABSL_FLAG(uint64_t, seed, 1, "With --random: the random seed.");
 ABSL_FLAG(bool, check, false,
@@ -62,7 +73,8 @@ ABSL_FLAG(bool, process_memory, true,
           "between them and the GPU; no staging region, no copy here. false: a staging "
           "region.");
 ABSL_FLAG(double, tolerance, 0,
-          "Largest relative error --check accepts; 0 means 1e-6 for f32, 1e-14 for f64.");
+          "Largest relative error --check accepts; 0 means 1e-6 for f32 and c64, 1e-14 for f64 "
+          "and c128, 2e-3 for f16, 1.6e-2 for bf16.");
 
 namespace dgmm::cli {
 namespace {
@@ -90,8 +102,10 @@ absl::StatusOr<Choices> ParseChoices() {
     c.side = v1::SIDE_RIGHT;
   } else if (side == "left") {
     c.side = v1::SIDE_LEFT;
+  } else if (side == "both") {
+    c.side = v1::SIDE_BOTH;
   } else {
-    return BadFlag("side", side, "right or left");
+    return BadFlag("side", side, "right, left or both");
   }
   const std::string backend = absl::GetFlag(FLAGS_backend);
   absl::StatusOr<v1::Backend> parsed = ParseBackendName(backend);
@@ -121,39 +135,81 @@ absl::StatusOr<Choices> ParseChoices() {
 }
 
 // The operands, owned here; the Job points into them.
+// `diagonal` is the one diagonal, or SIDE_BOTH's left one; `right` SIDE_BOTH's
+// right one.
 struct Operands {
   std::optional<NpyArray> matrix;
   std::optional<NpyArray> diagonal;
+  std::optional<NpyArray> right;
 };
 
-absl::StatusOr<Operands> ReadOperands() {
-  const std::string matrix_path = absl::GetFlag(FLAGS_matrix);
-  const std::string diag_path = absl::GetFlag(FLAGS_diag);
-  if (matrix_path.empty() || diag_path.empty() || absl::GetFlag(FLAGS_out).empty()) {
+// A 1-D .npy file for --`flag`.
+absl::StatusOr<NpyArray> ReadDiagonal(const std::string& path, absl::string_view flag) {
+  absl::StatusOr<NpyArray> diagonal = ReadNpy(path);
+  if (!diagonal.ok()) return diagonal.status();
+  if (diagonal->header().shape.size() != 1) {
     return absl::InvalidArgumentError(
-        "multiply needs --matrix, --diag and --out (or --random=N); run 'dgmm-cli --help'");
+        absl::StrCat(path, " holds a 2-D array; --", flag, " needs a 1-D array"));
+  }
+  return diagonal;
+}
+
+absl::StatusOr<Operands> ReadOperands(v1::Side side) {
+  const std::string matrix_path = absl::GetFlag(FLAGS_matrix);
+  const bool both = side == v1::SIDE_BOTH;
+  const std::string diag_path = absl::GetFlag(both ? FLAGS_left : FLAGS_diag);
+  const std::string right_path = absl::GetFlag(FLAGS_right);
+  if (matrix_path.empty() || diag_path.empty() || (both && right_path.empty()) ||
+      absl::GetFlag(FLAGS_out).empty()) {
+    return absl::InvalidArgumentError(
+        both ? "multiply --side both needs --matrix, --left, --right and --out (or --random=N); "
+               "run 'dgmm-cli --help'"
+             : "multiply needs --matrix, --diag and --out (or --random=N); run 'dgmm-cli --help'");
+  }
+  if (!both && (!absl::GetFlag(FLAGS_left).empty() || !right_path.empty())) {
+    return absl::InvalidArgumentError("--left and --right go with --side both; use --diag");
+  }
+  if (both && !absl::GetFlag(FLAGS_diag).empty()) {
+    return absl::InvalidArgumentError("--side both takes --left and --right, not --diag");
   }
   Operands ops;
   absl::StatusOr<NpyArray> matrix = ReadNpy(matrix_path);
   if (!matrix.ok()) return matrix.status();
-  absl::StatusOr<NpyArray> diagonal = ReadNpy(diag_path);
-  if (!diagonal.ok()) return diagonal.status();
   if (matrix->header().shape.size() != 2) {
     return absl::InvalidArgumentError(
         absl::StrCat(matrix_path, " holds a 1-D array; --matrix needs a 2-D array"));
   }
-  if (diagonal->header().shape.size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(diag_path, " holds a 2-D array; --diag needs a 1-D array"));
+  absl::StatusOr<NpyArray> diagonal = ReadDiagonal(diag_path, both ? "left" : "diag");
+  if (!diagonal.ok()) return diagonal.status();
+  if (both) {
+    absl::StatusOr<NpyArray> right = ReadDiagonal(right_path, "right");
+    if (!right.ok()) return right.status();
+    if (right->header().dtype != diagonal->header().dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the left diagonal is ", DTypeName(diagonal->header().dtype), " but the right one is ",
+          DTypeName(right->header().dtype), "; save both diagonals with one dtype"));
+    }
+    ops.right.emplace(*std::move(right));
   }
-  if (matrix->header().dtype != diagonal->header().dtype) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the matrix is ", DTypeName(matrix->header().dtype), " but the diagonal is ",
-                     DTypeName(diagonal->header().dtype), "; save both with the same dtype"));
-  }
+  // A diagonal of another dtype than A's is the server's to promote (or to
+  // refuse, saying why).
   ops.matrix.emplace(*std::move(matrix));
   ops.diagonal.emplace(*std::move(diagonal));
   return ops;
+}
+
+absl::StatusOr<v1::DType> ParseDTypeFlag(const std::string& dtype) {
+  const std::pair<const char*, v1::DType> names[] = {
+      {"f16", v1::DTYPE_FLOAT16},     {"float16", v1::DTYPE_FLOAT16},
+      {"bf16", v1::DTYPE_BFLOAT16},   {"bfloat16", v1::DTYPE_BFLOAT16},
+      {"f32", v1::DTYPE_FLOAT32},     {"float32", v1::DTYPE_FLOAT32},
+      {"f64", v1::DTYPE_FLOAT64},     {"float64", v1::DTYPE_FLOAT64},
+      {"c64", v1::DTYPE_COMPLEX64},   {"complex64", v1::DTYPE_COMPLEX64},
+      {"c128", v1::DTYPE_COMPLEX128}, {"complex128", v1::DTYPE_COMPLEX128}};
+  for (const auto& [name, type] : names) {
+    if (dtype == name) return type;
+  }
+  return BadFlag("dtype", dtype, "f16, bf16, f32, f64, c64 or c128");
 }
 
 // The matrix header --random, --cols, --dtype and --layout ask for.
@@ -164,14 +220,9 @@ absl::StatusOr<NpyHeader> RandomHeader() {
     return absl::InvalidArgumentError("--random and --cols must be positive");
   }
   NpyHeader header;
-  const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (dtype == "f32" || dtype == "float32") {
-    header.dtype = v1::DTYPE_FLOAT32;
-  } else if (dtype == "f64" || dtype == "float64") {
-    header.dtype = v1::DTYPE_FLOAT64;
-  } else {
-    return BadFlag("dtype", dtype, "f32 or f64");
-  }
+  absl::StatusOr<v1::DType> dtype = ParseDTypeFlag(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return dtype.status();
+  header.dtype = *dtype;
   const std::string layout = absl::GetFlag(FLAGS_layout);
   if (layout != "row" && layout != "col") return BadFlag("layout", layout, "row or col");
   header.fortran_order = layout == "col";
@@ -187,7 +238,7 @@ absl::StatusOr<Operands> RandomOperands(v1::Side side) {
   const int64_t cols = header.shape[1];
   NpyHeader diag_header = header;
   diag_header.fortran_order = false;
-  diag_header.shape = {side == v1::SIDE_LEFT ? rows : cols};
+  diag_header.shape = {side == v1::SIDE_RIGHT ? cols : rows};
 
   Operands ops;
   ops.matrix.emplace(header);
@@ -195,6 +246,12 @@ absl::StatusOr<Operands> RandomOperands(v1::Side side) {
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
   FillUniform(header.dtype, ops.matrix->data(), header.num_elements(), &rng);
   FillUniform(header.dtype, ops.diagonal->data(), diag_header.num_elements(), &rng);
+  if (side == v1::SIDE_BOTH) {
+    NpyHeader right_header = diag_header;
+    right_header.shape = {cols};
+    ops.right.emplace(right_header);
+    FillUniform(header.dtype, ops.right->data(), right_header.num_elements(), &rng);
+  }
   return ops;
 }
 
@@ -234,6 +291,11 @@ Job MakeJob(const Operands& ops, const Choices& choices) {
   job.matrix.layout = h.fortran_order ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
   job.diagonal = ops.diagonal->data();
   job.diagonal_bytes = ops.diagonal->size_bytes();
+  job.diagonal_dtype = ops.diagonal->header().dtype;
+  if (ops.right.has_value()) {
+    job.right_diagonal = ops.right->data();
+    job.right_diagonal_bytes = ops.right->size_bytes();
+  }
   job.side = choices.side;
   job.backend = choices.backend;
   return job;
@@ -249,9 +311,13 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode, absl
               static_cast<unsigned long long>(s.job_id()), static_cast<long long>(job.matrix.rows),
               static_cast<long long>(job.matrix.cols), DTypeName(job.matrix.dtype).c_str(),
               job.matrix.layout == v1::LAYOUT_COL_MAJOR ? "col-major" : "row-major",
-              job.side == v1::SIDE_LEFT ? "left" : "right", FormatBytes(bytes).c_str());
-  std::printf("mode:       %s, %d stripe%s, %d attempt%s\n", mode, result.stripes,
-              result.stripes == 1 ? "" : "s", result.attempts, result.attempts == 1 ? "" : "s");
+              job.side == v1::SIDE_LEFT   ? "left"
+              : job.side == v1::SIDE_BOTH ? "both"
+                                          : "right",
+              FormatBytes(bytes).c_str());
+  std::printf("mode:       %s, %d stripe%s, %d attempt%s\n", mode,
+              result.stripes, result.stripes == 1 ? "" : "s", result.attempts,
+              result.attempts == 1 ? "" : "s");
   std::printf("backend:    %s on %s\n", BackendName(s.backend()).c_str(), s.device().c_str());
   std::printf(
       "timings:    queue wait %.3f ms, h2d %.3f ms, compute %.3f ms, d2h %.3f ms, "
@@ -492,6 +558,7 @@ Job JobOfFiles(const NpyHeader& header, const NpyArray& diagonal, const Choices&
   job.matrix.layout = header.fortran_order ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
   job.diagonal = diagonal.data();
   job.diagonal_bytes = diagonal.size_bytes();
+  job.diagonal_dtype = diagonal.header().dtype;
   job.side = choices.side;
   job.backend = choices.backend;
   return job;
@@ -522,6 +589,9 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
   const std::string matrix_path = absl::GetFlag(FLAGS_matrix);
   const std::string diag_path = absl::GetFlag(FLAGS_diag);
   const std::string out_path = absl::GetFlag(FLAGS_out);
+  // SIDE_BOTH's two files take the usual path (which takes the same host
+  // too, through a staging region or process memory).
+  if (choices.side == v1::SIDE_BOTH) return std::nullopt;
   if (matrix_path.empty() || diag_path.empty() || out_path.empty()) return std::nullopt;
   size_t offset = 0;
   absl::StatusOr<NpyHeader> header = ReadNpyHeader(matrix_path, &offset);
@@ -655,7 +725,8 @@ int RunMultiply() {
       touch = std::thread(TouchPages, static_cast<char*>(out->data()), out->size_bytes());
     }
   }
-  absl::StatusOr<Operands> ops = random ? RandomOperands(choices->side) : ReadOperands();
+  absl::StatusOr<Operands> ops =
+      random ? RandomOperands(choices->side) : ReadOperands(choices->side);
   if (touch.joinable()) touch.join();
   if (!ops.ok()) return ReportError(ops.status(), kExitUsage);
   if (!out.has_value() || out->header().shape != ops->matrix->header().shape ||

@@ -148,6 +148,12 @@ v1::JobHeader MakeHeader(const Job& job) {
   if (job.diagonal_bytes > 0) {
     header.set_diagonal(static_cast<const char*>(job.diagonal), job.diagonal_bytes);
   }
+  if (job.right_diagonal_bytes > 0) {
+    header.set_right_diagonal(static_cast<const char*>(job.right_diagonal),
+                              job.right_diagonal_bytes);
+  }
+  header.set_diagonal_dtype(job.diagonal_dtype);
+  header.set_result_dtype(job.result_dtype);
   return header;
 }
 
@@ -314,10 +320,16 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
 
 size_t ElementSize(v1::DType dtype) {
   switch (dtype) {
+    case v1::DTYPE_FLOAT16:
+    case v1::DTYPE_BFLOAT16:
+      return 2;
     case v1::DTYPE_FLOAT32:
       return 4;
     case v1::DTYPE_FLOAT64:
+    case v1::DTYPE_COMPLEX64:
       return 8;
+    case v1::DTYPE_COMPLEX128:
+      return 16;
     default:
       return 0;
   }
@@ -391,8 +403,9 @@ absl::StatusOr<v1::Backend> ParseBackendName(absl::string_view name) {
 absl::StatusOr<size_t> MatrixBytes(const MatrixView& matrix) {
   const size_t element = ElementSize(matrix.dtype);
   if (element == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported dtype ", v1::DType_Name(matrix.dtype), "; use float32 or float64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype ", v1::DType_Name(matrix.dtype),
+                     "; use float16, bfloat16, float32, float64, complex64 or complex128"));
   }
   if (matrix.rows < 1 || matrix.cols < 1) {
     return absl::InvalidArgumentError(
@@ -528,7 +541,7 @@ absl::StatusOr<Client::JobPlan> Client::Plan(const Job& job,
   plan.forced = mode;
   if (!plan.forced.has_value() && options_.streaming_threshold_bytes >= 0) {
     // An explicit threshold decides for the whole job, as before striping.
-    plan.forced = static_cast<int64_t>(*bytes + job.diagonal_bytes) <=
+    plan.forced = static_cast<int64_t>(*bytes + job.diagonal_bytes + job.right_diagonal_bytes) <=
                           options_.streaming_threshold_bytes
                       ? TransferMode::kUnary
                       : TransferMode::kStream;
@@ -538,7 +551,6 @@ absl::StatusOr<Client::JobPlan> Client::Plan(const Job& job,
   // names the problem.
   const internal::JobLines cut = internal::LinesOfJob(job);
   const int64_t lines = cut.lines;
-  const size_t elem = cut.elem;
   plan.stripes = cut.diagonal_fits
                      ? ChooseStripes(static_cast<int64_t>(*bytes), lines, options_.stripes)
                      : 1;
@@ -546,7 +558,9 @@ absl::StatusOr<Client::JobPlan> Client::Plan(const Job& job,
   const int64_t first_lines = SplitLines(lines, plan.stripes).front().lines;
   const size_t first_bytes = static_cast<size_t>(first_lines) * (*bytes / static_cast<size_t>(lines));
   const size_t first_diag =
-      plan.slice_diagonal ? static_cast<size_t>(first_lines) * elem : job.diagonal_bytes;
+      job.diagonal_bytes + job.right_diagonal_bytes -
+      (plan.slice_diagonal ? cut.sliced_bytes - static_cast<size_t>(first_lines) * cut.diag_elem
+                           : 0);
   plan.mode = plan.forced.value_or(ChooseTransferMode(
       static_cast<int64_t>(first_bytes + first_diag), options_.max_unary_message_bytes,
       options_.chunk_bytes, static_cast<int64_t>(*bytes / static_cast<size_t>(lines))));
@@ -704,11 +718,10 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
       g->set_total_lines(run->cut.lines);
       g->set_parts(run->stripes);
     }
-    const TransferMode mode =
-        run->mode.value_or(ChooseTransferMode(static_cast<int64_t>(part_bytes + part.diagonal_bytes),
-                                              options_.max_unary_message_bytes,
-                                              options_.chunk_bytes,
-                                              static_cast<int64_t>(run->line_bytes)));
+    const TransferMode mode = run->mode.value_or(ChooseTransferMode(
+        static_cast<int64_t>(part_bytes + part.diagonal_bytes + part.right_diagonal_bytes),
+        options_.max_unary_message_bytes, options_.chunk_bytes,
+        static_cast<int64_t>(run->line_bytes)));
     if (mode == TransferMode::kStream) run->any_stream = true;
     // Progress of the part: what was received before this attempt counts as
     // sent and received.

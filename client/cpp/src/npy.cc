@@ -38,7 +38,41 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
 }
 
-size_t ElementBytes(v1::DType dtype) { return dtype == v1::DTYPE_FLOAT32 ? 4 : 8; }
+// The descr NumPy writes for each dtype dgmm reads. bfloat16 is
+// ml_dtypes.bfloat16, which NumPy saves as a 2-byte void ('<V2' or '|V2').
+struct DescrOf {
+  const char* descr;
+  v1::DType dtype;
+  size_t bytes;
+  const char* name;
+};
+constexpr DescrOf kDescrs[] = {
+    {"<f2", v1::DTYPE_FLOAT16, 2, "float16"},     {"<V2", v1::DTYPE_BFLOAT16, 2, "bfloat16"},
+    {"<f4", v1::DTYPE_FLOAT32, 4, "float32"},     {"<f8", v1::DTYPE_FLOAT64, 8, "float64"},
+    {"<c8", v1::DTYPE_COMPLEX64, 8, "complex64"}, {"<c16", v1::DTYPE_COMPLEX128, 16, "complex128"},
+    {"|V2", v1::DTYPE_BFLOAT16, 2, "bfloat16"},
+};
+
+const DescrOf* Find(v1::DType dtype) {
+  for (const DescrOf& d : kDescrs) {
+    if (d.dtype == dtype) return &d;
+  }
+  return nullptr;
+}
+
+size_t ElementBytes(v1::DType dtype) {
+  const DescrOf* d = Find(dtype);
+  return d != nullptr ? d->bytes : 0;
+}
+
+const char* NameOf(v1::DType dtype) {
+  const DescrOf* d = Find(dtype);
+  return d != nullptr ? d->name : "?";
+}
+
+constexpr absl::string_view kReads =
+    "float16 ('<f2'), bfloat16 ('<V2', ml_dtypes.bfloat16 as np.save writes it), float32 "
+    "('<f4'), float64 ('<f8'), complex64 ('<c8') and complex128 ('<c16')";
 
 // Parses the header dictionary, a Python literal such as
 //   {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
@@ -122,28 +156,27 @@ class HeaderDictParser {
 
   absl::Status ParseDescr(v1::DType* dtype) {
     if (pos_ < text_.size() && text_[pos_] == '[') {
-      return absl::InvalidArgumentError(
-          "the .npy file holds a structured array; dgmm reads plain float32 ('<f4') or "
-          "float64 ('<f8') arrays");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the .npy file holds a structured array; dgmm reads plain arrays of ", kReads));
     }
     absl::StatusOr<std::string> descr = ParseString();
     if (!descr.ok()) return descr.status();
-    if (*descr == "<f4") {
-      *dtype = v1::DTYPE_FLOAT32;
-    } else if (*descr == "<f8") {
-      *dtype = v1::DTYPE_FLOAT64;
-    } else if (*descr == ">f4" || *descr == ">f8") {
+    for (const DescrOf& d : kDescrs) {
+      if (*descr == d.descr) {
+        *dtype = d.dtype;
+        return absl::OkStatus();
+      }
+    }
+    if (*descr == ">f2" || *descr == ">f4" || *descr == ">f8" || *descr == ">c8" ||
+        *descr == ">c16") {
       return absl::InvalidArgumentError(
           absl::StrCat("the .npy array is big-endian ('", *descr,
-                       "'); dgmm reads little-endian '<f4' and '<f8': convert it with "
+                       "'); dgmm reads little-endian arrays: convert it with "
                        "a.astype(a.dtype.newbyteorder('<'))"));
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the .npy array has dtype '", *descr,
-                       "'; dgmm reads float32 ('<f4') and float64 ('<f8'): convert it with "
-                       "a.astype('<f8')"));
     }
-    return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("the .npy array has dtype '", *descr,
+                                                   "'; dgmm reads ", kReads,
+                                                   ": convert it with a.astype('<f8')"));
   }
 
   absl::Status ParseBool(bool* value) {
@@ -280,7 +313,7 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view prefix, size_t* data_
 
 std::string EncodeNpyHeader(const NpyHeader& header, int version) {
   const std::string dict =
-      absl::StrCat("{'descr': '", header.dtype == v1::DTYPE_FLOAT32 ? "<f4" : "<f8",
+      absl::StrCat("{'descr': '", Find(header.dtype) != nullptr ? Find(header.dtype)->descr : "?",
                    "', 'fortran_order': ", header.fortran_order ? "True" : "False",
                    ", 'shape': ", ShapeText(header.shape), ", }");
   const size_t unpadded_v1 = kMagic.size() + 2 + 2 + dict.size() + 1;
@@ -345,10 +378,10 @@ absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path, size_t* data_of
                                      ? static_cast<size_t>(st.st_size) - *data_offset
                                      : 0;
   if (file_data_bytes != header->data_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": the header describes ", header->dtype == v1::DTYPE_FLOAT32 ? "float32" : "float64",
-        " data of shape ", ShapeText(header->shape), " (", header->data_bytes(),
-        " bytes) but the file holds ", file_data_bytes, " bytes of data"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the header describes ", NameOf(header->dtype), " data of shape ",
+                     ShapeText(header->shape), " (", header->data_bytes(),
+                     " bytes) but the file holds ", file_data_bytes, " bytes of data"));
   }
   return header;
 }

@@ -379,6 +379,10 @@ RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result
   rj.result = std::move(result);
   rj.diagonal = job.diagonal;
   rj.diagonal_bytes = job.diagonal_bytes;
+  rj.right_diagonal = job.right_diagonal;
+  rj.right_diagonal_bytes = job.right_diagonal_bytes;
+  rj.diagonal_dtype = job.diagonal_dtype;
+  rj.result_dtype = job.result_dtype;
   return rj;
 }
 
@@ -394,9 +398,18 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
   if (job.diagonal_bytes > 0) {
     header->set_diagonal(static_cast<const char*>(job.diagonal), job.diagonal_bytes);
   }
+  if (job.right_diagonal_bytes > 0) {
+    header->set_right_diagonal(static_cast<const char*>(job.right_diagonal),
+                               job.right_diagonal_bytes);
+  }
+  header->set_diagonal_dtype(job.diagonal_dtype);
+  header->set_result_dtype(job.result_dtype);
   *request.mutable_matrix() = job.matrix;
   *request.mutable_result() = job.result;
   if (job.diagonal_ref.has_value()) *request.mutable_diagonal() = *job.diagonal_ref;
+  if (job.right_diagonal_ref.has_value()) {
+    *request.mutable_right_diagonal() = *job.right_diagonal_ref;
+  }
 
   const RetryPolicy& policy = client.options().retry;
   const absl::Time deadline = DeadlineFromNow(client);

@@ -323,6 +323,8 @@ def _region_arrays_job(self, a, d, side, backend, timeout, out, return_stats, re
     dtype = a.dtype
     if a.ndim != 2 or a.size == 0 or dtype not in _DTYPES:
         return None
+    if side == pb.SIDE_BOTH or (isinstance(side, str) and side.lower() == "both"):
+        return None  # two diagonals: the C++ client's path
     if a.flags.c_contiguous:
         layout = "C"
     elif a.flags.f_contiguous:
@@ -531,10 +533,9 @@ class _RegionJob:
         if c is None:
             c = job.new_output()
         core = self._client._core_for(self._timeout, None)
+        args, kwargs = job.core_args(c)
         try:
-            core_job = _core.Job(core, job.a, job.diagonal, c, job.rows, job.cols,
-                                 job.dtype_enum, job.col_major, job.side, job.backend, -1,
-                                 self._progress)
+            core_job = _core.Job(core, *args, -1, self._progress, **kwargs)
         except _core.Error as e:
             raise _error(e) from None
         with self._lock:

@@ -46,7 +46,53 @@ BACKEND_NAMES = {
     "BACKEND_CUDA_KERNEL": pb.BACKEND_CUDA_KERNEL,
     "BACKEND_CUBLAS": pb.BACKEND_CUBLAS,
 }
-_WIRE_DTYPES = {4: (np.dtype("<f4"), pb.DTYPE_FLOAT32), 8: (np.dtype("<f8"), pb.DTYPE_FLOAT64)}
+# The element types a job takes (docs/dtypes.md), by little-endian NumPy
+# dtype; bfloat16 is ml_dtypes.bfloat16, where ml_dtypes is importable.
+_WIRE_DTYPES = {
+    np.dtype("<f2"): pb.DTYPE_FLOAT16,
+    np.dtype("<f4"): pb.DTYPE_FLOAT32,
+    np.dtype("<f8"): pb.DTYPE_FLOAT64,
+    np.dtype("<c8"): pb.DTYPE_COMPLEX64,
+    np.dtype("<c16"): pb.DTYPE_COMPLEX128,
+}
+try:
+    import ml_dtypes as _ml_dtypes  # noqa: E402
+    _BFLOAT16 = np.dtype(_ml_dtypes.bfloat16)
+    _WIRE_DTYPES[_BFLOAT16] = pb.DTYPE_BFLOAT16
+except ImportError:  # bfloat16 needs ml_dtypes
+    _BFLOAT16 = None
+
+# Which diagonal dtypes widen exactly into which matrix dtypes (NumPy's
+# result_type(A, d) is A's): such a diagonal is sent as it is, with its
+# dtype, and the server widens it; any other real diagonal is converted to
+# A's dtype here.
+_WIDENS_INTO = {
+    pb.DTYPE_FLOAT16: {pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT64, pb.DTYPE_COMPLEX64,
+                       pb.DTYPE_COMPLEX128},
+    pb.DTYPE_BFLOAT16: {pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT64, pb.DTYPE_COMPLEX64,
+                        pb.DTYPE_COMPLEX128},
+    pb.DTYPE_FLOAT32: {pb.DTYPE_FLOAT64, pb.DTYPE_COMPLEX64, pb.DTYPE_COMPLEX128},
+    pb.DTYPE_FLOAT64: {pb.DTYPE_COMPLEX128},
+    pb.DTYPE_COMPLEX64: {pb.DTYPE_COMPLEX128},
+    pb.DTYPE_COMPLEX128: set(),
+}
+_COMPLEX = (pb.DTYPE_COMPLEX64, pb.DTYPE_COMPLEX128)
+
+# Every side multiply() takes; the region paths (dgmm.arrays, dgmm.regions)
+# take one diagonal, _SIDES.
+_ALL_SIDES = dict(_SIDES, both=pb.SIDE_BOTH)
+
+
+def _little_endian(dtype):
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+def _for_buffer(array):
+    """`array` as the C++ client reads it: bfloat16 (a NumPy user dtype that
+    the buffer protocol cannot name) as its 16-bit patterns."""
+    if _BFLOAT16 is not None and array.dtype == _BFLOAT16:
+        return array.view(np.uint16)
+    return array
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
@@ -369,20 +415,22 @@ def _to_device(c, like, kind, out):
 
 class _Job:
     """A checked job: A as a wire-ready array (in place when it already is
-    one), the diagonal, and the header fields."""
+    one), the diagonal(s), and the header fields."""
 
-    __slots__ = ("a", "diagonal", "wire_dtype", "dtype_enum", "col_major", "order", "rows",
-                 "cols", "side", "backend", "num_lines")
+    __slots__ = ("a", "diagonal", "right", "diagonal_dtype", "wire_dtype", "dtype_enum",
+                 "col_major", "order", "rows", "cols", "side", "backend", "num_lines")
 
     def __init__(self, a, d, side, backend):
         self.backend = backend_value(backend)  # Rule 4 first: a bad name is refused before anything.
         a = np.asarray(a)
         if a.ndim != 2:
             raise ValueError("dgmm: A must be a 2-D matrix, got an array of shape %s" % (a.shape,))
-        if a.dtype.kind != "f" or a.dtype.itemsize not in _WIRE_DTYPES:
-            raise ValueError("dgmm: A must be float32 or float64, got %s; convert it first, "
-                             "e.g. A.astype(numpy.float64)" % a.dtype)
-        self.wire_dtype, self.dtype_enum = _WIRE_DTYPES[a.dtype.itemsize]
+        wire = _little_endian(a.dtype)
+        if wire not in _WIRE_DTYPES:
+            raise ValueError("dgmm: A must be float16, bfloat16 (ml_dtypes), float32, float64, "
+                             "complex64 or complex128, got %s; convert it first, e.g. "
+                             "A.astype(numpy.float64)" % a.dtype)
+        self.wire_dtype, self.dtype_enum = wire, _WIRE_DTYPES[wire]
         if a.flags.c_contiguous:
             self.col_major = False
         elif a.flags.f_contiguous:
@@ -397,15 +445,51 @@ class _Job:
         self.rows, self.cols = a.shape
         self.num_lines = self.cols if self.col_major else self.rows
 
+        self.side = _enum_value(side, _ALL_SIDES, "side")
+        self.right = None
+        if self.side == pb.SIDE_BOTH:
+            if not isinstance(d, (tuple, list)) or len(d) != 2:
+                raise ValueError("dgmm: side='both' takes the diagonals as a pair (l, r): "
+                                 "C = diag(l)·A·diag(r)")
+            left, right = self._diagonal(d[0], "left"), self._diagonal(d[1], "right")
+            if left.dtype != right.dtype:  # one diagonal dtype on the wire
+                left, right = (np.ascontiguousarray(x, dtype=self.wire_dtype)
+                               for x in (left, right))
+            self.diagonal, self.right = left, right
+        else:
+            self.diagonal = self._diagonal(d, "")
+        d_wire = _little_endian(self.diagonal.dtype)
+        self.diagonal_dtype = _WIRE_DTYPES[d_wire] if d_wire != self.wire_dtype else 0
+
+    def _diagonal(self, d, which):
+        """One diagonal, wire-ready: as it is when its dtype widens exactly
+        into A's, else converted to A's dtype (a complex diagonal with a real
+        A is refused: the result would be complex)."""
         d = np.asarray(d)
+        what = "the %s diagonal" % which if which else "the diagonal"
         if d.ndim != 1:
-            raise ValueError("dgmm: the diagonal must be a 1-D array, got shape %s" % (d.shape,))
-        if d.dtype.kind not in "biuf":
-            raise ValueError("dgmm: the diagonal must be real numbers, got %s" % d.dtype)
-        if d.dtype != self.wire_dtype or not d.flags.c_contiguous:
-            d = np.ascontiguousarray(d, dtype=self.wire_dtype)
-        self.diagonal = d
-        self.side = _enum_value(side, _SIDES, "side")
+            raise ValueError("dgmm: %s must be a 1-D array, got shape %s" % (what, d.shape))
+        wire = _little_endian(d.dtype)
+        if wire in _WIRE_DTYPES and (wire == self.wire_dtype or
+                                     self.dtype_enum in _WIDENS_INTO[_WIRE_DTYPES[wire]]):
+            if d.dtype != wire or not d.flags.c_contiguous:
+                d = np.ascontiguousarray(d, dtype=wire)
+            return d
+        if d.dtype.kind == "c" and self.dtype_enum not in _COMPLEX:
+            raise ValueError("dgmm: %s is complex (%s) but A is %s: the result would be complex; "
+                             "convert A first, e.g. A.astype(numpy.complex128)"
+                             % (what, d.dtype, self.wire_dtype))
+        if d.dtype.kind not in "biufc" and wire not in _WIRE_DTYPES:
+            raise ValueError("dgmm: %s must be numbers, got %s" % (what, d.dtype))
+        return np.ascontiguousarray(d, dtype=self.wire_dtype)
+
+    def core_args(self, c):
+        """The positional arguments of _core.Job and of a multiply_batch
+        tuple from `a` to `backend`, and the keyword ones."""
+        return ((_for_buffer(self.a), _for_buffer(self.diagonal), _for_buffer(c), self.rows,
+                 self.cols, self.dtype_enum, self.col_major, self.side, self.backend),
+                {"diagonal_dtype": self.diagonal_dtype,
+                 "right": None if self.right is None else _for_buffer(self.right)})
 
     def new_output(self):
         return np.empty((self.rows, self.cols), dtype=self.wire_dtype, order=self.order)
@@ -700,16 +784,25 @@ class Client:
     def multiply(self, a, d, side="right", backend="auto", timeout=None, *,
                  stream=None, stripes=None, out=None, return_stats=False, return_info=False,
                  progress=None):
-        """Returns C = A·diag(d) (side="right") or diag(d)·A (side="left").
+        """Returns C = A·diag(d) (side="right"), diag(d)·A (side="left") or,
+        with side="both" and d a pair (l, r), diag(l)·A·diag(r) in one pass.
 
-        A is a 2-D float32 or float64 array: NumPy, anything with the buffer
-        protocol, or a CUDA array (CuPy, PyTorch, __cuda_array_interface__ or
-        a CUDA __dlpack__), which is copied to the host and whose C comes back
-        as the same kind of array on its device (a CPU torch.Tensor gives a
-        torch.Tensor). C has A's dtype and layout (C order stays C order,
-        Fortran order stays Fortran order; any other array is sent as a
-        C-order copy); A itself is read in place. d is 1-D and is converted
-        to A's dtype. backend: "auto", "cpu", "cuda-kernel" or "cublas" (a
+        A is a 2-D float16, bfloat16 (ml_dtypes.bfloat16, where ml_dtypes is
+        installed), float32, float64, complex64 or complex128 array (half
+        types are computed in float32 and rounded once; docs/dtypes.md):
+        NumPy, anything with the buffer protocol, or a CUDA array (CuPy,
+        PyTorch, __cuda_array_interface__ or a CUDA __dlpack__), which is
+        copied to the host and whose C comes back as the same kind of array
+        on its device (a CPU torch.Tensor gives a torch.Tensor). C has A's
+        dtype and layout (C order stays C order, Fortran order stays Fortran
+        order; any other array is sent as a C-order copy); A itself is read
+        in place. d is 1-D; a d whose dtype widens exactly into A's (NumPy's
+        result_type(A, d) is A's dtype: float32 or float16 d for a float64 A,
+        float16 for float32, float32 for complex64, float64 or complex64 for
+        complex128) is sent as it is and widened by the server; any other
+        real d is converted to A's dtype here; a complex d with a real A is
+        a ValueError (the result would be complex).
+        backend: "auto", "cpu", "cuda-kernel" or "cublas" (a
         hint; also the enum names "BACKEND_CPU", ... or dgmm.pb values); any
         other name raises dgmm.InvalidArgumentError (a DgmmError with code
         INVALID_ARGUMENT, and a ValueError) before any call.
@@ -720,7 +813,7 @@ class Client:
         stripes: K, the number of parts sent at once over K connections;
         None: the client's default (auto by size). K is capped at the number
         of lines (rows of a C-order A, columns of a Fortran-order one).
-        out: optional array for C (A's shape, wire dtype float32/float64 and
+        out: optional array for C (A's shape, dtype and
         layout, contiguous and writable; for a CUDA A, a CUDA array of that
         shape): the result lands in it in place and it is returned; by
         default a new array. When A (and out) are dgmm arrays of this
@@ -773,9 +866,9 @@ class Client:
             core = self._core_for(timeout, stripes)
         c = job.new_output() if out is None else job.check_output(out)
         mode = -1 if stream is None else (1 if stream else 0)
+        args, kwargs = job.core_args(c)
         try:
-            handle = _core.Job(core, job.a, job.diagonal, c, job.rows, job.cols, job.dtype_enum,
-                               job.col_major, job.side, job.backend, mode, progress)
+            handle = _core.Job(core, *args, mode, progress, **kwargs)
         except _core.Error as e:
             raise _error(e) from None
         return _Pending(handle, c, kind, like, device_out, return_stats, return_info)
@@ -814,8 +907,8 @@ class Client:
         core = self._core if timeout is None else self._core_for(timeout, None)
         try:
             outcomes = core.multiply_batch([
-                (job.a, job.diagonal, c, job.rows, job.cols, job.dtype_enum, job.col_major,
-                 job.side, job.backend) for job, c in prepared])
+                args + (kwargs["diagonal_dtype"], kwargs["right"])
+                for args, kwargs in (job.core_args(c) for job, c in prepared)])
         except _core.Error as e:
             raise _error(e, info=False) from None
         results = []

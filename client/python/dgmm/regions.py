@@ -62,14 +62,23 @@ import weakref
 import grpc
 import numpy as np
 
-from .client import _SIDES, Client, DgmmError, InvalidArgumentError, _enum_value, backend_value
+from .client import _ALL_SIDES, Client, DgmmError, InvalidArgumentError, _enum_value, backend_value
 from .local_socket import ENV_SOCKET, LocalSession
 from .v1 import dgmm_pb2 as pb
 
 _KEY = re.compile(r"/[A-Za-z0-9._-]{1,200}")
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SHM_DIR = "/dev/shm"
-_DTYPES = {np.dtype("<f4"): pb.DTYPE_FLOAT32, np.dtype("<f8"): pb.DTYPE_FLOAT64}
+# The dtypes of region jobs (multiply_region): float16, float32, float64,
+# complex64 and complex128 (bfloat16 too when ml_dtypes is importable).
+_DTYPES = {np.dtype("<f4"): pb.DTYPE_FLOAT32, np.dtype("<f8"): pb.DTYPE_FLOAT64,
+           np.dtype("<f2"): pb.DTYPE_FLOAT16, np.dtype("<c8"): pb.DTYPE_COMPLEX64,
+           np.dtype("<c16"): pb.DTYPE_COMPLEX128}
+try:
+    import ml_dtypes as _ml_dtypes
+    _DTYPES[np.dtype(_ml_dtypes.bfloat16)] = pb.DTYPE_BFLOAT16
+except ImportError:  # bfloat16 needs ml_dtypes
+    pass
 _TYPESTRS = {"<f4": np.dtype("<f4"), "<f8": np.dtype("<f8")}
 # A memfd's seals: its size can never change (so the server needs no SIGBUS
 # guard for it, and this process cannot shrink it under the server), and no
@@ -447,7 +456,7 @@ class SharedMemoryRegion(_Region):
         return self._bytes
 
     def ndarray(self, shape, dtype=np.float64, offset=0, order="C"):
-        """A NumPy array of `shape` and `dtype` (float32 or float64 for jobs)
+        """A NumPy array of `shape` and `dtype` (one multiply_region takes)
         that is a view of the mapping, `offset` bytes from the memory's start,
         in C (row-major) or F (column-major) order. Writing it writes the
         shared memory the server reads; the server's results appear in it."""
@@ -658,16 +667,19 @@ class RegionMethods:
     dgmm.Client when the package is imported (see the end of the file)."""
 
     def multiply_region(self, a, d, out, side="right", backend="auto", timeout=None):
-        """Runs C = A·diag(d) (side="right") or diag(d)·A (side="left") on
-        registered memory and returns the job's dgmm.pb.JobStats.
+        """Runs C = A·diag(d) (side="right"), diag(d)·A (side="left") or, with
+        side="both" and d a pair (l, r), diag(l)·A·diag(r), on registered
+        memory and returns the job's dgmm.pb.JobStats.
 
         a, out: arrays in regions registered with this client, of one kind:
           NumPy views of SharedMemoryRegions (SharedMemoryRegion.ndarray), or
-          CUDA arrays of CudaIpcRegions. 2-D, float32 or float64, C- or
+          CUDA arrays of CudaIpcRegions. 2-D, float16, float32, float64,
+          complex64 or complex128 (bfloat16 with ml_dtypes), C- or
           Fortran-contiguous; out has a's shape, dtype and order. out may be
           a itself (in place); a partial overlap is INVALID_ARGUMENT.
-        d: 1-D; read by the server from a registered shared-memory region
-          when it lies in one and has a's dtype, else sent inline (converted
+        d: 1-D (side="both": each of l and r); read by the server from a
+          registered shared-memory region when it lies in one and has a's
+          dtype (for side="both": when both do), else sent inline (converted
           to a's dtype; a CUDA array is copied to the host first: the server
           takes no diagonal from IPC regions).
         timeout: seconds; None for no deadline. Not retried.
@@ -680,7 +692,8 @@ class RegionMethods:
         if len(shape) != 2:
             raise ValueError("dgmm: A must be 2-D, got shape %s" % (shape,))
         if dtype not in _DTYPES:
-            raise ValueError("dgmm: A must be little-endian float32 or float64, got %s" % dtype)
+            raise ValueError("dgmm: A must be little-endian float16, float32, float64, complex64, "
+                             "complex128 (or ml_dtypes.bfloat16), got %s" % dtype)
         if layout is None:
             raise ValueError("dgmm: A must be C- or Fortran-contiguous to be a region job")
         out_where, (o_ptr, o_bytes, o_dtype, o_shape, o_layout) = _describe(out)
@@ -707,23 +720,40 @@ class RegionMethods:
         header = pb.JobHeader(
             rows=rows, cols=cols, dtype=_DTYPES[dtype],
             layout=pb.LAYOUT_COL_MAJOR if layout == "F" else pb.LAYOUT_ROW_MAJOR,
-            side=_enum_value(side, _SIDES, "side"),
+            side=_enum_value(side, _ALL_SIDES, "side"),
             backend=backend_value(backend))
-        diagonal = self._region_diagonal(where, d, dtype, header)
+        refs = ()
+        if header.side == pb.SIDE_BOTH:
+            if not isinstance(d, (tuple, list)) or len(d) != 2:
+                raise ValueError("dgmm: side='both' takes the diagonals as a pair (l, r)")
+            left = self._region_diagonal(where, d[0], dtype, pb.JobHeader())
+            right = self._region_diagonal(where, d[1], dtype, pb.JobHeader())
+            if left is not None and right is not None:
+                refs = (("diagonal", left), ("right_diagonal", right))
+            else:  # both inline
+                for which, field in ((d[0], "diagonal"), (d[1], "right_diagonal")):
+                    scratch = pb.JobHeader()
+                    self._region_diagonal(where, which, dtype, scratch, inline=True)
+                    setattr(header, field, scratch.diagonal)
+        else:
+            diagonal = self._region_diagonal(where, d, dtype, header)
+            if diagonal is not None:
+                refs = (("diagonal", diagonal),)
+        # The header is copied into the request: made complete first.
         request = pb.MultiplyRegionRequest(header=header, matrix=matrix, result=result)
-        if diagonal is not None:
-            request.diagonal.CopyFrom(diagonal)
+        for field, ref in refs:
+            getattr(request, field).CopyFrom(ref)
         return _call(self, "MultiplyRegion", request, timeout, session).stats
 
-    def _region_diagonal(self, where, d, dtype, header):
+    def _region_diagonal(self, where, d, dtype, header, inline=False):
         """The diagonal's RegionRef when it lies in a registered shared-memory
-        region with the job's dtype; else None, with header.diagonal set (a
-        CUDA diagonal is copied to the host: the server reads diagonals only
-        inline or from host regions)."""
+        region with the job's dtype (and not `inline`); else None, with
+        header.diagonal set (a CUDA diagonal is copied to the host: the
+        server reads diagonals only inline or from host regions)."""
         if hasattr(d, "__cuda_array_interface__"):
             import cupy
             d = cupy.asnumpy(d)
-        elif isinstance(d, np.ndarray) and where == "host" and d.dtype == dtype and (
+        elif not inline and isinstance(d, np.ndarray) and where == "host" and d.dtype == dtype and (
                 d.ndim == 1 and d.flags.c_contiguous):
             ref = _find_ref(self, "host", d.__array_interface__["data"][0], d.nbytes)
             if ref is not None:
@@ -731,18 +761,22 @@ class RegionMethods:
         d = np.asarray(d)
         if d.ndim != 1:
             raise ValueError("dgmm: the diagonal must be 1-D, got shape %s" % (d.shape,))
-        if d.dtype.kind not in "biuf":
-            raise ValueError("dgmm: the diagonal must be real numbers, got %s" % d.dtype)
+        if d.dtype.kind not in ("biufc" if dtype.kind == "c" else "biuf") and d.dtype != dtype:
+            raise ValueError("dgmm: the diagonal must be %s numbers, got %s"
+                             % ("complex or real" if dtype.kind == "c" else "real", d.dtype))
         header.diagonal = np.ascontiguousarray(d, dtype=dtype).tobytes()
         return None
 
-    def multiply_region_refs(self, header, matrix, result, diagonal=None, timeout=None):
+    def multiply_region_refs(self, header, matrix, result, diagonal=None, timeout=None,
+                             right_diagonal=None):
         """The raw call: a dgmm.pb.JobHeader and dgmm.pb.RegionRefs
-        (region.ref(offset), or any region of this uid by name); returns
-        dgmm.pb.JobStats."""
+        (region.ref(offset), or any region of this uid by name; SIDE_BOTH's
+        right diagonal as `right_diagonal`); returns dgmm.pb.JobStats."""
         request = pb.MultiplyRegionRequest(header=header, matrix=matrix, result=result)
         if diagonal is not None:
             request.diagonal.CopyFrom(diagonal)
+        if right_diagonal is not None:
+            request.right_diagonal.CopyFrom(right_diagonal)
         return _call(self, "MultiplyRegion", request, timeout, _session(self, timeout)).stats
 
     def region_status(self, name="", timeout=None):

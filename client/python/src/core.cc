@@ -377,16 +377,26 @@ struct JobState {
 // One job: its buffers, its worker, its outcome.
 class Job {
  public:
+  // `right`: SIDE_BOTH's right diagonal (None otherwise); diagonal_dtype:
+  // the diagonals' DType (0: A's).
   Job(std::shared_ptr<dgmm::Client> client, py::object a, py::object d, py::object out,
       int64_t rows, int64_t cols, int dtype, bool col_major, int side, int backend, int mode,
-      py::object progress)
+      py::object progress, int diagonal_dtype, py::object right)
       : client_(std::move(client)),
-        a_(a, false, "A"), d_(d, false, "the diagonal"), out_(out, true, "out"),
+        a_(a, false, "A"),
+        d_(d, false, "the diagonal"),
+        out_(out, true, "out"),
         progress_(std::move(progress)) {
     job_.matrix = {a_.data(), rows, cols, static_cast<dgmm::v1::DType>(dtype),
                    col_major ? dgmm::v1::LAYOUT_COL_MAJOR : dgmm::v1::LAYOUT_ROW_MAJOR};
     job_.diagonal = d_.data();
     job_.diagonal_bytes = d_.size();
+    job_.diagonal_dtype = static_cast<dgmm::v1::DType>(diagonal_dtype);
+    if (!right.is_none()) {
+      right_ = std::make_unique<HeldBuffer>(right, false, "the right diagonal");
+      job_.right_diagonal = right_->data();
+      job_.right_diagonal_bytes = right_->size();
+    }
     job_.side = static_cast<dgmm::v1::Side>(side);
     job_.backend = static_cast<dgmm::v1::Backend>(backend);
     if (mode == 0) forced_ = dgmm::TransferMode::kUnary;
@@ -559,6 +569,7 @@ class Job {
 
   std::shared_ptr<dgmm::Client> client_;
   HeldBuffer a_, d_, out_;
+  std::unique_ptr<HeldBuffer> right_;  // SIDE_BOTH's right diagonal
   py::object progress_;
   dgmm::Job job_;
   std::optional<dgmm::TransferMode> forced_;
@@ -674,18 +685,21 @@ PYBIND11_MODULE(_core, m) {
              return Serialize(*info);
            })
       // MultiplyBatch: jobs as (a, d, out, rows, cols, dtype, col_major, side,
-      // backend) tuples, run in one call without the GIL; one (code,
+      // backend[, diagonal_dtype, right]) tuples (right: SIDE_BOTH's right
+      // diagonal or None), run in one call without the GIL; one (code,
       // message, stats bytes or None) per job, in order; the call's own
       // error is raised. Not cancellable by Ctrl-C (one call, no job token).
       .def("multiply_batch",
            [](dgmm::Client& c, const py::list& jobs) {
              std::vector<std::unique_ptr<HeldBuffer>> held;
              std::vector<dgmm::BatchItem> items;
-             held.reserve(3 * jobs.size());
+             held.reserve(4 * jobs.size());
              items.reserve(jobs.size());
              for (py::handle job : jobs) {
                const py::tuple t = py::reinterpret_borrow<py::tuple>(job);
-               if (t.size() != 9) throw py::value_error("dgmm: a batch job is a 9-tuple");
+               if (t.size() != 9 && t.size() != 11) {
+                 throw py::value_error("dgmm: a batch job is a 9- or 11-tuple");
+               }
                held.push_back(std::make_unique<HeldBuffer>(t[0], false, "A"));
                held.push_back(std::make_unique<HeldBuffer>(t[1], false, "the diagonal"));
                held.push_back(std::make_unique<HeldBuffer>(t[2], true, "out"));
@@ -701,6 +715,14 @@ PYBIND11_MODULE(_core, m) {
                item.job.diagonal_bytes = d.size();
                item.job.side = static_cast<dgmm::v1::Side>(t[7].cast<int>());
                item.job.backend = static_cast<dgmm::v1::Backend>(t[8].cast<int>());
+               if (t.size() == 11) {
+                 item.job.diagonal_dtype = static_cast<dgmm::v1::DType>(t[9].cast<int>());
+                 if (!t[10].is_none()) {
+                   held.push_back(std::make_unique<HeldBuffer>(t[10], false, "the right diagonal"));
+                   item.job.right_diagonal = held.back()->data();
+                   item.job.right_diagonal_bytes = held.back()->size();
+                 }
+               }
                item.out = out.data();
                item.out_bytes = out.size();
              }
@@ -734,13 +756,16 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Job>(m, "Job")
       .def(py::init([](std::shared_ptr<dgmm::Client> client, py::object a, py::object d,
                        py::object out, int64_t rows, int64_t cols, int dtype, bool col_major,
-                       int side, int backend, int mode, py::object progress) {
+                       int side, int backend, int mode, py::object progress, int diagonal_dtype,
+                       py::object right) {
              return std::make_unique<Job>(std::move(client), a, d, out, rows, cols, dtype,
-                                          col_major, side, backend, mode, std::move(progress));
+                                          col_major, side, backend, mode, std::move(progress),
+                                          diagonal_dtype, right);
            }),
            py::arg("client"), py::arg("a"), py::arg("d"), py::arg("out"), py::arg("rows"),
            py::arg("cols"), py::arg("dtype"), py::arg("col_major"), py::arg("side"),
-           py::arg("backend"), py::arg("mode"), py::arg("progress"))
+           py::arg("backend"), py::arg("mode"), py::arg("progress"), py::arg("diagonal_dtype") = 0,
+           py::arg("right") = py::none())
       .def("run", &Job::Run)
       .def("start", &Job::Start)
       .def("result", &Job::Result)

@@ -193,10 +193,37 @@ bool WithTypes(Scalar in, Scalar out, F&& f) {
   return false;
 }
 
+// Elements [begin, end) of a tile of `p` whose first line is `first_line`,
+// with `in` and `out` pointing at element `begin`; `diag` holds the
+// prepared diagonals (Problem::prepared_diag_bytes). Plain jobs take the
+// float32/float64 loops of ScaleRange, the others ScaleElements.
+void ScaleAnyAt(const Problem& p, const std::byte* diag, int64_t first_line, const std::byte* in,
+                std::byte* out, int64_t begin, int64_t end) {
+  if (p.plain()) {
+    ScaleRangeAt(p, diag, first_line, in, out, begin, end);
+    return;
+  }
+  const int64_t in_at = begin * static_cast<int64_t>(p.elem_size());
+  const int64_t out_at = begin * static_cast<int64_t>(p.out_elem_size());
+  ScaleArgs args;
+  args.in_type = p.dtype;
+  args.out_type = p.out_dtype();
+  // ScaleElements indexes from the tile's first element.
+  args.in = in - in_at;
+  args.out = out - out_at;
+  args.left = p.has_left() ? diag : nullptr;
+  args.right = p.two_sided() ? diag + p.right_diag_offset() : p.has_right() ? diag : nullptr;
+  args.left_per_line = p.left_per_line();
+  args.first_line = first_line;
+  args.line_len = p.line_len();
+  ScaleElements(args, begin, end);
+}
+
 class CpuJob : public JobContext {
  public:
+  // `diag`: the prepared diagonals (Device::Begin).
   CpuJob(const Problem& p, const std::byte* diag, ThreadPool* pool)
-      : problem_(p), diag_(diag, diag + p.diag_bytes()), pool_(pool) {}
+      : problem_(p), diag_(diag, diag + p.prepared_diag_bytes()), pool_(pool) {}
 
   absl::Status Process(const Tile& tile, const CancelFn& cancelled,
                        StageTimes* times) override {
@@ -204,8 +231,11 @@ class CpuJob : public JobContext {
     const absl::Time start = absl::Now();
     const int64_t n = tile.lines * problem_.line_len();
     if (tile.memory != nullptr) return ProcessThrough(tile, n, cancelled, start, times);
+    const int64_t in_elem = static_cast<int64_t>(problem_.elem_size());
+    const int64_t out_elem = static_cast<int64_t>(problem_.out_elem_size());
     pool_->ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
-      ScaleRange(problem_, diag_.data(), tile, b, e);
+      ScaleAnyAt(problem_, diag_.data(), tile.first_line, tile.in + b * in_elem,
+                 tile.out + b * out_elem, b, e);
     });
     if (times != nullptr) times->compute += absl::Now() - start;
     return absl::OkStatus();
@@ -216,6 +246,12 @@ class CpuJob : public JobContext {
   // and C cross memory once each, as in place.
   absl::Status ProcessThrough(const Tile& tile, int64_t n, const CancelFn& cancelled,
                               absl::Time start, StageTimes* times) {
+    // In place in the buffer: C has A's element size (the validator keeps
+    // C in A's dtype).
+    if (problem_.out_elem_size() != problem_.elem_size()) {
+      return absl::InvalidArgumentError(
+          "a job in process memory needs the result in the matrix's dtype");
+    }
     const int64_t elem = static_cast<int64_t>(problem_.elem_size());
     std::mutex mu;
     absl::Status first;
@@ -227,8 +263,8 @@ class CpuJob : public JobContext {
         const int64_t bytes = count * elem;
         absl::Status s = tile.memory->Read(buffer.data(), tile.in + at * elem, bytes);
         if (s.ok()) {
-          ScaleRangeAt(problem_, diag_.data(), tile.first_line, buffer.data(), buffer.data(), at,
-                       at + count);
+          ScaleAnyAt(problem_, diag_.data(), tile.first_line, buffer.data(), buffer.data(), at,
+                     at + count);
           s = tile.memory->Write(tile.out + at * elem, buffer.data(), bytes);
         }
         if (s.ok() && cancelled && cancelled()) s = absl::CancelledError("job cancelled");

@@ -257,11 +257,15 @@ int64_t CudaDevice::SlotBytes(JobMode mode, const Problem& p,
 
 int64_t CudaDevice::Footprint(const Problem& p, JobMode mode,
                               int64_t max_block_bytes) const {
-  if (mode == JobMode::kWhole) return 2 * p.matrix_bytes() + p.diag_bytes();
-  // In place in the client's device memory: the diagonal's copy alone.
-  if (mode == JobMode::kDeviceRegion) return p.diag_bytes();
+  // The diagonals are held widened to C's compute type (and, for
+  // SIDE_BOTH, both of them): prepared_diag_bytes.
+  if (mode == JobMode::kWhole) {
+    return p.matrix_bytes() + p.out_matrix_bytes() + p.prepared_diag_bytes();
+  }
+  // In place in the client's device memory: the diagonals' copy alone.
+  if (mode == JobMode::kDeviceRegion) return p.prepared_diag_bytes();
   return 2 * int64_t{pieces_in_flight_} * SlotBytes(mode, p, max_block_bytes) +
-         p.diag_bytes();
+         p.prepared_diag_bytes();
 }
 
 absl::StatusOr<std::unique_ptr<JobContext>> CudaDevice::Begin(

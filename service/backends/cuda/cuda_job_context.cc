@@ -83,15 +83,17 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
                                                   device_->pool_, s),
                           absl::StrFormat("cudaMallocFromPoolAsync(%d bytes)", bytes));
   };
-  if (auto st = alloc(&d_diag_, p_.diag_bytes()); !st.ok()) return st;
+  // The prepared diagonals (in C's compute type; SIDE_BOTH: both).
+  if (auto st = alloc(&d_diag_, p_.prepared_diag_bytes()); !st.ok()) return st;
   // A job on the client's device memory (kDeviceRegion) needs no slots.
   if (region_bytes() > 0) {
     if (auto st = alloc(&d_in_, region_bytes()); !st.ok()) return st;
     if (auto st = alloc(&d_out_, region_bytes()); !st.ok()) return st;
   }
-  if (auto st = device_->Check(cudaMemcpyAsync(d_diag_, diag, static_cast<size_t>(p_.diag_bytes()),
-                                               cudaMemcpyHostToDevice, s),
-                               "diagonal upload");
+  if (auto st = device_->Check(
+          cudaMemcpyAsync(d_diag_, diag, static_cast<size_t>(p_.prepared_diag_bytes()),
+                          cudaMemcpyHostToDevice, s),
+          "diagonal upload");
       !st.ok()) {
     return st;
   }
@@ -143,10 +145,46 @@ absl::Status CudaJobContext::LaunchOn(std::byte* in, std::byte* out, const Piece
   const int sms = device_->multiprocessors_;
   if (backend_ == BackendKind::kCublas) {
     cublasHandle_t h = device_->cublas_[stream_index];
-    return device_->Check(p_.dtype == DType::kFloat32
-                              ? LaunchCublasDgmm(h, MakeDeviceTile<float>(in, out, piece))
-                              : LaunchCublasDgmm(h, MakeDeviceTile<double>(in, out, piece)),
-                          "cublas<t>dgmm");
+    cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+    switch (p_.dtype) {
+      case DType::kFloat32:
+        st = LaunchCublasDgmm(h, MakeDeviceTile<float>(in, out, piece));
+        break;
+      case DType::kFloat64:
+        st = LaunchCublasDgmm(h, MakeDeviceTile<double>(in, out, piece));
+        break;
+      case DType::kComplex64:
+        st = LaunchCublasDgmm(h, MakeDeviceTile<Complex64>(in, out, piece));
+        break;
+      case DType::kComplex128:
+        st = LaunchCublasDgmm(h, MakeDeviceTile<Complex128>(in, out, piece));
+        break;
+      default:  // refused before the job started (CublasTakes)
+        break;
+    }
+    return device_->Check(st, "cublas<t>dgmm");
+  }
+  if (!p_.plain()) {
+    // Every other dtype, a promoted diagonal, SIDE_BOTH: the general
+    // kernel, with the prepared diagonals offset to this piece.
+    const int64_t k = static_cast<int64_t>(p_.compute_elem_size());
+    const std::byte* left = p_.has_left() ? d_diag_ : nullptr;
+    const std::byte* right = p_.two_sided()   ? d_diag_ + p_.right_diag_offset()
+                             : p_.has_right() ? d_diag_
+                                              : nullptr;
+    const bool left_per_line = p_.left_per_line();
+    if (left != nullptr) left += (left_per_line ? piece.first_line : piece.pos) * k;
+    if (right != nullptr) right += (left_per_line ? piece.pos : piece.first_line) * k;
+    const AnyScaleTile tile{.in_type = p_.dtype,
+                            .out_type = p_.out_dtype(),
+                            .in = in,
+                            .out = out,
+                            .left = left,
+                            .right = right,
+                            .left_per_line = left_per_line,
+                            .lines = piece.lines,
+                            .line_len = piece.line_len};
+    return device_->Check(LaunchScaleKernel(tile, sms, stream), "dgmm kernel launch");
   }
   return device_->Check(p_.dtype == DType::kFloat32
                             ? LaunchDgmmKernel(MakeDeviceTile<float>(in, out, piece), sms, stream)

@@ -11,7 +11,9 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <cmath>
+#include <complex>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
@@ -23,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "dgmm/client.h"
+#include "service/backends/scalar_types.h"
 #include "tests/support/files.h"
 
 namespace dgmm {
@@ -96,16 +99,98 @@ void Print(const Outcome& o) {
   std::fflush(stdout);
 }
 
-template <typename T>
-void RunTyped(const Struct& c, const std::string& target, Outcome* o) {
+// A case's element type: its wire name and size, complex or not, and how a
+// value is stored (float16 through the kernel layer's own conversion,
+// rounded to nearest).
+struct CaseDType {
+  v1::DType wire = v1::DTYPE_UNSPECIFIED;
+  size_t size = 0;
+  bool complex = false;
+  double tolerance = 0;  // relative, per element: a rounding or two of it
+};
+
+std::optional<CaseDType> CaseDTypeOf(const std::string& name) {
+  if (name == "float16") return CaseDType{v1::DTYPE_FLOAT16, 2, false, 2e-3};
+  if (name == "float32") return CaseDType{v1::DTYPE_FLOAT32, 4, false, 1e-6};
+  if (name == "float64") return CaseDType{v1::DTYPE_FLOAT64, 8, false, 1e-15};
+  if (name == "complex64") return CaseDType{v1::DTYPE_COMPLEX64, 8, true, 1e-6};
+  if (name == "complex128") return CaseDType{v1::DTYPE_COMPLEX128, 16, true, 4e-15};
+  return std::nullopt;
+}
+
+using Z = std::complex<double>;
+
+void Store(const CaseDType& t, Z v, std::byte* at) {
+  switch (t.wire) {
+    case v1::DTYPE_FLOAT16: {
+      const uint16_t h = FloatToHalfBits(static_cast<float>(v.real()));
+      std::memcpy(at, &h, 2);
+      return;
+    }
+    case v1::DTYPE_FLOAT32: {
+      const float f = static_cast<float>(v.real());
+      std::memcpy(at, &f, 4);
+      return;
+    }
+    case v1::DTYPE_FLOAT64: {
+      const double f = v.real();
+      std::memcpy(at, &f, 8);
+      return;
+    }
+    case v1::DTYPE_COMPLEX64: {
+      const float f[2] = {static_cast<float>(v.real()), static_cast<float>(v.imag())};
+      std::memcpy(at, f, 8);
+      return;
+    }
+    default: {
+      const double f[2] = {v.real(), v.imag()};
+      std::memcpy(at, f, 16);
+      return;
+    }
+  }
+}
+
+Z Load(const CaseDType& t, const std::byte* at) {
+  switch (t.wire) {
+    case v1::DTYPE_FLOAT16: {
+      uint16_t h;
+      std::memcpy(&h, at, 2);
+      return HalfBitsToFloat(h);
+    }
+    case v1::DTYPE_FLOAT32: {
+      float f;
+      std::memcpy(&f, at, 4);
+      return f;
+    }
+    case v1::DTYPE_FLOAT64: {
+      double f;
+      std::memcpy(&f, at, 8);
+      return f;
+    }
+    case v1::DTYPE_COMPLEX64: {
+      float f[2];
+      std::memcpy(f, at, 8);
+      return Z(f[0], f[1]);
+    }
+    default: {
+      double f[2];
+      std::memcpy(f, at, 16);
+      return Z(f[0], f[1]);
+    }
+  }
+}
+
+void RunTyped(const Struct& c, const CaseDType& t, const std::string& target, Outcome* o) {
   const int64_t rows = IntField(c, "rows", 0);
   const int64_t cols = IntField(c, "cols", 0);
   const std::string layout_name = StringField(c, "layout");
   const std::string side_name = StringField(c, "side");
   const v1::Layout layout = layout_name == "col" ? v1::LAYOUT_COL_MAJOR : v1::LAYOUT_ROW_MAJOR;
-  const v1::Side side = side_name == "left" ? v1::SIDE_LEFT : v1::SIDE_RIGHT;
+  const v1::Side side = side_name == "left"   ? v1::SIDE_LEFT
+                        : side_name == "both" ? v1::SIDE_BOTH
+                                              : v1::SIDE_RIGHT;
   if ((layout_name != "row" && layout_name != "col") ||
-      (side_name != "right" && side_name != "left")) {
+      (side_name != "right" && side_name != "left" && side_name != "both")) {
     o->status = absl::InvalidArgumentError(
         absl::StrCat("layout '", layout_name, "' or side '", side_name, "' is not valid"));
     return;
@@ -124,15 +209,16 @@ void RunTyped(const Struct& c, const std::string& target, Outcome* o) {
   if (const Value* d = Field(opts, "deadline_s"); d != nullptr && d->has_number_value()) {
     options.deadline = absl::Seconds(d->number_value());
   }
-  const size_t elem = sizeof(T);
+  const size_t elem = t.size;
   const int64_t lines = layout == v1::LAYOUT_COL_MAJOR ? cols : rows;
   const bool shape_ok = rows >= 1 && cols >= 1;
   const int64_t matrix_bytes = shape_ok ? rows * cols * static_cast<int64_t>(elem) : 0;
-  const int64_t diag_len = side == v1::SIDE_LEFT ? rows : cols;
+  const int64_t diag_len = side == v1::SIDE_RIGHT ? cols : rows;
+  const int64_t right_len = side == v1::SIDE_BOTH ? cols : 0;
   // What the policy plans, reported when the job fails.
   if (shape_ok) {
     o->stripes = ChooseStripes(matrix_bytes, lines, options.stripes);
-    o->mode = ChooseTransferMode(matrix_bytes + diag_len * static_cast<int64_t>(elem),
+    o->mode = ChooseTransferMode(matrix_bytes + (diag_len + right_len) * static_cast<int64_t>(elem),
                                  options.max_unary_message_bytes, options.chunk_bytes,
                                  matrix_bytes / lines);
   }
@@ -146,45 +232,66 @@ void RunTyped(const Struct& c, const std::string& target, Outcome* o) {
     o->status = client.status();
     return;
   }
-  // Random operands in [0.5, 2) from the seed; the output poisoned with NaN.
+  // Random operands in [0.5, 2) (both parts for complex) from the seed; the
+  // output poisoned with NaN.
   std::mt19937_64 rng(static_cast<uint64_t>(IntField(c, "seed", 1)));
   std::uniform_real_distribution<double> uniform(0.5, 2.0);
   const size_t n = shape_ok ? static_cast<size_t>(rows * cols) : 1;
-  std::vector<T> a(n), d(static_cast<size_t>(std::max<int64_t>(diag_len, 1)));
-  for (T& x : a) x = static_cast<T>(uniform(rng));
-  for (T& x : d) x = static_cast<T>(uniform(rng));
-  std::vector<T> out(n, std::numeric_limits<T>::quiet_NaN());
+  auto draw = [&](size_t count) {
+    std::vector<std::byte> v(std::max<size_t>(count, 1) * elem);
+    for (size_t i = 0; i < count; ++i) {
+      const double re = uniform(rng);
+      Store(t, Z(re, t.complex ? uniform(rng) : 0.0), v.data() + i * elem);
+    }
+    return v;
+  };
+  const std::vector<std::byte> a = draw(n);
+  const std::vector<std::byte> d = draw(static_cast<size_t>(std::max<int64_t>(diag_len, 0)));
+  const std::vector<std::byte> r = draw(static_cast<size_t>(right_len));
+  std::vector<std::byte> out(n * elem);
+  for (size_t i = 0; i < n; ++i) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    Store(t, Z(nan, nan), out.data() + i * elem);
+  }
   Job job;
-  job.matrix = {a.data(), rows, cols, elem == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64, layout};
+  job.matrix = {a.data(), rows, cols, t.wire, layout};
   job.diagonal = d.data();
   job.diagonal_bytes = static_cast<size_t>(std::max<int64_t>(diag_len, 0)) * elem;
+  if (side == v1::SIDE_BOTH) {
+    job.right_diagonal = r.data();
+    job.right_diagonal_bytes = static_cast<size_t>(right_len) * elem;
+  }
   job.side = side;
   job.backend = *backend;
-  absl::StatusOr<JobResult> r = (*client)->Multiply(job, out.data(), out.size() * elem);
-  if (!r.ok()) {
-    o->status = r.status();
-    o->attempts = AttemptsOf(r.status());
+  absl::StatusOr<JobResult> result = (*client)->Multiply(job, out.data(), out.size());
+  if (!result.ok()) {
+    o->status = result.status();
+    o->attempts = AttemptsOf(result.status());
     return;
   }
   o->status = absl::OkStatus();
-  o->mode = r->mode;
-  o->stripes = r->stripes;
-  o->attempts = r->attempts;
-  o->resumed = r->resumed;
-  o->placed_once = r->received_bytes == matrix_bytes;
-  // Element by element against float64.
-  const double tolerance = elem == 4 ? 1e-6 : 1e-15;
+  o->mode = result->mode;
+  o->stripes = result->stripes;
+  o->attempts = result->attempts;
+  o->resumed = result->resumed;
+  o->placed_once = result->received_bytes == matrix_bytes;
+  // Element by element against float64 (complex128).
   bool all_ok = true;
   double worst = 0;
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
       const size_t k =
           static_cast<size_t>(layout == v1::LAYOUT_ROW_MAJOR ? i * cols + j : j * rows + i);
-      const double ref = static_cast<double>(a[k]) *
-                         static_cast<double>(d[static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i)]);
-      const double got = static_cast<double>(out[k]);
-      const double abs_err = std::fabs(got - ref);
-      if (!(abs_err <= tolerance * std::fabs(ref))) all_ok = false;  // NaN fails too
+      const Z av = Load(t, a.data() + k * elem);
+      Z ref;
+      if (side == v1::SIDE_BOTH) {
+        ref = (Load(t, d.data() + static_cast<size_t>(i) * elem) * av) *
+              Load(t, r.data() + static_cast<size_t>(j) * elem);
+      } else {
+        ref = Load(t, d.data() + static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i) * elem) * av;
+      }
+      const double abs_err = std::abs(Load(t, out.data() + k * elem) - ref);
+      if (!(abs_err <= t.tolerance * std::abs(ref))) all_ok = false;  // NaN fails too
       if (!(abs_err <= worst)) worst = std::isnan(abs_err) ? INFINITY : abs_err;
     }
   }
@@ -206,10 +313,8 @@ int RunCase(const std::string& path, const std::string& target) {
   Outcome o;
   o.name = StringField(c, "name");
   const std::string dtype = StringField(c, "dtype");
-  if (dtype == "float32") {
-    RunTyped<float>(c, target, &o);
-  } else if (dtype == "float64") {
-    RunTyped<double>(c, target, &o);
+  if (const std::optional<CaseDType> t = CaseDTypeOf(dtype); t.has_value()) {
+    RunTyped(c, *t, target, &o);
   } else {
     o.status = absl::InvalidArgumentError(absl::StrCat("dtype '", dtype, "' is not valid"));
   }

@@ -41,18 +41,60 @@ function runVectors(file) {
   return failed.length ? 1 : 0;
 }
 
+// The case dtypes: the typed array holding each (float16 as its 16-bit
+// patterns, complex interleaved), and the relative error allowed per
+// element (a rounding or two of it).
+const DTYPES = {
+  float16: { Ctor: Uint16Array, parts: 1, rtol: 2e-3 },
+  float32: { Ctor: Float32Array, parts: 1, rtol: 1e-6 },
+  float64: { Ctor: Float64Array, parts: 1, rtol: 1e-15 },
+  complex64: { Ctor: Float32Array, parts: 2, rtol: 1e-6 },
+  complex128: { Ctor: Float64Array, parts: 2, rtol: 4e-15 },
+};
+
+function halfToNumber(h) {
+  const e = (h >> 10) & 0x1f;
+  const m = h & 0x3ff;
+  const sign = h & 0x8000 ? -1 : 1;
+  if (e === 31) return m ? NaN : sign * Infinity;
+  if (e === 0) return sign * m * 2 ** -24;
+  return sign * (1024 + m) * 2 ** (e - 25);
+}
+
+// A finite number in float16's range to the nearest binary16 (ties to even).
+function numberToHalf(x) {
+  const sign = x < 0 ? 0x8000 : 0;
+  const ax = Math.abs(x);
+  let lo = 0;
+  let hi = 0x7bff;
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >> 1;
+    if (halfToNumber(mid) <= ax) lo = mid; else hi = mid;
+  }
+  const below = ax - halfToNumber(lo);
+  const above = halfToNumber(lo + 1) - ax;
+  return sign | (above < below || (above === below && (lo & 1)) ? lo + 1 : lo);
+}
+
 async function runCase(file, target) {
   const c = JSON.parse(fs.readFileSync(file, 'utf8'));
   const opts = c.options || {};
   const out = { name: c.name, status: 'OK', mode: null, stripes: null, attempts: 0, checked: false, max_abs_err: null, message: '' };
-  const Ctor = c.dtype === 'float32' ? Float32Array : Float64Array;
+  const T = DTYPES[c.dtype];
+  if (!T) throw new Error(`dtype '${c.dtype}' is not valid`);
+  const { Ctor, parts } = T;
   const { rows, cols, side, layout } = c;
   const next = random(c.seed);
-  const a = new Ctor(rows * cols);
-  for (let i = 0; i < a.length; i++) a[i] = next();
-  const d = new Ctor(side === 'right' ? cols : rows);
-  for (let i = 0; i < d.length; i++) d[i] = next();
-  const result = new Ctor(rows * cols).fill(NaN); // Poisoned.
+  // Values in the storage: a half type's 16-bit pattern, else the number.
+  const draw = (n) => {
+    const v = new Ctor(n * parts);
+    for (let i = 0; i < v.length; i++) v[i] = Ctor === Uint16Array ? numberToHalf(next()) : next();
+    return v;
+  };
+  const a = draw(rows * cols);
+  const d = draw(side === 'right' ? cols : rows);
+  const r = side === 'both' ? draw(cols) : null;
+  const result = new Ctor(rows * cols * parts).fill(Ctor === Uint16Array ? 0x7e00 : NaN); // Poisoned.
   const client = dgmm.createClient(target, undefined, {
     loadBalancingPolicy: 'round_robin',
     retry: opts.max_attempts != null ? { maxAttempts: opts.max_attempts } : undefined,
@@ -61,8 +103,9 @@ async function runCase(file, target) {
   // result block adds its lines): the job's lines when none was placed twice.
   let linesPlaced = 0;
   try {
-    const done = await dgmm.multiply(client, a, rows, cols, d, side, {
+    const done = await dgmm.multiply(client, a, rows, cols, side === 'both' ? [d, r] : d, side, {
       layout,
+      dtype: c.dtype,
       backend: c.backend ?? 'auto',
       timeoutMs: opts.deadline_s != null ? opts.deadline_s * 1000 : undefined,
       stripes: opts.stripes,
@@ -77,14 +120,22 @@ async function runCase(file, target) {
       message: `group ${info.groupId || '-'}, ${info.resumed} resumed`,
       placed_once: linesPlaced === (layout === 'col' ? cols : rows) });
     if (done.result !== result) throw new Error("the result did not land in the caller's array");
-    const rtol = Ctor === Float32Array ? 1e-6 : 1e-15;
+    const rtol = T.rtol;
     let maxErr = 0;
     let ok = true;
+    // Element k as [re, im] (float64), and products in float64.
+    const load = (v, k) => (parts === 2 ? [v[2 * k], v[2 * k + 1]]
+      : [Ctor === Uint16Array ? halfToNumber(v[k]) : v[k], 0]);
+    const mul = (x, y) => [x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]];
     for (let i = 0; i < rows; i++) {
       for (let j = 0; j < cols; j++) {
         const idx = layout === 'col' ? j * rows + i : i * cols + j;
-        const want = a[idx] * (side === 'right' ? d[j] : d[i]); // float64 arithmetic
-        const err = Math.abs(result[idx] - want);
+        let want;
+        if (side === 'both') want = mul(mul(load(d, i), load(a, idx)), load(r, j));
+        else want = mul(load(a, idx), load(d, side === 'right' ? j : i));
+        const got = load(result, idx);
+        const err = Math.hypot(got[0] - want[0], got[1] - want[1]);
+        want = Math.hypot(want[0], want[1]);
         if (!(err <= rtol * Math.abs(want))) ok = false; // NaN fails too
         if (!(err <= maxErr)) maxErr = err;
       }

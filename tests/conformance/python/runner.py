@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 import dgmm  # noqa: E402
 from dgmm import client as policy  # noqa: E402
-from dgmm_server import reference as float64_reference, tolerance  # noqa: E402
+from dgmm_server import reference as float64_reference  # noqa: E402
 
 
 def run_vectors(path):
@@ -58,12 +58,23 @@ def run_case(path, target):
     opts = case.get("options") or {}
     out = {"name": case["name"], "status": "OK", "mode": None, "stripes": None, "attempts": 0,
            "checked": False, "max_abs_err": None, "message": ""}
-    dtype = np.float32 if case["dtype"] == "float32" else np.float64
+    dtype = np.dtype({"float16": "<f2", "float32": "<f4", "float64": "<f8", "complex64": "<c8",
+                      "complex128": "<c16"}[case["dtype"]])
     order = "F" if case["layout"] == "col" else "C"
     rows, cols, side = case["rows"], case["cols"], case["side"]
     rng = np.random.default_rng(case["seed"])
-    a = np.asarray(rng.uniform(-4, 4, (rows, cols)), dtype=dtype, order=order)
-    d = rng.uniform(-4, 4, cols if side == "right" else rows).astype(dtype)
+
+    def draw(shape):
+        x = rng.uniform(-4, 4, shape)
+        if dtype.kind == "c":
+            x = x + 1j * rng.uniform(-4, 4, shape)
+        return x.astype(dtype)
+
+    a = np.asarray(draw((rows, cols)), order=order)
+    if side == "both":
+        d = (draw(rows), draw(cols))
+    else:
+        d = draw(cols if side == "right" else rows)
     c = np.full((rows, cols), np.nan, dtype=dtype, order=order)  # Poisoned.
     retry = None
     if opts.get("max_attempts") is not None:
@@ -79,9 +90,19 @@ def run_case(path, target):
                    message="group %s, %d resumed" % (info.group_id or "-", info.resumed))
         if result is not c:
             raise AssertionError("the result did not land in the caller's array")
-        reference = float64_reference(a, d, side)
-        err = np.abs(c.astype(np.float64) - reference)
-        tol = tolerance(dtype) * np.abs(reference)
+        # float64 (complex128) from the inputs; per element, relative to
+        # |reference| (the modulus for complex), a rounding or two of C's dtype.
+        wide = np.complex128 if dtype.kind == "c" else np.float64
+        if side == "both":
+            reference = (d[0].astype(wide)[:, None] * a.astype(wide)) * d[1].astype(wide)
+        elif dtype.kind == "c":
+            a_w, d_w = a.astype(wide), d.astype(wide)
+            reference = a_w * d_w if side == "right" else d_w[:, None] * a_w
+        else:
+            reference = float64_reference(a, d, side)
+        err = np.abs(c.astype(wide) - reference)
+        tol = {2: 2e-3, 4: 1e-6, 8: 1e-6 if dtype.kind == "c" else 1e-15, 16: 4e-15}[
+            dtype.itemsize] * np.abs(reference)
         max_err = float(np.max(err)) if err.size else 0.0
         out["max_abs_err"] = max_err if math.isfinite(max_err) else str(max_err)
         out["checked"] = bool(np.all(np.isfinite(c)) and np.all(err <= tol))

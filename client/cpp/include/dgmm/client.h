@@ -58,7 +58,8 @@
 
 namespace dgmm {
 
-// Bytes per element of `dtype`: 4 for float32, 8 for float64, 0 otherwise.
+// Bytes per element of `dtype`: 2 for float16 and bfloat16, 4 for float32, 8
+// for float64 and complex64, 16 for complex128, 0 otherwise.
 size_t ElementSize(v1::DType dtype);
 
 // Called as a job's payload moves: matrix bytes sent so far, result bytes
@@ -239,14 +240,24 @@ struct MatrixView {
 // dimension, an unknown dtype or a size that overflows.
 absl::StatusOr<size_t> MatrixBytes(const MatrixView& matrix);
 
-// One multiplication. The diagonal has cols elements of the matrix's dtype
-// for SIDE_RIGHT and rows for SIDE_LEFT (the server checks its length).
+// One multiplication. The diagonal has cols elements for SIDE_RIGHT and
+// rows for SIDE_LEFT, of `diagonal_dtype` (unspecified: the matrix's); for
+// SIDE_BOTH `diagonal` is the left one (rows elements) and
+// `right_diagonal` the right one (cols elements): C = diag(l)·A·diag(r).
+// The server checks the lengths. The result C has A's shape and layout and
+// the result dtype (`result_dtype`, unspecified: NumPy's result type of A
+// and d); the server computes results in A's dtype (docs/protocol.md
+// "Element types"), so C's buffer is A's size.
 struct Job {
   MatrixView matrix;
   const void* diagonal = nullptr;
   size_t diagonal_bytes = 0;
   v1::Side side = v1::SIDE_RIGHT;
   v1::Backend backend = v1::BACKEND_AUTO;
+  const void* right_diagonal = nullptr;
+  size_t right_diagonal_bytes = 0;
+  v1::DType diagonal_dtype = v1::DTYPE_UNSPECIFIED;
+  v1::DType result_dtype = v1::DTYPE_UNSPECIFIED;
 };
 
 using HealthState = grpc::health::v1::HealthCheckResponse::ServingStatus;

@@ -1,10 +1,14 @@
-// Reading and writing NumPy .npy files of float32 and float64 arrays.
+// Reading and writing NumPy .npy files of dgmm's element types.
 //
 // Supports format versions 1.0, 2.0 (4-byte header length) and 3.0 (UTF-8
 // header) on read; writes 1.0 unless asked for 2.0. Arrays are 1-D (a
-// diagonal) or 2-D (a matrix), little-endian float32 ('<f4') or float64
-// ('<f8'), in C (row-major) or Fortran (column-major) order. Anything else is
-// rejected with INVALID_ARGUMENT naming what was found and what is accepted.
+// diagonal) or 2-D (a matrix), little-endian float16 ('<f2'), float32
+// ('<f4'), float64 ('<f8'), complex64 ('<c8'), complex128 ('<c16') or
+// bfloat16, which np.save writes for an ml_dtypes.bfloat16 array as a 2-byte
+// void ('<V2' or '|V2'; read as bfloat16, written as '<V2': np.load gives a
+// void array, .view(ml_dtypes.bfloat16) makes it bfloat16 again), in C
+// (row-major) or Fortran (column-major) order. Anything else is rejected
+// with INVALID_ARGUMENT naming what was found and what is accepted.
 #ifndef DGMM_CLIENT_CPP_INCLUDE_DGMM_NPY_H_
 #define DGMM_CLIENT_CPP_INCLUDE_DGMM_NPY_H_
 

@@ -166,6 +166,13 @@ struct RegionJob {
   const void* diagonal = nullptr;
   size_t diagonal_bytes = 0;
   std::optional<v1::RegionRef> diagonal_ref;
+  // SIDE_BOTH: the right diagonal, inline or (with diagonal_ref) in a
+  // region; and the diagonals' and the result's dtypes (Job's).
+  const void* right_diagonal = nullptr;
+  size_t right_diagonal_bytes = 0;
+  std::optional<v1::RegionRef> right_diagonal_ref;
+  v1::DType diagonal_dtype = v1::DTYPE_UNSPECIFIED;
+  v1::DType result_dtype = v1::DTYPE_UNSPECIFIED;
 };
 
 // A place in this process's own memory, for a session granted process
