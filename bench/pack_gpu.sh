@@ -32,8 +32,9 @@ ENV
 fi
 "$root/bench/prune_gpu_pack.sh" .gpu > /dev/null
 rm -rf .gpu/build/python-venv .gpu/build/python/setuptools .gpu/build/python/dgmm/_core.cpython-311*
-find .gpu/build/tests/gpu .gpu/build/bench -maxdepth 1 -type f -perm -u+x ! -name '*.sh' \
-  ! -name '*.py' ! -name iperf3 2>/dev/null | while read -r f; do
+{ find .gpu/build/tests/gpu .gpu/build/bench -maxdepth 1 -type f -perm -u+x ! -name '*.sh' \
+    ! -name '*.py' ! -name iperf3 2>/dev/null
+  find .gpu/build/tests -type f -perm -u+x -name '*_gpu_test' 2>/dev/null; } | sort -u | while read -r f; do
   [[ $(basename "$f") =~ $keep ]] || rm -f "$f"
 done
 mkdir -p .gpu/lib

@@ -8,6 +8,6 @@
 set -euo pipefail
 dest=${1:-.gpu}
 rm -rf "$dest/build/fuzz-build" "$dest/build/tests/deploy/k8s_schema" "$dest/build/tests/node"
-find "$dest/build/tests" -type f -perm -u+x ! -path "*/tests/gpu/*" ! -name '*.py' ! -name '*.sh' -delete
+find "$dest/build/tests" -type f -perm -u+x ! -path "*/tests/gpu/*" ! -name '*_gpu_test' ! -name '*.py' ! -name '*.sh' -delete
 find "$dest/build" -type d -name CMakeFiles -prune -exec rm -rf {} +
 du -sh "$dest"
