@@ -13,24 +13,14 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
 import sys
-import time
 
 import numpy as np
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 from dgmm_server import ServerProcess  # noqa: E402
-
-
-def median_ms(fn, reps):
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+from user_path_bench import median_ms  # noqa: E402  (bench/, beside this file)
 
 
 def main():

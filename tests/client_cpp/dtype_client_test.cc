@@ -94,20 +94,6 @@ constexpr v1::DType WireOf<Complex128>() {
   return v1::DTYPE_COMPLEX128;
 }
 
-// A diagonal value of TD widened to TC's compute type by the reference's
-// own decoding (not the server's Widen).
-template <typename TC, typename TD>
-Compute<TC> RefWiden(TD d) {
-  const auto k = ref::To<typename ref::RefCompute<TC>::type>(d);
-  if constexpr (std::is_same_v<decltype(k), const ref::C64>) {
-    return Complex64{k.re, k.im};
-  } else if constexpr (std::is_same_v<decltype(k), const ref::C128>) {
-    return Complex128{k.re, k.im};
-  } else {
-    return k;
-  }
-}
-
 enum class Route {
   kUnary,
   kStream,
@@ -209,14 +195,14 @@ struct Case {
         const Compute<TC>* lp = nullptr;
         const Compute<TC>* rp = nullptr;
         if (side == v1::SIDE_LEFT || side == v1::SIDE_BOTH) {
-          lk = RefWiden<TC>(l[static_cast<size_t>(i)]);
+          lk = ref::RefWiden<TC>(l[static_cast<size_t>(i)]);
           lp = &lk;
         }
         if (side == v1::SIDE_RIGHT) {
-          rk = RefWiden<TC>(l[static_cast<size_t>(j)]);
+          rk = ref::RefWiden<TC>(l[static_cast<size_t>(j)]);
           rp = &rk;
         } else if (side == v1::SIDE_BOTH) {
-          rk = RefWiden<TC>(r[static_cast<size_t>(j)]);
+          rk = ref::RefWiden<TC>(r[static_cast<size_t>(j)]);
           rp = &rk;
         }
         const TC want = ref::Element<TA, TC>(a[static_cast<size_t>(at)], lp, rp);

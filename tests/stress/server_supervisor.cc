@@ -10,7 +10,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -50,15 +49,9 @@ absl::Status ServerSupervisor::Start(absl::Duration timeout) {
   const std::string port_file = dir_ + "/port";
   std::remove(port_file.c_str());
   std::vector<std::string> args = {binary_, "--listen=" + address_, "--port_file=" + port_file};
-  // The server's default serves regions, and a client on this host then
-  // takes the same-host path; the load runs over the gRPC socket unless the
-  // flags ask for regions.
-  if (std::none_of(flags_.begin(), flags_.end(), [](const std::string& f) {
-        return f.rfind("--allow_regions", 0) == 0 || f.rfind("--noallow_regions", 0) == 0;
-      })) {
-    args.push_back("--allow_regions=false");
-  }
-  args.insert(args.end(), flags_.begin(), flags_.end());
+  // The load runs over the gRPC socket unless the flags ask for regions.
+  const std::vector<std::string> flags = testing::RegionsOffUnlessAsked(flags_);
+  args.insert(args.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

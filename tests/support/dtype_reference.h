@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -362,6 +363,20 @@ struct Pair {
 
 // Every (A, C) pair the kernels take: the six types with themselves, then each
 // narrower A with every wider C that NumPy's result_type can give.
+// A diagonal value of TD widened to TC's compute type by the reference's
+// own decoding (not the server's Widen), as the kernels take it.
+template <typename TC, typename TD>
+Compute<TC> RefWiden(TD d) {
+  const auto k = To<typename RefCompute<TC>::type>(d);
+  if constexpr (std::is_same_v<decltype(k), const C64>) {
+    return Complex64{k.re, k.im};
+  } else if constexpr (std::is_same_v<decltype(k), const C128>) {
+    return Complex128{k.re, k.im};
+  } else {
+    return k;
+  }
+}
+
 using AllPairs = ::testing::Types<
     Pair<Half, Half>, Pair<BFloat16, BFloat16>, Pair<float, float>, Pair<double, double>,
     Pair<Complex64, Complex64>, Pair<Complex128, Complex128>, Pair<Half, float>,

@@ -28,6 +28,14 @@ std::string FromEnvOr(const char* name, const char* fallback) {
 
 }  // namespace
 
+std::vector<std::string> RegionsOffUnlessAsked(std::vector<std::string> flags) {
+  const bool named = std::any_of(flags.begin(), flags.end(), [](const std::string& f) {
+    return f.rfind("--allow_regions", 0) == 0 || f.rfind("--noallow_regions", 0) == 0;
+  });
+  if (!named) flags.insert(flags.begin(), "--allow_regions=false");
+  return flags;
+}
+
 std::string ServerBinary() { return FromEnvOr("DGMM_SERVER_BIN", DGMM_SERVER_BIN); }
 std::string CliBinary() { return FromEnvOr("DGMM_CLI_BIN", DGMM_CLI_BIN); }
 
@@ -43,12 +51,7 @@ ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int open_file
   const std::string log_file = dir_ + "/server.log";
   std::vector<std::string> args = {ServerBinary(), "--listen=127.0.0.1:0",
                                    "--port_file=" + port_file};
-  const bool names_regions = std::any_of(extra_flags.begin(), extra_flags.end(), [](auto& f) {
-    return f.rfind("--allow_regions", 0) == 0 || f.rfind("--noallow_regions", 0) == 0;
-  });
-  if (regions == Regions::kOffUnlessAsked && !names_regions) {
-    args.push_back("--allow_regions=false");
-  }
+  if (regions == Regions::kOffUnlessAsked) extra_flags = RegionsOffUnlessAsked(extra_flags);
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
 
   pid_ = fork();

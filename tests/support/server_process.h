@@ -60,6 +60,12 @@ class ServerProcess {
   std::string dir_;
 };
 
+// `flags` after --allow_regions=false, unless they name --allow_regions: the
+// server's default serves regions, and a client on this host then takes
+// the same-host path, so a server for tests of the gRPC socket keeps the
+// socket unless the test asks for regions.
+std::vector<std::string> RegionsOffUnlessAsked(std::vector<std::string> flags);
+
 // A loopback port that was free a moment ago (bound, read, released). A
 // server binds it with SO_REUSEADDR, so it gets it back after a SIGKILL too.
 int FreeLoopbackPort();

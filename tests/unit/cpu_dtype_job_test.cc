@@ -39,18 +39,6 @@ class CopyingMemory : public TileMemory {
   mutable std::atomic<int> reads_{0}, writes_{0};
 };
 
-template <typename TC, typename TD>
-Compute<TC> RefWiden(TD d) {
-  const auto k = ref::To<typename ref::RefCompute<TC>::type>(d);
-  if constexpr (std::is_same_v<decltype(k), const ref::C64>) {
-    return Complex64{k.re, k.im};
-  } else if constexpr (std::is_same_v<decltype(k), const ref::C128>) {
-    return Complex128{k.re, k.im};
-  } else {
-    return k;
-  }
-}
-
 enum class How { kTiles, kInPlace, kThrough };
 
 // A job of TA with diagonals of TD (C in TA) run `how`; "" or the first
@@ -106,11 +94,11 @@ std::string Run(int64_t rows, int64_t cols, Layout layout, Side side, How how, u
       const Compute<TA>* lp = nullptr;
       const Compute<TA>* rp = nullptr;
       if (side != Side::kRight) {
-        lk = RefWiden<TA>(l[static_cast<size_t>(i)]);
+        lk = ref::RefWiden<TA>(l[static_cast<size_t>(i)]);
         lp = &lk;
       }
       if (side != Side::kLeft) {
-        rk = RefWiden<TA>(side == Side::kBoth ? r[static_cast<size_t>(j)]
+        rk = ref::RefWiden<TA>(side == Side::kBoth ? r[static_cast<size_t>(j)]
                                               : l[static_cast<size_t>(j)]);
         rp = &rk;
       }

@@ -315,9 +315,8 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode, absl
               : job.side == v1::SIDE_BOTH ? "both"
                                           : "right",
               FormatBytes(bytes).c_str());
-  std::printf("mode:       %s, %d stripe%s, %d attempt%s\n", mode,
-              result.stripes, result.stripes == 1 ? "" : "s", result.attempts,
-              result.attempts == 1 ? "" : "s");
+  std::printf("mode:       %s, %d stripe%s, %d attempt%s\n", mode, result.stripes,
+              result.stripes == 1 ? "" : "s", result.attempts, result.attempts == 1 ? "" : "s");
   std::printf("backend:    %s on %s\n", BackendName(s.backend()).c_str(), s.device().c_str());
   std::printf(
       "timings:    queue wait %.3f ms, h2d %.3f ms, compute %.3f ms, d2h %.3f ms, "
@@ -442,46 +441,6 @@ bool SameFile(const std::string& a, const std::string& b) {
          sa.st_ino == sb.st_ino;
 }
 
-// Memory from dgmm::AllocateHostMemory (huge pages), freed when destroyed.
-class HostBuffer {
- public:
-  explicit HostBuffer(size_t bytes) : bytes_(bytes), data_(AllocateHostMemory(bytes)) {}
-  ~HostBuffer() { FreeHostMemory(data_, bytes_); }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  char* data() const { return static_cast<char*>(data_); }
-
- private:
-  size_t bytes_;
-  void* data_;
-};
-
-// Writes `header` and `bytes` of data to a new file `path` (replacing one
-// that is there).
-absl::Status WriteNewNpy(const std::string& path, const NpyHeader& header, const char* data,
-                         size_t bytes) {
-  const std::string head = EncodeNpyHeader(header);
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat(path, ": ", std::strerror(errno)));
-  const auto put = [fd](const char* p, size_t n) {
-    while (n > 0) {
-      const ssize_t w = write(fd, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return false;
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-    return true;
-  };
-  const bool ok = put(head.data(), head.size()) && put(data, bytes);
-  const int error = errno;
-  if (close(fd) != 0 || !ok) {
-    return absl::UnavailableError(
-        absl::StrCat("writing ", path, ": ", std::strerror(ok ? errno : error)));
-  }
-  return absl::OkStatus();
-}
-
 // The same-host path with files in process memory: A's .npy is mapped, and
 // the server copies from it itself. C: an existing file of the same array
 // is mapped and overwritten in place (removed if the job fails); else the
@@ -509,12 +468,12 @@ std::optional<MappedRun> RunMappedFiles(Client& client, const Job& like, const N
   if (!a.ok()) return std::nullopt;
   absl::StatusOr<std::unique_ptr<MappedNpy>> c = MappedNpy::Reuse(out_path, header);
   const bool in_place = c.ok();
-  std::unique_ptr<HostBuffer> fresh;
+  HostMemoryPtr fresh;  // C of a new file: on huge pages, written out after the job
   if (!in_place) {
-    fresh = std::make_unique<HostBuffer>(bytes);
-    if (fresh->data() == nullptr) return std::nullopt;
+    fresh = HostMemoryPtr(AllocateHostMemory(bytes), HostMemoryDeleter{bytes});
+    if (fresh == nullptr) return std::nullopt;
   }
-  char* const c_data = in_place ? (*c)->data() : fresh->data();
+  char* const c_data = in_place ? (*c)->data() : static_cast<char*>(fresh.get());
   MappedRun run;
   run.new_file = !in_place;
   const absl::Time mapped = absl::Now();
@@ -532,7 +491,7 @@ std::optional<MappedRun> RunMappedFiles(Client& client, const Job& like, const N
     if (!run.result.ok()) unlink(out_path.c_str());
   } else if (run.result.ok()) {
     const std::string temporary = absl::StrCat(out_path, ".dgmm-", getpid(), ".tmp");
-    absl::Status written = WriteNewNpy(temporary, header, c_data, bytes);
+    absl::Status written = WriteNpy(temporary, header, c_data, bytes);
     if (written.ok() && rename(temporary.c_str(), out_path.c_str()) != 0) {
       written = absl::UnavailableError(
           absl::StrCat("rename ", temporary, " to ", out_path, ": ", std::strerror(errno)));
