@@ -518,6 +518,38 @@ class SmallBudgetTest(SameHostTestCase):
         self.check(a, before, d, "right")
 
 
+# A job long enough to be cancelled mid-way on the CPU server: 484 MB in place
+# (the module's server has a region budget of 512 MiB).
+LONG_N = 11000
+# A child with one long job on dgmm arrays, in place: SIGINT once the server
+# runs it; then one small job on the same client.
+CTRL_C_ARRAYS_CHILD = textwrap.dedent("""
+    import sys, numpy as np, dgmm
+    n = int(sys.argv[2])
+    client = dgmm.Client(sys.argv[1])
+    a = dgmm.empty((n, n), np.float32, client=client)
+    a[:] = 1.5
+    d = np.full(n, 2.0, np.float32)
+    print("ready", flush=True)
+    try:
+        client.multiply(a, d, out=a)
+        print("finished", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    small = dgmm.asarray(np.ones((30, 20)), client=client)
+    c, info = client.multiply(small, np.full(20, 3.0), out=small, return_info=True)
+    print("after", info.mode, bool((c == 3.0).all()), flush=True)
+""")
+
+
+def completed_jobs(client):
+    return sum(d.completed_jobs for d in client.server_info().devices)
+
+
+def running_jobs(client):
+    return sum(d.running_jobs + d.queued_jobs for d in client.server_info().devices)
+
+
 class ArraysTest(SameHostTestCase):
     def region_jobs(self, array):
         region = dgmm.region_of(array)
@@ -684,6 +716,74 @@ class ArraysTest(SameHostTestCase):
         c, info = self.client.multiply(a, d, return_info=True)
         self.assertEqual(info.mode, "unary")
         self.check(c, a, d, "right")
+
+    def long_job_started(self, until):
+        """Waits (up to 30 s) until the server runs or queues a job, or until()."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if running_jobs(self.observer) > 0:
+                return True
+            if until():
+                return False
+        return False
+
+    def test_ctrl_c_cancels_a_job_on_dgmm_arrays(self):
+        # The call is made by the C++ client on the main thread; SIGINT
+        # cancels it on the server (the job does not complete), raises
+        # KeyboardInterrupt, and leaves the client usable. A job that ended
+        # before the signal came is not a test of that: up to 3 tries.
+        outcomes = []
+        for _ in range(3):
+            before = completed_jobs(self.observer)
+            child = subprocess.Popen([sys.executable, "-c", CTRL_C_ARRAYS_CHILD, self.address,
+                                      str(LONG_N)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+            try:
+                self.assertEqual(child.stdout.readline().strip(), "ready")
+                self.assertTrue(self.long_job_started(lambda: child.poll() is not None),
+                                "the child's job never ran")
+                child.send_signal(signal.SIGINT)
+                out, err = child.communicate(timeout=60)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+            lines = out.split()
+            outcomes.append(lines[0] if lines else err)
+            if lines[:1] != ["interrupted"]:
+                continue
+            self.assertEqual(out.split("\n")[1], "after shm True", out + err)
+            self.assertEqual(child.returncode, 0, err)
+            # Only the small job completed: the long one was cancelled.
+            self.assertEqual(completed_jobs(self.observer), before + 1)
+            return
+        self.fail("no try was interrupted mid-job: %s" % outcomes)
+
+    def test_cancelling_the_task_cancels_a_job_on_dgmm_arrays(self):
+        n = LONG_N
+        before = completed_jobs(self.observer)
+
+        async def main():
+            async with dgmm.aio.Client(self.address) as client:
+                a = dgmm.empty((n, n), np.float32, client=client.sync)
+                a[:] = 1.5
+                task = asyncio.ensure_future(client.multiply(a, np.ones(n, np.float32), out=a))
+                while running_jobs(self.observer) == 0 and not task.done():
+                    await asyncio.sleep(0.001)
+                if task.done():
+                    return "finished"
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    return "cancelled"
+                return "finished"
+        outcome = asyncio.run(main())
+        if outcome == "finished":
+            self.skipTest("the job ended before it could be cancelled")
+        self.assertEqual(outcome, "cancelled")
+        self.assertTrue(wait_until(lambda: running_jobs(self.observer) == 0, 10))
+        self.assertEqual(completed_jobs(self.observer), before)
 
     def test_asyncio_client(self):
         async def main():

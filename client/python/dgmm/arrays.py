@@ -386,7 +386,7 @@ class _RegionJob:
         self._done = threading.Event()
         self._callbacks = []
         self._cancelled = False
-        self._future = None
+        self._core_call = None
         self._core_job = None
         self._started = False
         self._outcome = None
@@ -415,9 +415,9 @@ class _RegionJob:
     def cancel(self):
         with self._lock:
             self._cancelled = True
-            future, core_job = self._future, self._core_job
-        if future is not None:
-            future.cancel()
+            core_call, core_job = self._core_call, self._core_job
+        if core_call is not None:
+            core_call.cancel()
         if core_job is not None:
             core_job.cancel()
 
@@ -505,27 +505,24 @@ class _RegionJob:
         return self._through_core(c, reason)
 
     def _call(self, request):
+        """The MultiplyRegion call, through the C++ client's channel
+        (_core.RegionCall: made on this thread without the GIL; cancel() and,
+        on the main thread, Ctrl-C end it)."""
         client = self._client
-        try:
-            future = client._stub.MultiplyRegion.future(
-                request, timeout=self._timeout, metadata=self._session.metadata(client._metadata))
-        except grpc.RpcError as e:
-            raise DgmmError.from_rpc_error(e) from None
+        core = client._core_for(self._timeout, None)
+        call = _core.RegionCall(core)
         with self._lock:
-            self._future = future
+            self._core_call = call
             cancelled = self._cancelled
         if cancelled:
-            future.cancel()
+            call.cancel()  # It ends as it starts.
         try:
-            return future.result().stats
-        except grpc.FutureCancelledError:
+            stats = call.run(request.SerializeToString(), self._session.metadata(),
+                             self._timeout)
+        except _core.Error as e:
             self._check_cancelled()
-            raise DgmmError(grpc.StatusCode.CANCELLED, "dgmm: the job was cancelled") from None
-        except grpc.RpcError as e:
-            raise DgmmError.from_rpc_error(e) from None
-        except KeyboardInterrupt:
-            future.cancel()
-            raise
+            raise _error(e) from None
+        return pb.JobStats.FromString(stats)
 
     def _through_core(self, c, reason):
         """The job on the C++ client's path (same-host staging or the socket)."""

@@ -55,6 +55,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "dgmm/client.h"
+#include "dgmm/grpc_status.h"
 
 namespace py = pybind11;
 
@@ -583,6 +584,75 @@ class Job {
   std::shared_ptr<JobState> state_ = std::make_shared<JobState>();
 };
 
+// One MultiplyRegion call of the package's region jobs (dgmm/arrays.py: A
+// and out in regions this process registered), on a C++ client's channel:
+// the serialized request in, the serialized JobStats out, made on the
+// calling thread without the GIL. cancel() (any thread) and, on the main
+// thread, Ctrl-C cancel it, as for Job.run(). grpcio's future path, which
+// this replaces, started a thread per call: about half a millisecond of a
+// 10 ms job on pinned memory.
+class RegionCall {
+ public:
+  explicit RegionCall(std::shared_ptr<dgmm::Client> client)
+      : client_(std::move(client)), token_(nullptr, 0) {}
+  RegionCall(const RegionCall&) = delete;
+  RegionCall& operator=(const RegionCall&) = delete;
+
+  // `metadata`: (key, value) pairs added to the call's own (the session's);
+  // `timeout`: seconds or None.
+  py::bytes Run(const py::bytes& request_bytes,
+                const std::vector<std::pair<std::string, std::string>>& metadata,
+                const py::object& timeout) {
+    if (started_) throw py::value_error("dgmm: the region call was made already");
+    started_ = true;
+    dgmm::v1::MultiplyRegionRequest request;
+    if (!request.ParseFromString(std::string(request_bytes))) {
+      throw py::value_error("dgmm: not a serialized MultiplyRegionRequest");
+    }
+    const absl::Time deadline =
+        timeout.is_none() ? absl::InfiniteFuture()
+                          : absl::Now() + absl::Milliseconds(ToMs(timeout.cast<double>()));
+    const bool main = PyThread_get_thread_ident() == sigint::main_thread;
+    absl::Status failure;
+    std::optional<int64_t> pushback;
+    dgmm::v1::MultiplyRegionResponse response;
+    {
+      py::gil_scoped_release release;
+      grpc::ClientContext context;
+      failure = client_->PrepareCall(&context, deadline);
+      if (failure.ok()) {
+        for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
+        const bool chained = main && sigint::Begin(&token_);
+        // A cancel() from now on TryCancels the context (before the call
+        // starts too: gRPC cancels it as it starts).
+        if (token_.Add(&context)) context.TryCancel();
+        const grpc::Status status = client_->stub()->MultiplyRegion(&context, request, &response);
+        token_.Remove(&context);
+        if (chained) sigint::End();
+        if (!status.ok()) {
+          failure = dgmm::FromGrpcStatus(status);
+          const auto& trailers = context.GetServerTrailingMetadata();
+          auto it = trailers.find("grpc-retry-pushback-ms");
+          int64_t ms = 0;
+          if (it != trailers.end() &&
+              absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms)) {
+            pushback = ms;
+          }
+        }
+      }
+    }
+    if (main && PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (!failure.ok()) Raise(failure, 1, pushback);
+    return Serialize(response.stats());
+  }
+  void Cancel() { token_.Cancel(); }
+
+ private:
+  std::shared_ptr<dgmm::Client> client_;
+  JobToken token_;
+  bool started_ = false;
+};
+
 absl::Duration Seconds(const py::object& value, absl::Duration none) {
   if (value.is_none()) return none;
   return absl::Milliseconds(ToMs(value.cast<double>()));
@@ -752,6 +822,12 @@ PYBIND11_MODULE(_core, m) {
         if (!state.ok()) Raise(state.status());
         return static_cast<int>(*state);
       });
+
+  py::class_<RegionCall>(m, "RegionCall")
+      .def(py::init<std::shared_ptr<dgmm::Client>>(), py::arg("client"))
+      .def("run", &RegionCall::Run, py::arg("request"), py::arg("metadata"),
+           py::arg("timeout") = py::none())
+      .def("cancel", &RegionCall::Cancel);
 
   py::class_<Job>(m, "Job")
       .def(py::init([](std::shared_ptr<dgmm::Client> client, py::object a, py::object d,

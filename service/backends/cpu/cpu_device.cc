@@ -225,19 +225,30 @@ class CpuJob : public JobContext {
   CpuJob(const Problem& p, const std::byte* diag, ThreadPool* pool)
       : problem_(p), diag_(diag, diag + p.prepared_diag_bytes()), pool_(pool) {}
 
-  absl::Status Process(const Tile& tile, const CancelFn& cancelled,
-                       StageTimes* times) override {
+  absl::Status Process(const Tile& tile, const CancelFn& cancelled, StageTimes* times) override {
     if (cancelled && cancelled()) return absl::CancelledError("job cancelled");
     const absl::Time start = absl::Now();
     const int64_t n = tile.lines * problem_.line_len();
     if (tile.memory != nullptr) return ProcessThrough(tile, n, cancelled, start, times);
     const int64_t in_elem = static_cast<int64_t>(problem_.elem_size());
     const int64_t out_elem = static_cast<int64_t>(problem_.out_elem_size());
+    // A cancelled job stops within a grain per thread (a region job is one
+    // tile of the whole matrix).
+    std::atomic<bool> stopped{false};
     pool_->ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
-      ScaleAnyAt(problem_, diag_.data(), tile.first_line, tile.in + b * in_elem,
-                 tile.out + b * out_elem, b, e);
+      for (int64_t at = b; at < e; at += kGrainElements) {
+        if (stopped.load(std::memory_order_relaxed)) return;
+        if (cancelled && cancelled()) {
+          stopped.store(true);
+          return;
+        }
+        const int64_t end = std::min(e, at + kGrainElements);
+        ScaleAnyAt(problem_, diag_.data(), tile.first_line, tile.in + at * in_elem,
+                   tile.out + at * out_elem, at, end);
+      }
     });
     if (times != nullptr) times->compute += absl::Now() - start;
+    if (stopped.load()) return absl::CancelledError("job cancelled");
     return absl::OkStatus();
   }
 
