@@ -88,8 +88,12 @@ Engine::~Engine() {
 absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mode) const {
   const Problem& p = job.problem;
   Route r;
-  const bool wants_gpu = job.backend.has_value() ? *job.backend != BackendKind::kCpu
-                                                 : gpu_default_ || mode == JobMode::kDeviceRegion;
+  const bool small_on_cpu = options_.backend == ServerBackend::kAuto &&
+                            (mode == JobMode::kWhole || mode == JobMode::kStreamed) &&
+                            p.matrix_bytes() <= options_.auto_cpu_max_bytes;
+  const bool wants_gpu = job.backend.has_value()
+                             ? *job.backend != BackendKind::kCpu
+                             : (gpu_default_ && !small_on_cpu) || mode == JobMode::kDeviceRegion;
   if (mode == JobMode::kDeviceRegion && !wants_gpu) {
     return absl::InvalidArgumentError(
         "a job on CUDA IPC regions runs on their GPU: BACKEND_CPU cannot read GPU memory");
@@ -427,6 +431,8 @@ v1::GetServerInfoResponse Engine::Info() const {
   l->set_max_dim(options_.limits.max_dim);
   l->set_max_queue(options_.max_queue);
   l->set_max_batch_jobs(options_.limits.max_batch_jobs);
+  l->set_auto_cpu_max_bytes(
+      gpu_default_ && options_.backend == ServerBackend::kAuto ? options_.auto_cpu_max_bytes : 0);
   // Every dtype some backend takes (issue 27, docs/dtypes.md).
   constexpr v1::DType kAll[] = {v1::DTYPE_FLOAT32,  v1::DTYPE_FLOAT64,   v1::DTYPE_FLOAT16,
                                 v1::DTYPE_BFLOAT16, v1::DTYPE_COMPLEX64, v1::DTYPE_COMPLEX128};

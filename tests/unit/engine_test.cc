@@ -158,5 +158,70 @@ TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {
   EXPECT_NE(std::string(refused.status().message()).find("needs a GPU"), std::string::npos);
 }
 
+// --auto_cpu_max_bytes: on a GPU server with --backend=auto, a BACKEND_AUTO
+// socket job whose matrix is at most that size runs on the CPU (here, on
+// the caller's thread when admitted at once); a larger one, one that names a
+// backend, a region job and a server with a pinned --backend go to the GPU.
+TEST(Engine, SmallAutoSocketJobsRunOnTheCpuOfAGpuServer) {
+  const std::vector<float> diag = {2, 3, 5, 7};
+  auto make = [](ServerBackend backend) {
+    EngineOptions o;
+    o.backend = backend;
+    o.auto_cpu_max_bytes = 16;  // a 2x2 float32 matrix
+    std::vector<std::unique_ptr<Device>> gpus;
+    gpus.push_back(std::make_unique<BrokenGpu>());
+    auto engine = Engine::Create(o, std::make_unique<CpuDevice>(1), std::move(gpus));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return std::move(*engine);
+  };
+  // Where a job runs: the backend of its stats, from the caller's thread or
+  // a worker's.
+  auto backend_of = [&](Engine& engine, const JobRequest& job, JobMode mode) {
+    std::unique_ptr<ActiveJob> here;
+    std::promise<v1::Backend> posted;
+    auto ticket = engine.Start(
+        job, mode, absl::Now(), absl::InfiniteFuture(),
+        [&](absl::StatusOr<std::unique_ptr<ActiveJob>> active) {
+          EXPECT_TRUE(active.ok()) << active.status();
+          posted.set_value(active.ok() ? (*active)->stats().backend() : v1::BACKEND_AUTO);
+        },
+        {}, &here);
+    EXPECT_TRUE(ticket.ok()) << ticket.status();
+    if (here == nullptr) return posted.get_future().get();
+    // Admitted here: it computes on the CPU, correctly.
+    std::vector<float> in = {1, 2, 3, 4}, out(4, -1.0f);
+    Tile t{reinterpret_cast<const std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()),
+           0, 2};
+    EXPECT_TRUE(here->Process(t, nullptr).ok());
+    EXPECT_EQ(out, (std::vector<float>{2, 6, 6, 12}));
+    here->End(absl::OkStatus());
+    return here->stats().backend();
+  };
+  JobRequest small = Request(diag);  // 2x2 float32: 16 bytes
+  JobRequest larger = small;
+  larger.problem = Problem{2, 4, DType::kFloat32, Layout::kRowMajor, Side::kRight};
+  larger.diagonal = absl::string_view(reinterpret_cast<const char*>(diag.data()), 16);
+  JobRequest named = small;
+  named.backend = BackendKind::kCudaKernel;
+
+  std::unique_ptr<Engine> autos = make(ServerBackend::kAuto);
+  EXPECT_EQ(autos->Info().limits().auto_cpu_max_bytes(), 16);
+  EXPECT_EQ(backend_of(*autos, small, JobMode::kWhole), v1::BACKEND_CPU);
+  EXPECT_EQ(backend_of(*autos, small, JobMode::kStreamed), v1::BACKEND_CPU);
+  EXPECT_EQ(backend_of(*autos, larger, JobMode::kWhole), v1::BACKEND_CUDA_KERNEL);
+  EXPECT_EQ(backend_of(*autos, named, JobMode::kWhole), v1::BACKEND_CUDA_KERNEL);
+  EXPECT_EQ(backend_of(*autos, small, JobMode::kHostRegion), v1::BACKEND_CUDA_KERNEL);
+
+  std::unique_ptr<Engine> pinned = make(ServerBackend::kCudaKernel);
+  EXPECT_EQ(pinned->Info().limits().auto_cpu_max_bytes(), 0);
+  EXPECT_EQ(backend_of(*pinned, small, JobMode::kWhole), v1::BACKEND_CUDA_KERNEL);
+
+  EngineOptions cpu_options;
+  cpu_options.auto_cpu_max_bytes = 16;
+  auto cpu_only = Engine::Create(cpu_options, std::make_unique<CpuDevice>(1), {});
+  ASSERT_TRUE(cpu_only.ok());
+  EXPECT_EQ((*cpu_only)->Info().limits().auto_cpu_max_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace dgmm
