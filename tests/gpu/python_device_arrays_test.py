@@ -135,6 +135,83 @@ class DeviceArraysTest(unittest.TestCase):
         self.assertIs(c, out)
         self.check(out.cpu().numpy(), a, d, "left")
 
+    def host_any(self, shape, dtype, side):
+        """Random A and d of `dtype` (complex with both parts random)."""
+        def draw(size):
+            x = self.rng.uniform(-4, 4, size)
+            if np.dtype(dtype).kind == "c":
+                x = x + 1j * self.rng.uniform(-4, 4, size)
+            return x.astype(dtype)
+        return draw(shape), draw(shape[1] if side == "right" else shape[0])
+
+    def check_any(self, c_host, a, d, side):
+        """float16: bit for bit against float32 arithmetic rounded once (the
+        documented rule); complex: against complex128."""
+        if a.dtype == np.float16:
+            want = reference(a.astype(np.float32), d.astype(np.float32), side)
+            want = want.astype(np.float32).astype(np.float16)
+            np.testing.assert_array_equal(c_host.view(np.uint16), want.view(np.uint16))
+            return
+        want = (a.astype(np.complex128) * (d.astype(np.complex128)[None, :] if side == "right"
+                                           else d.astype(np.complex128)[:, None]))
+        self.assertFalse(np.isnan(c_host).any())
+        np.testing.assert_allclose(c_host, want, rtol=1e-6 if a.dtype == np.complex64 else 1e-14,
+                                   atol=0)
+
+    @unittest.skipIf(CUPY is None, "no CuPy with a CUDA device")
+    def test_cupy_half_and_complex(self):
+        cp = CUPY
+        for dtype in (np.float16, np.complex64, np.complex128):
+            for side in ("right", "left"):
+                for shape in ((257, 129), (1500, 1100)):  # unary and streamed
+                    with self.subTest(dtype=np.dtype(dtype).name, side=side, shape=shape):
+                        a, d = self.host_any(shape, dtype, side)
+                        out = cp.full(shape, cp.nan, dtype=dtype)
+                        c = self.client.multiply(cp.asarray(a), cp.asarray(d), side=side, out=out)
+                        self.assertIs(c, out)
+                        self.assertEqual(c.dtype, np.dtype(dtype))
+                        self.check_any(cp.asnumpy(c), a, d, side)
+
+    @unittest.skipIf(TORCH is None, "no PyTorch with a CUDA device")
+    def test_torch_half_bfloat16_and_complex(self):
+        torch = TORCH
+        for dtype in (np.float16, np.complex64, np.complex128):
+            for side in ("right", "left"):
+                with self.subTest(dtype=np.dtype(dtype).name, side=side):
+                    a, d = self.host_any((300, 170), dtype, side)
+                    c = self.client.multiply(torch.from_numpy(a).cuda(), torch.from_numpy(d).cuda(),
+                                             side=side)
+                    self.assertIsInstance(c, torch.Tensor)
+                    self.assertEqual(c.device.type, "cuda")
+                    self.check_any(c.cpu().numpy(), a, d, side)
+        try:
+            import ml_dtypes  # noqa: F401
+        except ImportError:
+            with self.assertRaisesRegex(ValueError, "ml_dtypes"):
+                self.client.multiply(torch.ones((3, 3), dtype=torch.bfloat16, device="cuda"),
+                                     torch.ones(3, dtype=torch.bfloat16, device="cuda"))
+            return
+        # bfloat16: float32 arithmetic rounded once to bfloat16 (torch's own
+        # rounding of a float32 product is that rule), bit for bit; values
+        # that round, both sides, into a tensor given as out.
+        for side in ("right", "left"):
+            with self.subTest(dtype="bfloat16", side=side):
+                a32 = torch.from_numpy(self.rng.uniform(-4, 4, (300, 170)).astype(np.float32))
+                n = 170 if side == "right" else 300
+                d32 = torch.from_numpy(self.rng.uniform(-4, 4, n).astype(np.float32))
+                a, d = a32.to(torch.bfloat16), d32.to(torch.bfloat16)
+                scale = d.float()[None, :] if side == "right" else d.float()[:, None]
+                want = (a.float() * scale).to(torch.bfloat16)
+                out = torch.full((300, 170), float("nan"), dtype=torch.bfloat16, device="cuda")
+                c = self.client.multiply(a.cuda(), d.cuda(), side=side, out=out)
+                self.assertIs(c, out)
+                self.assertTrue(torch.equal(c.cpu().view(torch.int16), want.view(torch.int16)))
+                # A host tensor in and out too.
+                host_out = torch.full((300, 170), float("nan"), dtype=torch.bfloat16)
+                c = self.client.multiply(a, d, side=side, out=host_out)
+                self.assertIs(c, host_out)
+                self.assertTrue(torch.equal(host_out.view(torch.int16), want.view(torch.int16)))
+
     @unittest.skipIf(TORCH is None, "no PyTorch with a CUDA device")
     def test_wrong_dtype_gets_the_same_error(self):
         torch = TORCH

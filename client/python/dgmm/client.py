@@ -371,8 +371,24 @@ def _device_kind(array):
     return None
 
 
+def _torch_bfloat16(tensor):
+    """True for a torch.bfloat16 tensor, which NumPy can only hold as
+    ml_dtypes.bfloat16 (its 16-bit patterns, moved as int16); ValueError when
+    ml_dtypes is not importable."""
+    import torch
+    if tensor.dtype != torch.bfloat16:
+        return False
+    if _BFLOAT16 is None:
+        raise ValueError("dgmm: a torch.bfloat16 tensor needs ml_dtypes (pip install ml_dtypes) "
+                         "to be a NumPy array; or convert it first, e.g. tensor.float()")
+    return True
+
+
 def _to_host(array, kind):
     if kind == "torch":
+        if _torch_bfloat16(array):
+            import torch
+            return array.detach().cpu().view(torch.int16).numpy().view(_BFLOAT16)
         return array.detach().cpu().numpy()
     import cupy  # Only callers with CUDA arrays need CuPy.
     array = cupy.asarray(array)
@@ -386,6 +402,9 @@ def _host_target(out, kind):
     """The host array the job writes C into when `out` is a device array."""
     if kind == "torch":
         if out.device.type == "cpu":
+            if _torch_bfloat16(out):
+                import torch
+                return out.view(torch.int16).numpy().view(_BFLOAT16)  # Shares its memory.
             return out.numpy()  # Shares the tensor's memory.
         return None
     return None
@@ -395,7 +414,10 @@ def _to_device(c, like, kind, out):
     """C (a NumPy array) as `like`'s kind of array, on its device; into `out` if given."""
     if kind == "torch":
         import torch
-        result = torch.from_numpy(c)
+        if _BFLOAT16 is not None and c.dtype == _BFLOAT16:
+            result = torch.from_numpy(c.view(np.int16)).view(torch.bfloat16)
+        else:
+            result = torch.from_numpy(c)
         if out is not None:
             if out.data_ptr() != result.data_ptr():
                 out.copy_(result)
