@@ -620,6 +620,52 @@ class ArraysTest(SameHostTestCase):
                         self.check(a, before, d, side)
         self.assertEqual(self.staging(), {})
 
+    def test_every_other_dtype_on_dgmm_arrays(self):
+        # float16 (and bfloat16 with ml_dtypes): bit for bit against float32
+        # arithmetic rounded once (docs/dtypes.md); complex: against complex128.
+        dtypes = [np.dtype(np.float16), np.dtype(np.complex64), np.dtype(np.complex128)]
+        try:
+            import ml_dtypes
+            dtypes.append(np.dtype(ml_dtypes.bfloat16))
+        except ImportError:
+            pass
+        for dtype in dtypes:
+            for order in "CF":
+                for side in ("right", "left"):
+                    with self.subTest(dtype=dtype.name, order=order, side=side):
+                        rows, cols = 97, 61
+                        n = cols if side == "right" else rows
+                        if dtype.kind == "c":
+                            a0 = self.rng.uniform(-4, 4, (rows, cols)) + \
+                                1j * self.rng.uniform(-4, 4, (rows, cols))
+                            d = (self.rng.uniform(-4, 4, n) + 1j * self.rng.uniform(-4, 4, n))
+                        else:
+                            a0, d = self.rng.uniform(-4, 4, (rows, cols)), self.rng.uniform(-4, 4, n)
+                        a = dgmm.asarray(np.asarray(a0, order=order).astype(dtype),
+                                         client=self.client)
+                        d = d.astype(dtype)
+                        self.assertEqual(a.dtype, dtype)
+                        self.assertTrue(a.flags[order + "_CONTIGUOUS"])
+                        c = dgmm.empty_like(a, client=self.client)
+                        c[:] = np.nan
+                        jobs = self.region_jobs(a), self.region_jobs(c)
+                        result, info = self.client.multiply(a, d, side=side, out=c,
+                                                            return_info=True)
+                        self.assertIs(result, c)
+                        self.assertEqual(info.mode, "shm")
+                        self.assertEqual((self.region_jobs(a), self.region_jobs(c)),
+                                         (jobs[0] + 1, jobs[1] + 1))
+                        wide = np.complex128 if dtype.kind == "c" else np.float32
+                        aw, dw = a.astype(wide), d.astype(wide)
+                        want = aw * dw[None, :] if side == "right" else dw[:, None] * aw
+                        if dtype.kind == "c":
+                            self.assertFalse(np.isnan(c).any())
+                            np.testing.assert_allclose(
+                                c, want, rtol=1e-6 if dtype == np.complex64 else 1e-14, atol=0)
+                        else:
+                            np.testing.assert_array_equal(c.view(np.uint16),
+                                                          want.astype(dtype).view(np.uint16))
+
     def test_a_diagonal_in_a_dgmm_array_and_a_new_result_array(self):
         a = dgmm.asarray(self.random((800, 400), np.float32), client=self.client)  # 1.28 MB
         d = dgmm.asarray(self.random(400, np.float32), client=self.client)

@@ -22,7 +22,7 @@ as plain memory (a multiply on them then copies, as for any array).
 
 Client.multiply(a, d, out=...) finds the regions by address: when `a` lies
 in a host region registered with that client (a dgmm array or a view of a
-SharedMemoryRegion) and is C- or Fortran-contiguous float32/float64, and
+SharedMemoryRegion) and is C- or Fortran-contiguous (any dtype jobs take), and
 `out` is None, `a` itself or lies in such a region too, with a's shape,
 dtype and order, the job is one MultiplyRegion on those regions: the server
 reads A and writes C where they are (info.mode "shm"). With out=None a new
@@ -186,11 +186,15 @@ def _sync_client(client):
 
 
 def _job_dtype(dtype):
+    """`dtype` little-endian, when jobs take it (regions._DTYPES: float16,
+    float32, float64, complex64, complex128, and ml_dtypes.bfloat16 where
+    ml_dtypes is importable); else ValueError."""
     dtype = np.dtype(dtype)
-    if dtype.kind != "f" or dtype.itemsize not in (4, 8):
-        raise ValueError("dgmm: a dgmm array is float32 or float64 (what jobs take), got %s"
-                         % dtype)
-    return np.dtype("<f%d" % dtype.itemsize)
+    wire = dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+    if wire not in _DTYPES:
+        raise ValueError("dgmm: a dgmm array is float16, float32, float64, complex64, complex128 "
+                         "or ml_dtypes.bfloat16 (what jobs take), got %s" % dtype)
+    return wire
 
 
 def _shape(shape):
@@ -201,7 +205,8 @@ def _shape(shape):
 
 
 def empty(shape, dtype=np.float64, *, client, order="C"):
-    """A new NumPy array of `shape` and `dtype` (float32 or float64) in C or
+    """A new NumPy array of `shape` and `dtype` (float16, float32, float64,
+    complex64, complex128 or ml_dtypes.bfloat16) in C or
     Fortran `order` whose memory is a region registered with `client`'s
     server (which must be on this host with --allow_regions): jobs on it
     through client.multiply copy nothing. Its contents are undefined (the
@@ -277,13 +282,15 @@ def asarray(array, dtype=None, *, client, order="K"):
     """`array` as a dgmm array of `client` (see empty): returned as it is
     when it already is one (or a view of one) registered with `client`, of
     `dtype` and contiguous in `order`; else copied into a new one. dtype:
-    default the array's when float32 or float64, else float64. order: "C",
+    default the array's when a job takes it (see empty), else float64. order: "C",
     "F", or "K"/"A" (Fortran when the array is Fortran-contiguous only)."""
     client = _sync_client(client)
     source = np.asarray(array)
     if dtype is None:
-        dtype = source.dtype if source.dtype.kind == "f" and source.dtype.itemsize in (4, 8) \
-            else np.float64
+        try:
+            dtype = _job_dtype(source.dtype)
+        except ValueError:
+            dtype = np.float64
     dtype = _job_dtype(dtype)
     order = _order_of(source, order)
     region = region_of(source)
