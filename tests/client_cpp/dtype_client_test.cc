@@ -271,6 +271,7 @@ void RunAllRoutes(uint64_t seed, bool state_result = false) {
           if (route == Route::kProcessMemory || route == Route::kStagingRegion ||
               route == Route::kRegionBlocks) {
             EXPECT_EQ(result->mode, TransferMode::kRegion) << what;
+            EXPECT_EQ(result->process_memory, route == Route::kProcessMemory) << what;
           }
           if (route == Route::kStripedUnary || route == Route::kStripedStream) {
             EXPECT_EQ(result->stripes, 3) << what;
