@@ -219,8 +219,7 @@ void BatchJob::Run(absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted) {
         s = buffer.ok() ? request_->CopyMatrix(i, buffer->data(), bytes) : buffer.status();
         if (s.ok()) {
           s = stage.ProcessTile(
-              Tile{.in = buffer->data(), .out = place, .first_line = 0, .lines = lines},
-              cancelled);
+              Tile{.in = buffer->data(), .out = place, .first_line = 0, .lines = lines}, cancelled);
         }
       }
     } else {

@@ -169,13 +169,11 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
   if (__builtin_mul_overflow(p.rows, p.cols, &elements) ||
       __builtin_mul_overflow(elements, static_cast<int64_t>(p.elem_size()), &bytes) ||
       __builtin_mul_overflow(elements, static_cast<int64_t>(p.out_elem_size()), &bytes)) {
-    return Invalid(absl::StrCat("matrix shape ", p.rows, "x", p.cols, " of ",
-                                DTypeName(p.dtype),
-                                p.out_dtype() == p.dtype
-                                    ? ""
-                                    : absl::StrCat(" (result ", DTypeName(p.out_dtype()), ")"),
-                                " overflows a 64-bit byte count; rows*cols*element size "
-                                "must be < 2^63"));
+    return Invalid(absl::StrCat(
+        "matrix shape ", p.rows, "x", p.cols, " of ", DTypeName(p.dtype),
+        p.out_dtype() == p.dtype ? "" : absl::StrCat(" (result ", DTypeName(p.out_dtype()), ")"),
+        " overflows a 64-bit byte count; rows*cols*element size "
+        "must be < 2^63"));
   }
   if (p.rows > limits.max_dim || p.cols > limits.max_dim) {
     return WithOutcome(absl::ResourceExhaustedError(absl::StrCat(

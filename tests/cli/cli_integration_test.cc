@@ -236,10 +236,10 @@ TEST_F(CliIntegrationTest, MultipliesNpyFilesOfEveryDTypeAndSideBoth) {
                         " --right=", p("r128.npy"), " --out=", p("o128.npy")));
   multiply(absl::StrCat("--matrix=", p("abf.npy"), " --side=left --diag=", p("dbf.npy"),
                         " --out=", p("obf.npy")));
-  multiply(absl::StrCat("--matrix=", p("a32.npy"), " --diag=", p("d64.npy"), " --out=",
-                        p("op64.npy")));
-  multiply(absl::StrCat("--matrix=", p("a32.npy"), " --diag=", p("d8.npy"), " --out=",
-                        p("opc8.npy"), " --mode=unary"));
+  multiply(
+      absl::StrCat("--matrix=", p("a32.npy"), " --diag=", p("d64.npy"), " --out=", p("op64.npy")));
+  multiply(absl::StrCat("--matrix=", p("a32.npy"), " --diag=", p("d8.npy"),
+                        " --out=", p("opc8.npy"), " --mode=unary"));
   multiply(absl::StrCat("--matrix=", p("a16.npy"), " --diag=", p("r16.npy"), " --out=",
                         p("op32.npy"), " --result_dtype=f32 --mode=stream --chunk_bytes=1KiB"));
   ASSERT_EQ(

@@ -1,16 +1,14 @@
 // Issue 27 end to end: every element type, a promoted diagonal, a result
 // of a wider dtype than A's (NumPy's result type of A and d, or a stated
-// wider result_dtype), both layouts and every side (SIDE_BOTH included) through dgmm::Client and a real
-// dgmm-server on every path a job can take: Multiply, MultiplyStream (many
-// blocks), striping (unary and streamed parts), MultiplyBatch, and the
-// same-host path (process memory, or a staging region, whole or in blocks).
-// Each output is poisoned first and compared element by element, bit for
-// bit (any NaN equals any NaN), with tests/support/dtype_reference.h, which
-// computes (l·a)·r from the definition by its own means; the operands are
-// fresh random values with IEEE specials, subnormals and half values whose
-// products round. Built twice: for the CPU backend (label integration) and,
-// with DGMM_DTYPE_GPU, for the CUDA kernel and cuBLAS on a GPU server
-// (label gpu).
+// wider result_dtype), both layouts and every side (SIDE_BOTH included) through dgmm::Client and a
+// real dgmm-server on every path a job can take: Multiply, MultiplyStream (many blocks), striping
+// (unary and streamed parts), MultiplyBatch, and the same-host path (process memory, or a staging
+// region, whole or in blocks). Each output is poisoned first and compared element by element, bit
+// for bit (any NaN equals any NaN), with tests/support/dtype_reference.h, which computes (l·a)·r
+// from the definition by its own means; the operands are fresh random values with IEEE specials,
+// subnormals and half values whose products round. Built twice: for the CPU backend (label
+// integration) and, with DGMM_DTYPE_GPU, for the CUDA kernel and cuBLAS on a GPU server (label
+// gpu).
 #include <cstring>
 #include <limits>
 #include <random>
@@ -489,9 +487,9 @@ TEST_F(DTypeClientTest, PromotedRegionJobWritesCInItsOwnBytes) {
     r = MultiplyRegion(client, RegionJobOf(job, (*region)->Ref(0), (*region)->Ref(short_at)));
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(r.status().message()),
-                HasSubstr(absl::StrCat("the result needs ", c_bytes, " bytes at offset ",
-                                       short_at)));
+    EXPECT_THAT(
+        std::string(r.status().message()),
+        HasSubstr(absl::StrCat("the result needs ", c_bytes, " bytes at offset ", short_at)));
   }
 }
 

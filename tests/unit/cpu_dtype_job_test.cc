@@ -105,7 +105,7 @@ std::string Run(int64_t rows, int64_t cols, Layout layout, Side side, How how, u
       }
       if (side != Side::kLeft) {
         rk = ref::RefWiden<TC>(side == Side::kBoth ? r[static_cast<size_t>(j)]
-                                              : l[static_cast<size_t>(j)]);
+                                                   : l[static_cast<size_t>(j)]);
         rp = &rk;
       }
       const TC want = ref::Element<TA, TC>(a[at], lp, rp);

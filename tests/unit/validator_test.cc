@@ -376,8 +376,9 @@ TEST(ValidateHeader, CublasTakesOneDTypeOfItsFourAndOneSideOnly) {
   }
   v1::JobHeader h = TypedHeader(3, 2, v1::DTYPE_FLOAT64, v1::DTYPE_FLOAT32, v1::SIDE_LEFT);
   h.set_backend(v1::BACKEND_CUBLAS);
-  ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
-              "this job is a float64 matrix with a float32 diagonal and a float64 result, side left");
+  ExpectError(
+      ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
+      "this job is a float64 matrix with a float32 diagonal and a float64 result, side left");
   h = TypedHeader(3, 2, v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT32, v1::SIDE_BOTH);
   h.set_backend(v1::BACKEND_CUBLAS);
   ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,

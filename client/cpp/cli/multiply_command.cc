@@ -396,8 +396,8 @@ absl::StatusOr<JobResult> RunShm(Client& client, const Job& job, void* out, size
   }
   SharedMemoryRegion& shm = **region;
   std::memcpy(shm.bytes(), job.matrix.data, *bytes);
-  absl::StatusOr<JobResult> result = MultiplyRegion(
-      client, RegionJobOf(job, shm.Ref(), shm.Ref(static_cast<int64_t>(c_at))));
+  absl::StatusOr<JobResult> result =
+      MultiplyRegion(client, RegionJobOf(job, shm.Ref(), shm.Ref(static_cast<int64_t>(c_at))));
   if (result.ok()) std::memcpy(out, shm.bytes() + c_at, out_bytes);
   return result;
 }

@@ -168,11 +168,11 @@ absl::StatusOr<size_t> CheckBuffers(const Job& job, const void* out, size_t out_
   absl::StatusOr<size_t> result = ResultBytes(job);
   if (!result.ok()) return result.status();
   if (out == nullptr || out_bytes != *result) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the output buffer holds ", out_bytes, " bytes; the result needs ", *result,
-        ResultDType(job) == job.matrix.dtype
-            ? ""
-            : absl::StrCat(" (", v1::DType_Name(ResultDType(job)), ")")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the output buffer holds ", out_bytes, " bytes; the result needs ", *result,
+                     ResultDType(job) == job.matrix.dtype
+                         ? ""
+                         : absl::StrCat(" (", v1::DType_Name(ResultDType(job)), ")")));
   }
   return bytes;
 }

@@ -68,8 +68,7 @@ class CudaJobContext final : public JobContext {
   }
   // Device address of `piece`'s input (or, with `out`, output) in lane
   // `lane`.
-  std::byte* DeviceAddress(std::byte* region, int lane, const Piece& piece,
-                           bool out = false) const;
+  std::byte* DeviceAddress(std::byte* region, int lane, const Piece& piece, bool out = false) const;
   // `piece`'s offset and size in C's bytes (Piece's are A's).
   int64_t OutBytes(int64_t in_bytes) const {
     return in_bytes / static_cast<int64_t>(p_.elem_size()) *
