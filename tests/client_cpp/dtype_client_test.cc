@@ -519,6 +519,34 @@ TEST_F(DTypeClientTest, BudgetCountsAPromotedResultsWiderBytes) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("capacity is 65536 bytes"));
 }
 
+// A streamed job's window counts its result blocks at C's size: with 4 KiB
+// blocks a float32 job holds 2 * 4 * 4096 bytes and fits 48 KiB; the same A
+// with a float64 diagonal holds 2 * 4 * 8192 (each block of A is 8 KiB of
+// C) and does not.
+TEST_F(DTypeClientTest, BudgetCountsAPromotedStreamsWiderBlocks) {
+  ServerProcess small(
+      {"--threads=2", "--host_memory_budget=48KiB", "--max_block_bytes=4KiB", "--backend=cpu"});
+  Client client(small.address(), OptionsFor(Route::kStream));
+  Case<float, float> same(64, 64, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 1900);
+  Job job = same.MakeJob();
+  job.backend = v1::BACKEND_CPU;
+  // 2 * 4 * 4096 + 64 * 4 = 33024: fits.
+  auto r = client.MultiplyStream(job, same.out.data(), same.out_bytes());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(same.Check(), "");
+  Case<float, double, double> wider(64, 64, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 1901);
+  job = wider.MakeJob();
+  job.backend = v1::BACKEND_CPU;
+  // 2 * 4 * 8192 + 64 * 8 = 66048 > 49152.
+  r = client.MultiplyStream(job, wider.out.data(), wider.out_bytes());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("job needs 66048 bytes of host memory (streamed float32 with a float64 "
+                        "result 64x64"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("capacity is 49152 bytes"));
+}
+
 // The budget counts the real bytes: A and C of 16-byte complex128, and the
 // diagonals as held (a float16 d of SIDE_BOTH widened to float32, the left
 // one rounded up to 256 bytes).
