@@ -330,9 +330,14 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode, absl
   const v1::JobStats& s = result.stats;
   const int64_t bytes =
       static_cast<int64_t>(ElementSize(job.matrix.dtype)) * job.matrix.rows * job.matrix.cols;
-  std::printf("job %llu: %lldx%lld %s %s, side %s, %s\n",
+  // C's dtype when it is not A's (a promoted result).
+  const std::string result_dtype = ResultDType(job) == job.matrix.dtype
+                                       ? std::string()
+                                       : absl::StrCat(" (C ", DTypeName(ResultDType(job)), ")");
+  std::printf("job %llu: %lldx%lld %s%s %s, side %s, %s\n",
               static_cast<unsigned long long>(s.job_id()), static_cast<long long>(job.matrix.rows),
               static_cast<long long>(job.matrix.cols), DTypeName(job.matrix.dtype).c_str(),
+              result_dtype.c_str(),
               job.matrix.layout == v1::LAYOUT_COL_MAJOR ? "col-major" : "row-major",
               job.side == v1::SIDE_LEFT   ? "left"
               : job.side == v1::SIDE_BOTH ? "both"
@@ -347,8 +352,11 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode, absl
       Ms(s.queue_wait_ns()), Ms(s.h2d_ns()), Ms(s.compute_ns()), Ms(s.d2h_ns()), Ms(s.total_ns()),
       absl::ToDoubleMilliseconds(wall));
   const double seconds = absl::ToDoubleSeconds(wall);
+  // A sent and C received (C's bytes: more than A's for a promoted result).
+  const double moved =
+      static_cast<double>(bytes) + static_cast<double>(ResultBytes(job).value_or(0));
   std::printf("throughput: %.3f GB/s (A sent + C received over client wall time)\n",
-              seconds > 0 ? 2.0 * static_cast<double>(bytes) / seconds / 1e9 : 0.0);
+              seconds > 0 ? moved / seconds / 1e9 : 0.0);
 }
 
 // The striping and mode chosen for `job` (Client::Plan, as the job will run
