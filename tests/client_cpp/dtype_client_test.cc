@@ -477,6 +477,20 @@ TEST_F(DTypeClientTest, PromotedRegionJobWritesCInItsOwnBytes) {
     std::memcpy(c.out.data(), base + c_at, c_bytes);
     EXPECT_EQ(c.Check(), "") << v1::Layout_Name(layout);
 
+    // Client::Multiply with A and C in this client's region: a region job
+    // on them, no copy (C of C's size at c_at).
+    std::memset(base + c_at, 0xff, c_bytes);
+    Job in_region = job;
+    in_region.matrix.data = base;
+    absl::StatusOr<JobResult> own = client.Multiply(in_region, base + c_at, c_bytes);
+    ASSERT_TRUE(own.ok()) << own.status();
+    EXPECT_EQ(own->mode, TransferMode::kRegion);
+    EXPECT_EQ(own->socket_reason, "");
+    EXPECT_EQ(own->same_host.copy_in, 0);  // no staging copy: the region job itself
+    EXPECT_FALSE(own->process_memory);
+    std::memcpy(c.out.data(), base + c_at, c_bytes);
+    EXPECT_EQ(c.Check(), "") << v1::Layout_Name(layout) << ", Client::Multiply on the region";
+
     r = MultiplyRegion(client, RegionJobOf(job, (*region)->Ref(0), (*region)->Ref(0)));
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
