@@ -335,9 +335,7 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
   // A piece must fit one staging buffer and one device slot, in A's bytes
   // and in C's (C's element is never narrower than A's): the limit in A's
   // bytes is the whole elements of C that fit, at least one.
-  const int64_t fit = std::min(slot_bytes_, device_->tile_bytes_);
-  const int64_t piece_limit = std::max<int64_t>(fit / static_cast<int64_t>(p_.out_elem_size()), 1) *
-                              static_cast<int64_t>(p_.elem_size());
+  const int64_t piece_limit = PieceLimitBytes(p_, std::min(slot_bytes_, device_->tile_bytes_));
   const int64_t line_bytes = p_.line_bytes();
   const int64_t pieces =
       line_bytes > piece_limit
