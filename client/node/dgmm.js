@@ -377,6 +377,32 @@ const DTYPES = {
   complex128: { wire: 'DTYPE_COMPLEX128', Ctor: Float64Array, parts: 2 },
 };
 
+// The width of each element type's real part: 0 half, 1 float32, 2 float64.
+const REAL_RANK = { float16: 0, bfloat16: 0, float32: 1, complex64: 1, float64: 2, complex128: 2 };
+
+// NumPy's result_type of two dtypes (by name), as the server computes it
+// (docs/protocol.md "Element types"): float16 with bfloat16 gives float32
+// (as ml_dtypes does); real with complex, the complex type wide enough for
+// both; otherwise the wider.
+function resultDtype(a, d) {
+  if (!DTYPES[a] || !DTYPES[d]) throw new RangeError(`dgmm: unknown dtype "${DTYPES[a] ? d : a}"; expected one of ${Object.keys(DTYPES).join(', ')}`);
+  if (a === d) return a;
+  const rank = Math.max(REAL_RANK[a], REAL_RANK[d], 1);
+  if (DTYPES[a].parts === 2 || DTYPES[d].parts === 2) return rank === 1 ? 'complex64' : 'complex128';
+  return rank === 1 ? 'float32' : 'float64';
+}
+
+// The dtype a diagonal is sent as when options do not name one: a typed
+// array's precision (Float32Array 32-bit, Float64Array 64-bit floats), of
+// A's kind (real, or interleaved complex for a complex A); A's dtype for
+// plain numbers and Uint16Array patterns.
+function diagonalDtypeOf(diag, dtype) {
+  const complex = DTYPES[dtype].parts === 2;
+  if (diag instanceof Float64Array) return complex ? 'complex128' : 'float64';
+  if (diag instanceof Float32Array) return complex ? 'complex64' : 'float32';
+  return dtype;
+}
+
 // The dtype of `typed` as options name it (a dtype name), or as its type
 // implies (float32, float64).
 function dtypeOf(typed, named, what) {
@@ -398,9 +424,8 @@ function dtypeOf(typed, named, what) {
 function diagonalOf(diag, dtype, which) {
   const { Ctor } = DTYPES[dtype];
   if (diag instanceof Ctor) return diag;
-  // Numbers, or a float typed array, converted to the diagonal's type (as
-  // before issue 27: a Float64Array diagonal of a Float32Array A is sent as
-  // float32).
+  // Numbers, or a float typed array, converted to the diagonal's type (the
+  // other diagonal of a pair of two dtypes, widened to their result type).
   if (Ctor !== Uint16Array && (Array.isArray(diag) || diag instanceof Float32Array || diag instanceof Float64Array)) {
     return Ctor.from(diag);
   }
@@ -422,27 +447,34 @@ function describeJob(a, rows, cols, diag, side, options) {
   }
   const layout = options.layout || 'row';
   if (layout !== 'row' && layout !== 'col') throw new RangeError(`dgmm: layout must be "row" or "col", got ${layout}`);
-  // The diagonals: A's dtype unless options.diagonalDtype names another
-  // (one that widens exactly into A's; the server says which do).
+  // The diagonals: options.diagonalDtype, else as their typed arrays say
+  // (diagonalDtypeOf). C: NumPy's result type of A and d (wider than A for
+  // a wider or complex d), or options.resultDtype (the server checks it).
   let dDtype = options.diagonalDtype ?? null;
   if (dDtype !== null && !DTYPES[dDtype]) {
     throw new RangeError(`dgmm: unknown diagonal dtype "${dDtype}"; expected one of ${Object.keys(DTYPES).join(', ')}`);
+  }
+  const stated = options.resultDtype ?? null;
+  if (stated !== null && !DTYPES[stated]) {
+    throw new RangeError(`dgmm: unknown result dtype "${stated}"; expected one of ${Object.keys(DTYPES).join(', ')}`);
   }
   let d, right = null;
   if (side === 'both') {
     if (!Array.isArray(diag) || diag.length !== 2 || typeof diag[0] === 'number') {
       throw new TypeError('dgmm: side "both" takes the diagonals as a pair [l, r]: C = diag(l)·A·diag(r)');
     }
-    dDtype = dDtype ?? dtype;
+    dDtype = dDtype ?? resultDtype(diagonalDtypeOf(diag[0], dtype), diagonalDtypeOf(diag[1], dtype));
     d = diagonalOf(diag[0], dDtype, 'left diagonal');
     right = diagonalOf(diag[1], dDtype, 'right diagonal');
   } else {
-    dDtype = dDtype ?? dtype;
+    dDtype = dDtype ?? diagonalDtypeOf(diag, dtype);
     d = diagonalOf(diag, dDtype, 'diagonal');
   }
+  const cDtype = stated ?? resultDtype(dtype, dDtype);
   const colMajor = layout === 'col';
   const lineElems = colMajor ? rows : cols;
   const elemBytes = Ctor.BYTES_PER_ELEMENT * parts;
+  const outElemBytes = DTYPES[cDtype].Ctor.BYTES_PER_ELEMENT * DTYPES[cDtype].parts;
   const dElemBytes = DTYPES[dDtype].Ctor.BYTES_PER_ELEMENT * DTYPES[dDtype].parts;
   const header = {
     rows,
@@ -454,9 +486,15 @@ function describeJob(a, rows, cols, diag, side, options) {
     diagonal: bytesOf(d),
   };
   if (dDtype !== dtype) header.diagonalDtype = DTYPES[dDtype].wire;
+  if (stated !== null) header.resultDtype = DTYPES[stated].wire;
   if (right) header.rightDiagonal = bytesOf(right);
   return {
     Ctor,
+    // C: its dtype, typed array and length (elements of that array).
+    resultDtype: cDtype,
+    OutCtor: DTYPES[cDtype].Ctor,
+    outLength: rows * cols * DTYPES[cDtype].parts,
+    outBytes: rows * cols * outElemBytes,
     a,
     d,
     right,
@@ -466,6 +504,7 @@ function describeJob(a, rows, cols, diag, side, options) {
     numLines: colMajor ? cols : rows,
     lineElems,
     lineBytes: lineElems * elemBytes,
+    outLineBytes: lineElems * outElemBytes,
     // Rule 2: the diagonal runs along the split dimension (row-major LEFT,
     // column-major RIGHT; SIDE_BOTH: the left one row-major, the right one
     // column-major): a part gets its slice, else the whole diagonal.
@@ -613,16 +652,19 @@ class Run {
     const job = this.job;
     const begin = first * job.lineBytes;
     const end = (first + count) * job.lineBytes;
+    // C's bytes of these lines (more than A's for a wider result dtype).
+    const outBegin = first * job.outLineBytes;
+    const outEnd = (first + count) * job.outLineBytes;
     return new Promise((resolve, reject) => {
       const call = client.Multiply({ header, matrix: bytesOf(job.a, begin, end) }, callMetadata(),
         { deadline: callDeadline(this.deadline) },
         (err, response) => {
           this.calls.delete(call);
           if (err) return reject(DgmmError.fromServiceError(err));
-          if (response.result.length !== end - begin) {
-            return reject(final(protocolError(`result has ${response.result.length} bytes, expected ${end - begin}`)));
+          if (response.result.length !== outEnd - outBegin) {
+            return reject(final(protocolError(`result has ${response.result.length} bytes, expected ${outEnd - outBegin}`)));
           }
-          this.outBytes.set(response.result, begin);
+          this.outBytes.set(response.result, outBegin);
           this.addProgress(count);
           resolve(response.stats);
         });
@@ -655,11 +697,11 @@ class Run {
           accepted = true;
         } else if (message.kind === 'block' && accepted && !stats) {
           const { firstLine, data } = message.block;
-          const lines = data.length / job.lineBytes;
+          const lines = data.length / job.outLineBytes;
           if (firstLine !== received.lines || !Number.isInteger(lines) || lines === 0 || received.lines + lines > count) {
             return fail(protocolError(`result block at line ${firstLine} of ${data.length} bytes, expected whole lines from line ${received.lines}`));
           }
-          this.outBytes.set(data, (first + received.lines) * job.lineBytes);
+          this.outBytes.set(data, (first + received.lines) * job.outLineBytes);
           received.lines += lines;
           this.addProgress(lines);
         } else if (message.kind === 'stats' && accepted && !stats) {
@@ -711,8 +753,8 @@ class Run {
 }
 
 function checkOutput(job, out) {
-  if (!(out instanceof job.Ctor) || out.length !== job.a.length) {
-    throw new TypeError(`dgmm: options.out must be a ${job.Ctor.name} of ${job.a.length} elements`);
+  if (!(out instanceof job.OutCtor) || out.length !== job.outLength) {
+    throw new TypeError(`dgmm: options.out must be a ${job.OutCtor.name} of ${job.outLength} elements (the result's dtype, ${job.resultDtype})`);
   }
   return out;
 }
@@ -723,10 +765,17 @@ function checkOutput(job, out) {
 // or Float64Array (float32, float64), or with options.dtype a Float32Array of
 // interleaved complex64 or Float64Array of complex128 (re, im per element),
 // or a Uint16Array of float16 or bfloat16 patterns; and resolves to C: a new
-// array of a's type, dtype and layout, or options.out filled in place. The
-// diagonals are of options.diagonalDtype (default a's dtype; one that
-// widens exactly into it, e.g. 'float32' for a complex64 A; typed arrays of
-// floats are converted to it). With options.returnStats, resolves
+// array of a's layout and of the result dtype (NumPy's result_type of A and
+// the diagonals, dgmm.resultDtype: a's dtype unless the diagonals' is wider
+// or complex; options.resultDtype states a wider one), typed as that dtype
+// is (a Float64Array for a float64 C of a Float32Array A), or options.out
+// filled in place. The diagonals are of options.diagonalDtype, or else of
+// their typed arrays' precision in a's kind (a Float64Array: float64 for a
+// real A, complex128 for a complex one; a Float32Array: float32 or
+// complex64), or else (plain numbers) of a's dtype; a real A with a complex
+// diagonal needs options.diagonalDtype 'complex64' or 'complex128'. With
+// side 'both' and l, r of two dtypes, both go as their result type. With
+// options.returnStats, resolves
 // to { result, stats } (for a striped job: byte counts summed over the parts,
 // times the longest part's); with options.returnInfo, to { result, stats,
 // info }, info = { mode, stripes, attempts, resumed, groupId, stats: [per part],
@@ -749,7 +798,10 @@ function checkOutput(job, out) {
 //   stripes: K parts sent at once over K connections; default (null) auto:
 //     one per 32 MiB of matrix, at most 8 (jobs under 64 MiB: 1); at most
 //     one per line.
-//   out: a typed array of a's type and length for the result.
+//   out: a typed array of the result dtype's type and length for C.
+//   resultDtype: C's dtype, the result type above or one it widens to
+//     exactly (e.g. 'float64' for float32 A and d); others are refused by
+//     the server.
 //   progress(linesDone, totalLines): called as result lines arrive.
 //   sameHost: true (default: createClient's sameHost, true): a job of at
 //     least 1 MiB of matrix with `stream` unset goes through memory when the
@@ -762,7 +814,7 @@ async function multiply(client, a, rows, cols, diag, side = 'right', options = {
   const deadline = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
   const job = describeJob(a, rows, cols, diag, side, options);
   const k = stripeCount(a.byteLength, job.numLines, options.stripes ?? null);
-  const out = options.out === undefined ? new job.Ctor(a.length) : checkOutput(job, options.out);
+  const out = options.out === undefined ? new job.OutCtor(job.outLength) : checkOutput(job, options.out);
   let socketReason = '';
   const sameHost = options.sameHost ?? client[SAME_HOST] ?? true;
   const forced = options.stream !== undefined && options.stream !== null;
@@ -828,6 +880,7 @@ function health(client, service = '', options = {}) {
 
 module.exports = {
   createClient, multiply, serverInfo, health, DgmmError, grpc, DEFAULT_RETRY_POLICY, retryDelay, madeByServer,
+  resultDtype,
   DEFAULT_MAX_UNARY_MESSAGE_BYTES, DEFAULT_CHUNK_BYTES, BACKEND_NAMES, SAME_HOST_MIN_BYTES,
   unaryThreshold, transferMode, linesPerBlock, stripeCount, stripeRanges, backendEnumName,
   describeJob,  // for regions.js: one set of input checks

@@ -251,8 +251,10 @@ class SharedMemoryRegion {
   // C = A·diag(d) (side 'right') or diag(d)·A ('left') through this
   // registered region: A (Float32Array or Float64Array, rows x cols, layout
   // 'row' or 'col' in options) is written at the registered range's start,
-  // the server computes in place, and the result is read back. Resolves to
-  // { result, stats }. options: { layout, backend, timeoutMs }.
+  // the server computes in place (C of a wider dtype than A's: after A, so
+  // the region must hold both), and the result, typed as its dtype, is read
+  // back. Resolves to { result, stats }. options: { layout, backend,
+  // timeoutMs, dtype, diagonalDtype, resultDtype } as for dgmm.multiply.
   async multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
     if (!this.client) throw new Error('dgmm: register the region first');
     if (client !== this.client) throw new Error('dgmm: the region is registered with another client');
@@ -263,9 +265,11 @@ class SharedMemoryRegion {
     const job = describeJob(a, rows, cols, diag, side, options);
     const at = this.registeredOffset;
     this.write(a, at);
-    const request = { header: job.header, matrix: this.ref(0), result: this.ref(0) };
+    // C over A, or after it when C's dtype is wider than A's.
+    const resultAt = job.outBytes === a.byteLength ? 0 : Math.ceil(a.byteLength / 256) * 256;
+    const request = { header: job.header, matrix: this.ref(0), result: this.ref(resultAt) };
     const { stats } = await callIn(client, this.session, 'MultiplyRegion', request, options);
-    return { result: this.read(new a.constructor(a.length), at), stats };
+    return { result: this.read(new job.OutCtor(job.outLength), at + resultAt), stats };
   }
 
   checkRange(offset, length) {

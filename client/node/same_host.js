@@ -128,9 +128,12 @@ async function sameHostJob(client, job, out, options, deadline) {
   st.inUse = true;
   try {
     if (st.closed) return { socketReason: 'the client is closed' };
+    // C over A (in place), or after A when C is wider.
+    const resultAt = job.outBytes === job.a.byteLength ? 0 : Math.ceil(job.a.byteLength / 256) * 256;
     let region;
     try {
-      region = await staging(client, st, job.a.byteLength, remaining());
+      // A, and C after it when C's dtype is wider than A's.
+      region = await staging(client, st, resultAt + job.outBytes, remaining());
     } catch (err) {
       return off(err);
     }
@@ -139,8 +142,8 @@ async function sameHostJob(client, job, out, options, deadline) {
     try {
       region.write(job.a, 0);
       stats = await regions.multiplyRegion(client,
-        { header: job.header, matrix: region.ref(0), result: region.ref(0) }, { timeoutMs: remaining() });
-      region.read(out, 0);
+        { header: job.header, matrix: region.ref(0), result: region.ref(resultAt) }, { timeoutMs: remaining() });
+      region.read(out, resultAt);
     } catch (err) {
       if (!(err instanceof DgmmError)) {
         dropStaging(st); // A file error (ENOSPC, ...): the socket does it.

@@ -287,7 +287,11 @@ absl::StatusOr<Admission::Ticket> Engine::StartBatch(
       gpu = route->device->index();
       need.device_pool = route->pool;
       need.device_bytes = std::max(need.device_bytes, route->need.device_bytes);
-      largest_gpu_matrix = std::max(largest_gpu_matrix, job->problem.matrix_bytes());
+      // Its block buffer of A's size, and one of C's when C is wider.
+      const Problem& jp = job->problem;
+      largest_gpu_matrix = std::max(
+          largest_gpu_matrix,
+          jp.matrix_bytes() + (jp.out_elem_size() != jp.elem_size() ? jp.out_matrix_bytes() : 0));
     }
     need.host_bytes += route->need.host_bytes + kBatchResultOverheadBytes;
     matrix_bytes += job->problem.matrix_bytes();

@@ -124,7 +124,8 @@ class Engine {
   // kBatchResultOverheadBytes per job for its framing and stats, and, for
   // jobs that run on a GPU, that GPU's largest footprint of them (they run
   // one after another on one GPU, each through a pinned block buffer of its
-  // matrix's size, whose largest the host need adds too). Errors at once
+  // matrix's size, and one of its result's size when C is wider than A,
+  // whose largest the host need adds too). Errors at once
   // as Start's (too_large worded for the batch: the bytes it needs and the
   // budget); a refusal is counted once for each job. `done` runs once on a
   // job worker, with the batch or why it was not admitted. With

@@ -16,7 +16,14 @@ int64_t HostFootprint(const Problem& p, JobMode mode, int64_t max_block_bytes) {
   if (mode == JobMode::kWhole) return p.matrix_bytes() + p.out_matrix_bytes() + diag;
   // A region job's matrix and result are in memory the client registered.
   if (mode == JobMode::kHostRegion || mode == JobMode::kDeviceRegion) return diag;
-  return 2 * kStreamWindowBlocks * max_block_bytes + diag;
+  return 2 * kStreamWindowBlocks * StreamBlockBytes(p, max_block_bytes) + diag;
+}
+
+int64_t StreamBlockBytes(const Problem& p, int64_t max_block_bytes) {
+  // A block of A of at most max_block_bytes is a result block of its lines
+  // in C's (never narrower) element size.
+  return max_block_bytes / static_cast<int64_t>(p.elem_size()) *
+         static_cast<int64_t>(p.out_elem_size());
 }
 
 const char* ModeName(JobMode mode) {
@@ -63,10 +70,14 @@ int64_t LargestSquare(const Problem& p, JobMode mode, const TooLargeFacts& f) {
 }  // namespace
 
 absl::Status TooLargeError(const Problem& p, JobMode mode, const TooLargeFacts& f) {
+  const std::string dtypes =
+      p.out_dtype() == p.dtype
+          ? std::string(DTypeName(p.dtype))
+          : absl::StrCat(DTypeName(p.dtype), " with a ", DTypeName(p.out_dtype()), " result");
   std::string msg = absl::StrFormat(
       "job needs %d bytes of %s memory (%s %s %dx%d: %s) but the %s budget's capacity is %d "
       "bytes (%s); the largest square %s matrix that fits %s is N=%d.",
-      f.need, f.host_short ? "host" : "GPU", ModeName(mode), DTypeName(p.dtype), p.rows, p.cols,
+      f.need, f.host_short ? "host" : "GPU", ModeName(mode), dtypes, p.rows, p.cols,
       mode == JobMode::kWhole ? "input and output matrices plus diagonal"
                               : "streaming window plus diagonal",
       f.host_short ? "host" : absl::StrCat("GPU ", f.device->index()), f.capacity,

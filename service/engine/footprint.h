@@ -21,9 +21,15 @@ inline constexpr int kStreamWindowBlocks = 4;
 // payload on the host side. kWhole: the request matrix as received and the
 // buffer it is computed in (the reply is sent from it), plus the diagonal.
 // kStreamed: the window, each block held twice (once by the transport, once
-// in a block buffer), plus the diagonal. Region modes: the diagonal alone
+// in a block buffer) at the larger of its sizes in A and in C
+// (StreamBlockBytes), plus the diagonal. Region modes: the diagonal alone
 // (matrix and result are in client memory).
 int64_t HostFootprint(const Problem& p, JobMode mode, int64_t max_block_bytes);
+
+// The most bytes one result block of a streamed job of `p` takes: a block
+// of A of max_block_bytes, in C's element size (max_block_bytes itself when
+// C has A's dtype; twice that for a float32 A with a float64 C).
+int64_t StreamBlockBytes(const Problem& p, int64_t max_block_bytes);
 
 // Where a job's footprint did not fit.
 struct TooLargeFacts {

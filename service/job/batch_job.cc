@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -130,8 +131,9 @@ void BatchJob::OnRequest(std::unique_ptr<BatchRequest> request, bool call_cancel
     valid_.push_back(i);
     valid_jobs.push_back(&intaken_[i]->job);
     reply_.jobs[i].offset = results_bytes;
-    reply_.jobs[i].bytes = job.matrix_bytes;
-    results_bytes += AlignUp(job.matrix_bytes);
+    // The result is C's size (more than A's for a promoted result).
+    reply_.jobs[i].bytes = intaken_[i]->job.problem.out_matrix_bytes();
+    results_bytes += AlignUp(reply_.jobs[i].bytes);
   }
   if (valid_.empty()) {
     // Nothing to run (an empty batch, or every job refused): the statuses.
@@ -199,22 +201,50 @@ void BatchJob::Run(absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted) {
     }
     ComputeStage stage(std::move(*active),
                        [session = session_] { return session->cancelled_status(); });
-    const int64_t bytes = out.bytes;
-    const int64_t lines = intaken_[i]->job.problem.lines();
+    const Problem& problem = intaken_[i]->job.problem;
+    const int64_t bytes = problem.matrix_bytes();
+    const int64_t out_bytes = out.bytes;  // C's
+    const bool wider = out_bytes != bytes;
+    const int64_t lines = problem.lines();
     std::byte* place = reply_.results.data() + out.offset;
     absl::Status s;
     if (stage.job().stats().device_index() < 0) {
-      // The CPU computes in place, in the reply's buffer.
-      s = request_->CopyMatrix(i, place, bytes);
-      if (s.ok()) s = stage.Process(place, 0, lines, cancelled);
+      if (!wider) {
+        // The CPU computes in place, in the reply's buffer.
+        s = request_->CopyMatrix(i, place, bytes);
+        if (s.ok()) s = stage.Process(place, 0, lines, cancelled);
+      } else {
+        // C wider than A: A in a block buffer, C computed into the reply's.
+        absl::StatusOr<HostBuffer> buffer = stage.job().block_buffers().Take(bytes);
+        s = buffer.ok() ? request_->CopyMatrix(i, buffer->data(), bytes) : buffer.status();
+        if (s.ok()) {
+          s = stage.ProcessTile(
+              Tile{.in = buffer->data(), .out = place, .first_line = 0, .lines = lines}, cancelled);
+        }
+      }
     } else {
-      // A GPU job as a unary one: through a block buffer of its device.
+      // A GPU job as a unary one: through a block buffer of its device (and
+      // one of C's size when C is wider).
       absl::StatusOr<HostBuffer> buffer = stage.job().block_buffers().Take(bytes);
       s = buffer.ok() ? request_->CopyMatrix(i, buffer->data(), bytes) : buffer.status();
-      if (s.ok()) s = stage.Process(buffer->data(), 0, lines, cancelled);
-      if (s.ok()) std::memcpy(place, buffer->data(), static_cast<size_t>(bytes));
+      std::optional<HostBuffer> result;
+      if (s.ok() && wider) {
+        absl::StatusOr<HostBuffer> taken = stage.job().block_buffers().Take(out_bytes);
+        if (taken.ok()) {
+          result = std::move(*taken);
+        } else {
+          s = taken.status();
+        }
+      }
+      std::byte* computed = result.has_value() ? result->data() : s.ok() ? buffer->data() : nullptr;
+      if (s.ok()) {
+        s = stage.ProcessTile(
+            Tile{.in = buffer->data(), .out = computed, .first_line = 0, .lines = lines},
+            cancelled);
+      }
+      if (s.ok()) std::memcpy(place, computed, static_cast<size_t>(out_bytes));
     }
-    stage.End(s, bytes, s.ok() ? bytes : 0);
+    stage.End(s, bytes, s.ok() ? out_bytes : 0);
     out.status = s;
     out.stats = stage.job().stats();
   }

@@ -227,14 +227,17 @@ absl::Status Intake::RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJo
             size, at));
       }
     }
-    // The overlap checks below take the matrix's size for both: the
-    // validator keeps C in A's dtype, so the two are equal.
+    // In place (the same address) only when C has A's element size; a
+    // wider C must not overlap A at all.
     const uint64_t n = static_cast<uint64_t>(bytes);
-    if (a != b && a < b + n && b < a + n) {
+    const uint64_t m = static_cast<uint64_t>(out_bytes);
+    if ((a != b || m != n) && a < b + m && b < a + n) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "the result [%#x, %#x) partly overlaps the matrix [%#x, %#x) in process memory; in "
-          "place means the same address",
-          b, b + n, a, a + n));
+          "the result [%#x, %#x) %s the matrix [%#x, %#x) in process memory; %s", b, b + m,
+          a == b ? "starts at" : "partly overlaps", a, a + n,
+          m == n ? "in place means the same address"
+                 : "a result of a wider dtype than the matrix's cannot be computed in place: "
+                   "give it memory of its own"));
     }
     out->in = reinterpret_cast<const std::byte*>(a);
     out->out = reinterpret_cast<std::byte*>(b);
@@ -247,11 +250,14 @@ absl::Status Intake::RegionPayload(const v1::MultiplyRegionRequest& r, IntakenJo
   if (out->result->SameObject(*out->matrix)) {
     const int64_t a = out->matrix->object_offset() + r.matrix().offset();
     const int64_t b = out->result->object_offset() + r.result().offset();
-    if (a != b && a < b + bytes && b < a + bytes) {
+    if ((a != b || out_bytes != bytes) && a < b + out_bytes && b < a + bytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "the result [%d, %d) partly overlaps the matrix [%d, %d) in the same memory; in place "
-          "means the same region and offset",
-          b, b + bytes, a, a + bytes));
+          "the result [%d, %d) %s the matrix [%d, %d) in the same memory; %s", b, b + out_bytes,
+          a == b ? "starts at" : "partly overlaps", a, a + bytes,
+          out_bytes == bytes
+              ? "in place means the same region and offset"
+              : "a result of a wider dtype than the matrix's cannot be computed in place: give it "
+                "a place of its own"));
     }
   }
   out->in = *in;

@@ -72,7 +72,7 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
     if (s.ok() && result_use.has_value()) s = (*result_use)->CheckIntact();
   }
   const int64_t bytes = job_.job.problem.matrix_bytes();
-  stage->End(s, s.ok() ? bytes : 0, s.ok() ? bytes : 0);
+  stage->End(s, s.ok() ? bytes : 0, s.ok() ? job_.job.problem.out_matrix_bytes() : 0);
   const v1::JobStats stats = stage->job().stats();
   stage.reset();  // the reservation goes back before the reply
   Finish(s, stats);

@@ -90,6 +90,7 @@ void UnaryJob::OnRequest(std::unique_ptr<UnaryRequest> request, bool call_cancel
     return;
   }
   matrix_bytes_ = draft.matrix_bytes;
+  result_bytes_ = intaken.job.problem.out_matrix_bytes();
   lines_ = intaken.job.problem.lines();
   request_ = std::move(request);
   absl::Status started = session_->Start(
@@ -117,12 +118,24 @@ void UnaryJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
   absl::Status s = buffer.ok() ? request_->CopyMatrix(buffer->data(), matrix_bytes_)
                                : buffer.status();
   request_.reset();  // the transport's buffers go back now
-  if (s.ok()) {
-    s = stage->Process(buffer->data(), 0, lines_,
-                       [session = session_] { return session->cancelled(); });
+  // C wider than A (a promoted result): computed into a buffer of its own.
+  std::optional<HostBuffer> wider;
+  if (s.ok() && result_bytes_ != matrix_bytes_) {
+    absl::StatusOr<HostBuffer> out = stage->job().block_buffers().Take(result_bytes_);
+    if (out.ok()) {
+      wider = std::move(*out);
+    } else {
+      s = out.status();
+    }
   }
-  stage->End(s, matrix_bytes_, s.ok() ? matrix_bytes_ : 0);
-  if (s.ok()) result_ = std::move(*buffer);
+  if (s.ok()) {
+    std::byte* in = buffer->data();
+    std::byte* out = wider.has_value() ? wider->data() : in;
+    s = stage->ProcessTile(Tile{.in = in, .out = out, .first_line = 0, .lines = lines_},
+                           [session = session_] { return session->cancelled(); });
+  }
+  stage->End(s, matrix_bytes_, s.ok() ? result_bytes_ : 0);
+  if (s.ok()) result_ = wider.has_value() ? std::move(*wider) : std::move(*buffer);
   {
     std::lock_guard lock(mu_);
     stage_ = std::move(stage);  // its reservation goes back once the reply is sent
@@ -137,7 +150,7 @@ void UnaryJob::Finish(const absl::Status& s) {
   reading_since_.reset();
   replied_at_ = absl::Now();
   if (s.ok()) {
-    io->Reply(std::move(*result_), static_cast<size_t>(matrix_bytes_), stage_->job().stats());
+    io->Reply(std::move(*result_), static_cast<size_t>(result_bytes_), stage_->job().stats());
   } else {
     io->Fail(s);
   }

@@ -1,7 +1,9 @@
 // A Multiply job apart from gRPC: the whole matrix in one request message,
 // read only once the ReceiveGate has room for it, checked by the intake,
 // admitted through a JobSession, copied once into a block buffer of the
-// job's device, computed in place and sent back from that buffer.
+// job's device, computed in place and sent back from that buffer (C of a
+// wider dtype than A's: computed into a second buffer of C's size, sent
+// from that).
 //
 //   Begin --gate has room--> StartRead --OnRequest--> intake --> session.Start
 //     |  \-waits at the gate--/                                     |
@@ -101,6 +103,7 @@ class UnaryJob final : public StreamWatchdog::Watched,
   // Owned by the job's worker from admission on.
   std::unique_ptr<UnaryRequest> request_;
   int64_t matrix_bytes_ = 0;
+  int64_t result_bytes_ = 0;  // C's bytes (more than A's for a promoted result)
   int64_t lines_ = 0;
   std::optional<HostBuffer> result_;
   std::shared_ptr<ComputeStage> stage_ ABSL_GUARDED_BY(mu_);  // its reservation, until Detach

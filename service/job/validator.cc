@@ -62,15 +62,6 @@ absl::Status ResolveDTypes(const v1::JobHeader& header, Problem* p) {
                      " diagonal: their result type (NumPy's result_type) is ", DTypeName(promoted),
                      ", and a stated result_dtype must be that or a type it widens to exactly"));
   }
-  if (p->out_dtype() != p->dtype) {
-    return Invalid(absl::StrCat(
-        "the result of a ", DTypeName(p->dtype), " matrix and a ", DTypeName(p->diag_dtype()),
-        " diagonal is ", DTypeName(p->out_dtype()),
-        ", another dtype than the matrix's: this "
-        "server computes results in the matrix's dtype only (a diagonal of a narrower or equal "
-        "dtype is promoted into it); convert the matrix to ",
-        DTypeName(p->out_dtype()), " before sending it"));
-  }
   return absl::OkStatus();
 }
 
@@ -176,11 +167,13 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
   int64_t elements = 0;
   int64_t bytes = 0;
   if (__builtin_mul_overflow(p.rows, p.cols, &elements) ||
-      __builtin_mul_overflow(elements, static_cast<int64_t>(p.elem_size()), &bytes)) {
-    return Invalid(absl::StrCat("matrix shape ", p.rows, "x", p.cols, " of ",
-                                DTypeName(p.dtype),
-                                " overflows a 64-bit byte count; rows*cols*element size "
-                                "must be < 2^63"));
+      __builtin_mul_overflow(elements, static_cast<int64_t>(p.elem_size()), &bytes) ||
+      __builtin_mul_overflow(elements, static_cast<int64_t>(p.out_elem_size()), &bytes)) {
+    return Invalid(absl::StrCat(
+        "matrix shape ", p.rows, "x", p.cols, " of ", DTypeName(p.dtype),
+        p.out_dtype() == p.dtype ? "" : absl::StrCat(" (result ", DTypeName(p.out_dtype()), ")"),
+        " overflows a 64-bit byte count; rows*cols*element size "
+        "must be < 2^63"));
   }
   if (p.rows > limits.max_dim || p.cols > limits.max_dim) {
     return WithOutcome(absl::ResourceExhaustedError(absl::StrCat(
@@ -194,8 +187,9 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
         "BACKEND_CUBLAS runs cuBLAS's S, D, C and Z dgmm: float32, float64, complex64 or "
         "complex128, one dtype for the matrix, the diagonal and the result, one side; this job "
         "is a ",
-        DTypeName(p.dtype), " matrix with a ", DTypeName(p.diag_dtype()), " diagonal, side ",
-        SideName(p.side), ". Use BACKEND_CUDA_KERNEL, BACKEND_CPU or BACKEND_AUTO"));
+        DTypeName(p.dtype), " matrix with a ", DTypeName(p.diag_dtype()), " diagonal and a ",
+        DTypeName(p.out_dtype()), " result, side ", SideName(p.side),
+        ". Use BACKEND_CUDA_KERNEL, BACKEND_CPU or BACKEND_AUTO"));
   }
   const int64_t want = p.diag_len();
   const int64_t have_bytes = static_cast<int64_t>(header.diagonal().size());

@@ -207,15 +207,26 @@ absl::Status BlockPipeline::Receive(Pending* block) {
 // uses the assembler between PumpLocked's final check.
 void BlockPipeline::Compute(std::shared_ptr<Pending> block) {
   absl::Status s = Receive(block.get());
-  if (s.ok()) {
-    std::byte* data = block->buffer.data();
-    s = stage_->Process(data, block->first_line, block->lines,
-                        [c = cancelled_] { return c->load(); });
+  const CancelFn cancelled = [c = cancelled_] { return c->load(); };
+  // The block's result: in place, or (C wider than A) a buffer of its own.
+  size_t out_bytes = block->bytes;
+  if (s.ok() && wider()) {
+    out_bytes = static_cast<size_t>(block->lines * problem_.out_line_bytes());
+    absl::StatusOr<HostBuffer> out = pool_->Take(static_cast<int64_t>(out_bytes));
+    if (out.ok()) {
+      s = stage_->ProcessInto(block->buffer.data(), out->data(), block->first_line, block->lines,
+                              cancelled);
+      block->buffer = std::move(*out);  // A's buffer goes back now
+    } else {
+      s = out.status();
+    }
+  } else if (s.ok()) {
+    s = stage_->Process(block->buffer.data(), block->first_line, block->lines, cancelled);
   }
   std::lock_guard lock(mu_);
   computing_ = false;
   // The message was held with the buffer while it was copied: count that
-  // moment, then only the buffer.
+  // moment, then only the buffer (C's, once computed).
   const int64_t payload = static_cast<int64_t>(block->bytes);
   held_bytes_ += payload;
   peak_held_bytes_ = std::max(peak_held_bytes_, held_bytes_);
@@ -226,15 +237,18 @@ void BlockPipeline::Compute(std::shared_ptr<Pending> block) {
     PumpLocked();  // FailLocked did nothing if an error came first
     return;
   }
+  const int64_t result = static_cast<int64_t>(out_bytes);
+  held_bytes_ += result - payload;
+  peak_held_bytes_ = std::max(peak_held_bytes_, held_bytes_);
   bytes_in_ += payload;
-  bytes_out_ += payload;
+  bytes_out_ += result;
   if (error_.has_value() || finished_) {
-    held_bytes_ -= payload;
+    held_bytes_ -= result;
     PumpLocked();
     return;
   }
-  written_held_.push_back(payload);
-  write_queue_.push_back(OutBlock{block->first_line, block->bytes, std::move(block->buffer)});
+  written_held_.push_back(result);
+  write_queue_.push_back(OutBlock{block->first_line, out_bytes, std::move(block->buffer)});
   PumpLocked();
 }
 

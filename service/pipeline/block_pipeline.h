@@ -2,8 +2,10 @@
 // they travel. A block arrives from a source (today a MultiplyStream message;
 // a shared-memory region or a device buffer can be another), is copied once
 // into a block buffer, worked on in place by a stage (compute for a job, echo
-// for the benchmark), and leaves through the transport as a buffer that the
-// transport gives back when it has sent it.
+// for the benchmark; a job whose C is of a wider dtype than A's is computed
+// into a second buffer of C's size, and A's goes back at once), and leaves
+// through the transport as a buffer that the transport gives back when it
+// has sent it.
 //
 // The pipeline has no gRPC type in its interface. Its inputs are the events
 // of the transport: a message arrived, the client half-closed, a write
@@ -102,6 +104,13 @@ class BlockStage {
   // one block at a time, in order, on a worker thread.
   virtual absl::Status Process(std::byte* data, int64_t first_line, int64_t lines,
                                const CancelFn& cancelled) = 0;
+  // The same from `in` into `out`, another buffer: a job whose C has a wider
+  // dtype than A's (a promoted result) cannot be computed in place. Stages
+  // that never see such a job keep the default, which refuses.
+  virtual absl::Status ProcessInto(const std::byte* in, std::byte* out, int64_t first_line,
+                                   int64_t lines, const CancelFn& cancelled) {
+    return absl::UnimplementedError("this stage computes in place only");
+  }
   // Called exactly once, with the outcome, after the last Process returned.
   virtual void End(const absl::Status& outcome, int64_t bytes_in, int64_t bytes_out) = 0;
 };
@@ -162,6 +171,9 @@ class BlockPipeline : public std::enable_shared_from_this<BlockPipeline> {
     size_t bytes = 0;
     HostBuffer buffer;
   };
+  // Whether C's elements are wider than A's: each block is computed from
+  // its buffer into one of C's size (BlockStage::ProcessInto).
+  bool wider() const { return problem_.out_elem_size() != problem_.elem_size(); }
   void PumpLocked();
   void StartComputeLocked();
   void FailLocked(const absl::Status& status);

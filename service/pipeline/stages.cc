@@ -7,6 +7,11 @@ absl::Status ComputeStage::Process(std::byte* data, int64_t first_line, int64_t 
   return ProcessTile(Tile{data, data, first_line, lines}, cancelled);
 }
 
+absl::Status ComputeStage::ProcessInto(const std::byte* in, std::byte* out, int64_t first_line,
+                                       int64_t lines, const CancelFn& cancelled) {
+  return ProcessTile(Tile{in, out, first_line, lines}, cancelled);
+}
+
 absl::Status ComputeStage::ProcessTile(const Tile& tile, const CancelFn& cancelled) {
   absl::Status s = job_->Process(tile, cancelled);
   if (s.code() == absl::StatusCode::kCancelled) s = cancelled_status_();

@@ -25,6 +25,8 @@ class ComputeStage final : public BlockStage {
       : job_(std::move(job)), cancelled_status_(std::move(cancelled_status)) {}
   absl::Status Process(std::byte* data, int64_t first_line, int64_t lines,
                        const CancelFn& cancelled) override;
+  absl::Status ProcessInto(const std::byte* in, std::byte* out, int64_t first_line, int64_t lines,
+                           const CancelFn& cancelled) override;
   // A tile whose input and output differ (a region job's spans).
   absl::Status ProcessTile(const Tile& tile, const CancelFn& cancelled);
   // Records the bytes in the job's stats and ends the job with `outcome`:

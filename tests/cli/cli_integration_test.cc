@@ -191,9 +191,11 @@ TEST_F(CliIntegrationTest, RandomCheckPassesForEveryDTypeAndSideBoth) {
 
 // .npy files of the new dtypes as NumPy writes them: float16, complex64,
 // complex128, bfloat16 (a 2-byte void, as np.save writes ml_dtypes.bfloat16),
-// a float16 diagonal promoted into a float64 matrix, and --side both; the
-// results read back by NumPy and compared with NumPy's own arithmetic
-// (float16 in float32 with one rounding, as dgmm defines it).
+// a float16 diagonal promoted into a float64 matrix, --side both, and
+// results of a wider dtype than A's (float32 A with a float64 or complex64
+// d, and a float16 A with --result_dtype=f32, streamed); the results read
+// back by NumPy, their dtypes checked, and compared with NumPy's own
+// arithmetic (float16 in float32 with one rounding, as dgmm defines it).
 TEST_F(CliIntegrationTest, MultipliesNpyFilesOfEveryDTypeAndSideBoth) {
   if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "/usr/bin/python3 with numpy is not available";
@@ -213,7 +215,9 @@ TEST_F(CliIntegrationTest, MultipliesNpyFilesOfEveryDTypeAndSideBoth) {
                            "np.save('r128.npy', u(21) + 1j * u(21)); "
                            "bits = lambda f: (f.astype('<f4').view('<u4') >> 16).astype('<u2'); "
                            "np.save('abf.npy', bits(u(33, 21)).view('V2')); "
-                           "np.save('dbf.npy', bits(u(33)).view('V2'))\"",
+                           "np.save('dbf.npy', bits(u(33)).view('V2')); "
+                           "np.save('a32.npy', u(33, 21).astype('<f4')); "
+                           "np.save('d64.npy', u(21))\"",
                        &output),
             0)
       << output;
@@ -232,6 +236,12 @@ TEST_F(CliIntegrationTest, MultipliesNpyFilesOfEveryDTypeAndSideBoth) {
                         " --right=", p("r128.npy"), " --out=", p("o128.npy")));
   multiply(absl::StrCat("--matrix=", p("abf.npy"), " --side=left --diag=", p("dbf.npy"),
                         " --out=", p("obf.npy")));
+  multiply(
+      absl::StrCat("--matrix=", p("a32.npy"), " --diag=", p("d64.npy"), " --out=", p("op64.npy")));
+  multiply(absl::StrCat("--matrix=", p("a32.npy"), " --diag=", p("d8.npy"),
+                        " --out=", p("opc8.npy"), " --mode=unary"));
+  multiply(absl::StrCat("--matrix=", p("a16.npy"), " --diag=", p("r16.npy"), " --out=",
+                        p("op32.npy"), " --result_dtype=f32 --mode=stream --chunk_bytes=1KiB"));
   ASSERT_EQ(
       RunCommand(
           "cd '" + dir_ +
@@ -254,6 +264,15 @@ TEST_F(CliIntegrationTest, MultipliesNpyFilesOfEveryDTypeAndSideBoth) {
               "p = (f(d)[:, None] * f(a)).view('<u4'); "
               "want = ((p + 0x7fff + ((p >> 16) & 1)) >> 16).astype('<u2'); "
               "assert np.array_equal(c.view('<u2'), want), 'bfloat16'; "
+              "a, d, c = L('a32.npy'), L('d64.npy'), L('op64.npy'); "
+              "assert c.dtype == np.result_type(a, d) == np.float64, c.dtype; "
+              "assert np.array_equal(c, a * d), 'float32 A, float64 d'; "
+              "d, c = L('d8.npy'), L('opc8.npy'); "
+              "assert c.dtype == np.result_type(a, d) == np.complex64, c.dtype; "
+              "assert np.allclose(c, a * d, rtol=1e-6, atol=0), 'float32 A, complex64 d'; "
+              "a, r, c = L('a16.npy'), L('r16.npy'), L('op32.npy'); "
+              "assert c.dtype == np.float32, c.dtype; "
+              "assert np.array_equal(c, a.astype(f4) * r.astype(f4)), 'float16 into float32'; "
               "print('numpy agrees')\" 2>&1",
           &output),
       0)
@@ -283,14 +302,17 @@ TEST_F(CliIntegrationTest, UnusableInputsAreUsageErrorsExitingTwo) {
   ASSERT_TRUE(WriteNpy(Path("a.npy"), {v1::DTYPE_FLOAT32, false, {2, 2}}, a.data(), 16).ok());
   std::vector<double> d64(2);
   ASSERT_TRUE(WriteNpy(Path("d.npy"), {v1::DTYPE_FLOAT64, false, {2}}, d64.data(), 16).ok());
-  // A float64 diagonal with a float32 matrix: NumPy's result is float64,
-  // which the server does not compute from a float32 matrix; it says so.
+  // A float64 diagonal with a float32 matrix: NumPy's result is float64;
+  // a stated float32 result cannot hold it, and the server says so.
   run = Cli("multiply --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
-            " --out=" + Path("c.npy"));
+            " --out=" + Path("c.npy") + " --result_dtype=f32");
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output,
-              HasSubstr("error: INVALID_ARGUMENT: the result of a float32 matrix and a float64 "
-                        "diagonal is float64"));
+              HasSubstr("error: INVALID_ARGUMENT: result_dtype float32 cannot hold the product "
+                        "of a float32 matrix and a float64 diagonal"));
+  run = Cli("multiply --random=10 --result_dtype=f8");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--result_dtype=f8 is not valid"));
   // --side both takes --left and --right.
   run = Cli("multiply --side=both --matrix=" + Path("a.npy") + " --diag=" + Path("d.npy") +
             " --out=" + Path("c.npy"));

@@ -1,15 +1,14 @@
-// Issue 27 end to end: every element type, a promoted diagonal, both
-// layouts and every side (SIDE_BOTH included) through dgmm::Client and a real
-// dgmm-server on every path a job can take: Multiply, MultiplyStream (many
-// blocks), striping (unary and streamed parts), MultiplyBatch, and the
-// same-host path (process memory, or a staging region, whole or in blocks).
-// Each output is poisoned first and compared element by element, bit for
-// bit (any NaN equals any NaN), with tests/support/dtype_reference.h, which
-// computes (l·a)·r from the definition by its own means; the operands are
-// fresh random values with IEEE specials, subnormals and half values whose
-// products round. Built twice: for the CPU backend (label integration) and,
-// with DGMM_DTYPE_GPU, for the CUDA kernel and cuBLAS on a GPU server
-// (label gpu).
+// Issue 27 end to end: every element type, a promoted diagonal, a result
+// of a wider dtype than A's (NumPy's result type of A and d, or a stated
+// wider result_dtype), both layouts and every side (SIDE_BOTH included) through dgmm::Client and a
+// real dgmm-server on every path a job can take: Multiply, MultiplyStream (many blocks), striping
+// (unary and streamed parts), MultiplyBatch, and the same-host path (process memory, or a staging
+// region, whole or in blocks). Each output is poisoned first and compared element by element, bit
+// for bit (any NaN equals any NaN), with tests/support/dtype_reference.h, which computes (l·a)·r
+// from the definition by its own means; the operands are fresh random values with IEEE specials,
+// subnormals and half values whose products round. Built twice: for the CPU backend (label
+// integration) and, with DGMM_DTYPE_GPU, for the CUDA kernel and cuBLAS on a GPU server (label
+// gpu).
 #include <cstring>
 #include <limits>
 #include <random>
@@ -143,13 +142,15 @@ ClientOptions OptionsFor(Route r) {
   return o;
 }
 
-// One job's operands and the reference's answer.
-template <typename TA, typename TD>
+// One job's operands and the reference's answer. TC: C's dtype, NumPy's
+// result type of TA and TD (A's for a narrower or equal diagonal), or, with
+// `state_result`, a wider one stated as the job's result_dtype.
+template <typename TA, typename TD, typename TC = TA>
 struct Case {
-  using TC = TA;  // the server computes C in A's dtype
   int64_t rows, cols;
   v1::Layout layout;
   v1::Side side;
+  bool state_result = false;
   std::vector<TA> a;
   std::vector<TD> l, r;  // l: the one diagonal of LEFT/RIGHT, or BOTH's left
   std::vector<TC> out;
@@ -181,8 +182,10 @@ struct Case {
     job.side = side;
     job.backend = kBackend;
     job.diagonal_dtype = WireOf<TD>();
+    if (state_result) job.result_dtype = WireOf<TC>();
     return job;
   }
+  size_t out_bytes() const { return out.size() * sizeof(TC); }
 
   // "" or the first mismatches.
   std::string Check() const {
@@ -218,10 +221,11 @@ struct Case {
   }
 };
 
-template <typename TA, typename TD>
-void RunAllRoutes(uint64_t seed) {
+template <typename TA, typename TD, typename TC = TA>
+void RunAllRoutes(uint64_t seed, bool state_result = false) {
   const std::string pair =
-      absl::StrCat(v1::DType_Name(WireOf<TA>()), " A, ", v1::DType_Name(WireOf<TD>()), " d");
+      absl::StrCat(v1::DType_Name(WireOf<TA>()), " A, ", v1::DType_Name(WireOf<TD>()), " d, ",
+                   v1::DType_Name(WireOf<TC>()), state_result ? " C (stated)" : " C");
   for (Route route : kRoutes) {
     Client client(SharedServer().address(), OptionsFor(route));
     for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
@@ -230,15 +234,19 @@ void RunAllRoutes(uint64_t seed) {
                                               v1::Side_Name(side), ", ", RouteName(route));
         ++seed;
         // 19x13: lines of odd length, so vector paths have tails.
-        Case<TA, TD> c(19, 13, layout, side, seed);
+        Case<TA, TD, TC> c(19, 13, layout, side, seed);
+        c.state_result = state_result;
         const Job job = c.MakeJob();
-        const size_t out_bytes = c.out.size() * sizeof(TA);
+        const size_t out_bytes = c.out_bytes();
+        // The client sizes C as the server computes it.
+        ASSERT_EQ(ResultDType(job), WireOf<TC>()) << what;
+        ASSERT_EQ(ResultBytes(job).value_or(0), out_bytes) << what;
         absl::StatusOr<JobResult> result;
         if (route == Route::kBatch) {
-          Case<TA, TD> other(7, 5, layout, side, seed + 1000);
-          std::vector<BatchItem> items = {
-              {job, c.out.data(), out_bytes},
-              {other.MakeJob(), other.out.data(), other.out.size() * sizeof(TA)}};
+          Case<TA, TD, TC> other(7, 5, layout, side, seed + 1000);
+          other.state_result = state_result;
+          std::vector<BatchItem> items = {{job, c.out.data(), out_bytes},
+                                          {other.MakeJob(), other.out.data(), other.out_bytes()}};
           absl::StatusOr<BatchResult> batch = client.MultiplyBatch(items);
           ASSERT_TRUE(batch.ok()) << what << ": " << batch.status();
           ASSERT_EQ(batch->jobs.size(), 2u) << what;
@@ -246,6 +254,7 @@ void RunAllRoutes(uint64_t seed) {
             ASSERT_TRUE(r.ok()) << what << ": " << r.status();
             EXPECT_EQ(r->backend(), kBackend) << what;
           }
+          EXPECT_EQ(batch->jobs[0]->bytes_out(), static_cast<int64_t>(out_bytes)) << what;
           EXPECT_EQ(other.Check(), "") << what << " (second job)";
         } else {
           if (route == Route::kStream || route == Route::kStripedStream) {
@@ -260,10 +269,16 @@ void RunAllRoutes(uint64_t seed) {
           if (route == Route::kProcessMemory || route == Route::kStagingRegion ||
               route == Route::kRegionBlocks) {
             EXPECT_EQ(result->mode, TransferMode::kRegion) << what;
+            EXPECT_EQ(result->process_memory, route == Route::kProcessMemory) << what;
           }
           if (route == Route::kStripedUnary || route == Route::kStripedStream) {
             EXPECT_EQ(result->stripes, 3) << what;
+          } else {
+            // The server counts C's bytes out (the parts of region blocks
+            // summed).
+            EXPECT_EQ(result->stats.bytes_out(), static_cast<int64_t>(out_bytes)) << what;
           }
+          EXPECT_EQ(result->received_bytes, static_cast<int64_t>(out_bytes)) << what;
         }
         EXPECT_EQ(c.Check(), "") << what;
       }
@@ -295,18 +310,65 @@ TEST_F(DTypeClientTest, Complex128WithBFloat16Diagonal) {
   RunAllRoutes<Complex128, BFloat16>(1300);
 }
 
+// A result of a wider dtype than A's: NumPy's result type of A and d ...
+TEST_F(DTypeClientTest, Float32WithFloat64DiagonalGivesFloat64) {
+  RunAllRoutes<float, double, double>(2000);
+}
+TEST_F(DTypeClientTest, Float16WithFloat32DiagonalGivesFloat32) {
+  RunAllRoutes<Half, float, float>(2100);
+}
+TEST_F(DTypeClientTest, Float16WithBFloat16DiagonalGivesFloat32) {
+  RunAllRoutes<Half, BFloat16, float>(2200);
+}
+TEST_F(DTypeClientTest, Float32WithComplex64DiagonalGivesComplex64) {
+  RunAllRoutes<float, Complex64, Complex64>(2300);
+}
+TEST_F(DTypeClientTest, Float64WithComplex64DiagonalGivesComplex128) {
+  RunAllRoutes<double, Complex64, Complex128>(2400);
+}
+TEST_F(DTypeClientTest, Float32WithComplex128DiagonalGivesComplex128) {
+  RunAllRoutes<float, Complex128, Complex128>(2500);
+}
+// ... or a wider result_dtype stated (float32 with float32 into float64;
+// float16 into complex128, C eight times A's bytes).
+TEST_F(DTypeClientTest, StatedFloat64ResultOfFloat32) {
+  RunAllRoutes<float, float, double>(2600, /*state_result=*/true);
+}
+TEST_F(DTypeClientTest, StatedComplex128ResultOfFloat16) {
+  RunAllRoutes<Half, Half, Complex128>(2700, /*state_result=*/true);
+}
+
 // What the server does not compute is refused, never computed wrong: a
-// result of another dtype than A's, cuBLAS outside its dgmm, a missing
-// right diagonal.
+// stated result the promotion cannot widen to exactly, cuBLAS outside its
+// dgmm (a promoted result included), a missing right diagonal; and an
+// output buffer of A's size for a wider C, by the client.
 TEST_F(DTypeClientTest, RefusalsAreInvalidArgumentAndSaySo) {
   Client client(SharedServer().address(), OptionsFor(Route::kUnary));
-  Case<float, double> wider(4, 3, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1);
+  Case<double, double, float> narrower(4, 3, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1);
+  narrower.state_result = true;
   absl::StatusOr<JobResult> r =
-      client.Multiply(wider.MakeJob(), wider.out.data(), wider.out.size() * 4);
+      client.Multiply(narrower.MakeJob(), narrower.out.data(), narrower.out_bytes());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("the result of a float32 matrix and a float64 diagonal is float64"));
+              HasSubstr("result_dtype float32 cannot hold the product of a float64 matrix and a "
+                        "float64 diagonal"));
+
+  Case<float, double, double> wider(4, 3, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 4);
+  r = client.Multiply(wider.MakeJob(), wider.out.data(), wider.out.size() * sizeof(float));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("the output buffer holds 48 bytes; the result needs 96 (DTYPE_FLOAT64)"));
+  Job cublas = wider.MakeJob();
+  cublas.backend = v1::BACKEND_CUBLAS;
+  r = client.Multiply(cublas, wider.out.data(), wider.out_bytes());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("BACKEND_CUBLAS runs cuBLAS's S, D, C and Z dgmm"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("a float32 matrix with a float64 diagonal and a float64 result"));
 
   Case<Half, Half> half(4, 3, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 2);
   Job job = half.MakeJob();
@@ -388,6 +450,115 @@ TEST_F(DTypeClientTest, RegionJobWithBothDiagonalsInTheRegion) {
                   HasSubstr("a right_diagonal ref is for SIDE_BOTH only"));
     }
   }
+}
+
+// A region job whose C is wider than A's: the result ref is sized in C's
+// bytes, apart from A; in place, and a result ref with room for A's bytes
+// but not C's, are refused.
+TEST_F(DTypeClientTest, PromotedRegionJobWritesCInItsOwnBytes) {
+  Client client(SharedServer().address(), OptionsFor(Route::kStagingRegion));
+  for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
+    Case<float, Complex64, Complex64> c(21, 11, layout, v1::SIDE_BOTH,
+                                        layout == v1::LAYOUT_ROW_MAJOR ? 81 : 82);
+    const size_t a_bytes = c.a.size() * sizeof(float);
+    const size_t c_at = (a_bytes + 63) / 64 * 64;
+    const size_t c_bytes = c.out_bytes();
+    auto region = SharedMemoryRegion::Create(client, c_at + c_bytes);
+    ASSERT_TRUE(region.ok()) << region.status();
+    char* base = (*region)->bytes();
+    std::memcpy(base, c.a.data(), a_bytes);
+    std::memset(base + c_at, 0xff, c_bytes);  // C poisoned
+    const Job job = c.MakeJob();
+    absl::StatusOr<JobResult> r = MultiplyRegion(
+        client, RegionJobOf(job, (*region)->Ref(0), (*region)->Ref(static_cast<int64_t>(c_at))));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->stats.bytes_in(), static_cast<int64_t>(a_bytes));
+    EXPECT_EQ(r->stats.bytes_out(), static_cast<int64_t>(c_bytes));
+    std::memcpy(c.out.data(), base + c_at, c_bytes);
+    EXPECT_EQ(c.Check(), "") << v1::Layout_Name(layout);
+
+    // Client::Multiply with A and C in this client's region: a region job
+    // on them, no copy (C of C's size at c_at).
+    std::memset(base + c_at, 0xff, c_bytes);
+    Job in_region = job;
+    in_region.matrix.data = base;
+    absl::StatusOr<JobResult> own = client.Multiply(in_region, base + c_at, c_bytes);
+    ASSERT_TRUE(own.ok()) << own.status();
+    EXPECT_EQ(own->mode, TransferMode::kRegion);
+    EXPECT_EQ(own->socket_reason, "");
+    EXPECT_EQ(own->same_host.copy_in, 0);  // no staging copy: the region job itself
+    EXPECT_FALSE(own->process_memory);
+    std::memcpy(c.out.data(), base + c_at, c_bytes);
+    EXPECT_EQ(c.Check(), "") << v1::Layout_Name(layout) << ", Client::Multiply on the region";
+
+    r = MultiplyRegion(client, RegionJobOf(job, (*region)->Ref(0), (*region)->Ref(0)));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("a result of a wider dtype than the matrix's cannot be computed in "
+                          "place"));
+    const int64_t short_at = static_cast<int64_t>((*region)->size() - c_bytes + 8);
+    r = MultiplyRegion(client, RegionJobOf(job, (*region)->Ref(0), (*region)->Ref(short_at)));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(
+        std::string(r.status().message()),
+        HasSubstr(absl::StrCat("the result needs ", c_bytes, " bytes at offset ", short_at)));
+  }
+}
+
+// A promoted job's footprint counts C's wider bytes: a float32 74x74 job
+// fits a 64 KiB host budget, the same A with a float64 diagonal (C float64)
+// does not.
+TEST_F(DTypeClientTest, BudgetCountsAPromotedResultsWiderBytes) {
+  ServerProcess small({"--threads=2", "--host_memory_budget=64KiB", "--backend=cpu"});
+  Client client(small.address(), OptionsFor(Route::kUnary));
+  Case<float, float> same(74, 74, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 1800);
+  Job job = same.MakeJob();
+  job.backend = v1::BACKEND_CPU;
+  // 2 * 74 * 74 * 4 + 74 * 4 = 44104: fits.
+  auto r = client.MultiplyUnary(job, same.out.data(), same.out_bytes());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(same.Check(), "");
+  Case<float, double, double> wider(74, 74, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 1801);
+  job = wider.MakeJob();
+  job.backend = v1::BACKEND_CPU;
+  // 74 * 74 * 4 (A) + 74 * 74 * 8 (C) + 74 * 8 = 66304 > 65536.
+  r = client.MultiplyUnary(job, wider.out.data(), wider.out_bytes());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("job needs 66304 bytes of host memory (unary float32 with a float64 "
+                        "result 74x74"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("capacity is 65536 bytes"));
+}
+
+// A streamed job's window counts its result blocks at C's size: with 4 KiB
+// blocks a float32 job holds 2 * 4 * 4096 bytes and fits 48 KiB; the same A
+// with a float64 diagonal holds 2 * 4 * 8192 (each block of A is 8 KiB of
+// C) and does not.
+TEST_F(DTypeClientTest, BudgetCountsAPromotedStreamsWiderBlocks) {
+  ServerProcess small(
+      {"--threads=2", "--host_memory_budget=48KiB", "--max_block_bytes=4KiB", "--backend=cpu"});
+  Client client(small.address(), OptionsFor(Route::kStream));
+  Case<float, float> same(64, 64, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 1900);
+  Job job = same.MakeJob();
+  job.backend = v1::BACKEND_CPU;
+  // 2 * 4 * 4096 + 64 * 4 = 33024: fits.
+  auto r = client.MultiplyStream(job, same.out.data(), same.out_bytes());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(same.Check(), "");
+  Case<float, double, double> wider(64, 64, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 1901);
+  job = wider.MakeJob();
+  job.backend = v1::BACKEND_CPU;
+  // 2 * 4 * 8192 + 64 * 8 = 66048 > 49152.
+  r = client.MultiplyStream(job, wider.out.data(), wider.out_bytes());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("job needs 66048 bytes of host memory (streamed float32 with a float64 "
+                        "result 64x64"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("capacity is 49152 bytes"));
 }
 
 // The budget counts the real bytes: A and C of 16-byte complex128, and the
@@ -509,6 +680,14 @@ TEST_F(DTypeClientTest, PinnedCublasRunsWhatItCannotTakeOnTheKernel) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->stats.backend(), v1::BACKEND_CUDA_KERNEL);
   EXPECT_EQ(promoted.Check(), "");
+  // A result wider than A (float32 A, float64 d): the kernel too.
+  Case<float, double, double> wider(19, 13, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1603);
+  job = wider.MakeJob();
+  job.backend = v1::BACKEND_AUTO;
+  r = client.Multiply(job, wider.out.data(), wider.out_bytes());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stats.backend(), v1::BACKEND_CUDA_KERNEL);
+  EXPECT_EQ(wider.Check(), "");
   Case<float, float> plain(19, 13, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1602);
   job = plain.MakeJob();
   job.backend = v1::BACKEND_AUTO;

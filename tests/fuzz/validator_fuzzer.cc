@@ -27,13 +27,20 @@ void CheckAccepted(const dgmm::v1::JobHeader& header, const dgmm::JobRequest& jo
   FUZZ_CHECK(p.rows >= 1 && p.cols >= 1);
   FUZZ_CHECK(p.rows <= limits.max_dim && p.cols <= limits.max_dim);
   FUZZ_CHECK(p.elem_size() == 2 || p.elem_size() == 4 || p.elem_size() == 8 || p.elem_size() == 16);
-  // The result is in A's dtype (the validator refuses any other), the
-  // diagonal promotes into it exactly.
-  FUZZ_CHECK(p.out_dtype() == p.dtype);
+  // The result is NumPy's result type of A and d, or a type that widens
+  // from it exactly (a stated result_dtype): A and d both widen into it,
+  // and it is never narrower than A.
+  const dgmm::DType promoted = dgmm::ResultType(p.dtype, p.diag_dtype());
+  FUZZ_CHECK(dgmm::KernelSupports(promoted, p.out_dtype()));
+  FUZZ_CHECK(dgmm::KernelSupports(p.dtype, p.out_dtype()));
   FUZZ_CHECK(dgmm::KernelSupports(p.diag_dtype(), p.out_dtype()));
-  FUZZ_CHECK(p.out_matrix_bytes() == p.matrix_bytes());
+  if (header.result_dtype() == dgmm::v1::DTYPE_UNSPECIFIED) FUZZ_CHECK(p.out_dtype() == promoted);
+  FUZZ_CHECK(p.out_elem_size() >= p.elem_size());
   int64_t bytes = 0;
   FUZZ_CHECK(!__builtin_mul_overflow(p.rows, p.cols, &bytes));
+  int64_t out_bytes = 0;
+  FUZZ_CHECK(!__builtin_mul_overflow(bytes, static_cast<int64_t>(p.out_elem_size()), &out_bytes));
+  FUZZ_CHECK(p.out_matrix_bytes() == out_bytes);
   FUZZ_CHECK(!__builtin_mul_overflow(bytes, static_cast<int64_t>(p.elem_size()), &bytes));
   FUZZ_CHECK(p.matrix_bytes() == bytes);
   FUZZ_CHECK(p.lines() * p.line_len() == p.rows * p.cols);

@@ -103,6 +103,44 @@ TEST(TileSplit, RampsUpAndDown) {
   }
 }
 
+// A result of a wider dtype than A's: pieces cut at PieceLimitBytes fit
+// `fit` bytes in A's dtype and in C's (a staging buffer and a slot take
+// both), and cover the tile once.
+TEST(TileSplit, PiecesOfAWiderResultFitInCsBytesToo) {
+  const DType all[] = {DType::kFloat16, DType::kBFloat16,  DType::kFloat32,
+                       DType::kFloat64, DType::kComplex64, DType::kComplex128};
+  int pairs = 0;
+  for (DType a : all) {
+    for (DType c : all) {
+      if (!KernelSupports(a, c)) continue;
+      ++pairs;
+      for (Layout layout : {Layout::kRowMajor, Layout::kColMajor}) {
+        for (int64_t cols : {1, 3, 13, 100}) {
+          for (int64_t fit : {16, 160, 256, 4096}) {
+            Problem p{.rows = 19, .cols = cols, .dtype = a, .layout = layout};
+            p.result_dtype = c;
+            SCOPED_TRACE(::testing::Message() << ScalarName(a) << " into " << ScalarName(c) << " "
+                                              << cols << " cols, fit " << fit);
+            const int64_t limit = PieceLimitBytes(p, fit);
+            if (c == a) {
+              EXPECT_EQ(limit, fit);
+            }
+            const int64_t first = p.lines() > 2 ? 2 : 0;
+            ExpectCovers(p, first, p.lines() - first, limit);
+            const int64_t elem = static_cast<int64_t>(p.elem_size());
+            const int64_t out_elem = static_cast<int64_t>(p.out_elem_size());
+            for (const Piece& piece : SplitTile(p, first, p.lines() - first, limit)) {
+              EXPECT_LE(piece.bytes, fit);
+              EXPECT_LE(piece.bytes / elem * out_elem, fit);
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(pairs, 19);
+}
+
 TEST(TileSplit, EmptyTileHasNoPieces) {
   EXPECT_TRUE(SplitTile(RowMajor(10, 10), 0, 0, 64).empty());
 }

@@ -1,9 +1,11 @@
 'use strict';
 // Issue 27 through the Node.js client: float16 and bfloat16 (Uint16Array
 // with options.dtype), float32, float64, complex64 and complex128
-// (interleaved typed arrays), a diagonal promoted into A's dtype, side
-// "both" with [l, r], both layouts, on Multiply, MultiplyStream and
-// striping, against the real server (CPU). Each element is compared bit for
+// (interleaved typed arrays), a diagonal promoted into A's dtype, results
+// of a wider dtype than A's (NumPy's result_type of A and d, typed as that
+// dtype, or a stated options.resultDtype), side "both" with [l, r], both
+// layouts, on Multiply, MultiplyStream, striping, the same-host path and
+// SharedMemoryRegion.multiply, against the real server (CPU). Each element is compared bit for
 // bit (any NaN equals any NaN) with a reference computed here from the
 // definition (docs/dtypes.md): float32 products with Math.fround, complex
 // products as (ac - bd) + (ad + bc)i, half results rounded once from float32.
@@ -143,38 +145,42 @@ function sameBits(dtype, got, want) {
 }
 
 // `run(a, diag, opts)` resolves to C; by default dgmm.multiply on `client`.
-async function check(dtype, dDtype, rows, cols, side, layout, options, seed, run = null) {
+// cDtype: the result's dtype (A's unless promoted wider).
+async function check(dtype, dDtype, rows, cols, side, layout, options, seed, run = null,
+  cDtype = dtype) {
   const next = rng(seed);
-  const t = TYPES[dtype];
+  const ta = TYPES[dtype];
+  const t = TYPES[cDtype];
   const a = fill(dtype, rows * cols, next);
   const nl = side === 'right' ? cols : rows;
   const l = fill(dDtype, nl, next);
   const r = side === 'both' ? fill(dDtype, cols, next) : null;
   const diag = side === 'both' ? [l, r] : l;
-  const opts = { ...options, layout, dtype, sameHost: false };
+  const opts = { sameHost: false, ...options, layout, dtype };
   if (dDtype !== dtype) opts.diagonalDtype = dDtype;
   const c = run ? await run(a, diag, opts) : await dgmm.multiply(client, a, rows, cols, diag, side, opts);
-  assert.ok(c instanceof t.Ctor);
-  assert.equal(c.length, a.length);
+  assert.ok(c instanceof t.Ctor, `C is a ${t.Ctor.name}`);
+  assert.equal(c.length, rows * cols * t.parts);
+  assert.equal(a.length, rows * cols * ta.parts);
   let mismatches = 0;
   let first = '';
   for (let i = 0; i < rows; ++i) {
     for (let j = 0; j < cols; ++j) {
       const at = layout === 'row' ? i * cols + j : j * rows + i;
       let x = elem(dtype, a, at);
-      if (side === 'left' || side === 'both') x = product(dtype, elem(dDtype, l, i), x);
-      if (side === 'right') x = product(dtype, elem(dDtype, l, j), x);
-      if (side === 'both') x = product(dtype, x, elem(dDtype, r, j));
+      if (side === 'left' || side === 'both') x = product(cDtype, elem(dDtype, l, i), x);
+      if (side === 'right') x = product(cDtype, elem(dDtype, l, j), x);
+      if (side === 'both') x = product(cDtype, x, elem(dDtype, r, j));
       const want = t.parts === 2 ? x : [t.Ctor === Uint16Array ? t.store(x[0]) : x[0]];
       const got = t.parts === 2 ? [c[2 * at], c[2 * at + 1]] : [c[at]];
       for (let p = 0; p < want.length; ++p) {
-        if (!sameBits(dtype, got[p], want[p]) && ++mismatches === 1) {
+        if (!sameBits(cDtype, got[p], want[p]) && ++mismatches === 1) {
           first = `C[${i}][${j}] part ${p}: got ${got[p]} want ${want[p]}`;
         }
       }
     }
   }
-  assert.equal(mismatches, 0, `${dtype} with ${dDtype} d, ${side}, ${layout}, ${JSON.stringify(options)}: ${first}`);
+  assert.equal(mismatches, 0, `${dtype} with ${dDtype} d into ${cDtype}, ${side}, ${layout}, ${JSON.stringify(options)}: ${first}`);
 }
 
 const PATHS = [{ stream: false }, { stream: true, chunkBytes: 256 }, { stripes: 3 }];
@@ -198,6 +204,47 @@ test('a diagonal promoted into the matrix dtype', async () => {
   }
 });
 
+// (A, d, C): NumPy's result_type(A, d) is C, wider than A.
+const PROMOTED = [['float32', 'float64', 'float64'], ['float16', 'float32', 'float32'],
+  ['float16', 'bfloat16', 'float32'], ['bfloat16', 'float16', 'float32'],
+  ['float32', 'complex64', 'complex64'], ['float64', 'complex64', 'complex128'],
+  ['float32', 'complex128', 'complex128']];
+
+test('results of a wider dtype than the matrix, typed by the result dtype', async () => {
+  let seed = 3000;
+  for (const [dtype, dDtype, cDtype] of PROMOTED) {
+    assert.equal(dgmm.resultDtype(dtype, dDtype), cDtype);
+    for (const side of ['left', 'right', 'both']) {
+      for (const layout of ['row', 'col']) {
+        for (const options of PATHS) {
+          await check(dtype, dDtype, 21, 13, side, layout, options, seed++, null, cDtype);
+        }
+      }
+    }
+  }
+  // A stated wider result: float32 A and d into float64, float16 into
+  // complex128.
+  for (const [dtype, cDtype] of [['float32', 'float64'], ['float16', 'complex128']]) {
+    for (const options of PATHS) {
+      await check(dtype, dtype, 21, 13, 'both', 'col', { ...options, resultDtype: cDtype }, seed++,
+        null, cDtype);
+    }
+  }
+  // The diagonal's typed array says its precision: a Float64Array with a
+  // Float32Array A gives a Float64Array C (NumPy's float32 * float64), and
+  // out takes C's type; one of A's type is refused.
+  const a = new Float32Array([1.5, -2, 3.25, 0.1, 7, -0.5]);
+  const d = new Float64Array([0.1, 3, 1 / 3]);
+  const c = await dgmm.multiply(client, a, 2, 3, d, 'right', { sameHost: false });
+  assert.ok(c instanceof Float64Array);
+  assert.deepEqual(Array.from(c), Array.from(a, (v, i) => v * d[i % 3]));
+  const out = new Float64Array(6).fill(NaN);
+  assert.equal(await dgmm.multiply(client, a, 2, 3, d, 'right', { out, stream: true }), out);
+  assert.deepEqual(Array.from(out), Array.from(c));
+  await assert.rejects(dgmm.multiply(client, a, 2, 3, d, 'right', { out: new Float32Array(6) }),
+    (err) => err instanceof TypeError && /Float64Array of 6 elements \(the result's dtype, float64\)/.test(err.message));
+});
+
 test('SharedMemoryRegion.multiply of every dtype and side', async () => {
   const regions = require(require('node:path').join(CLIENT_DIR, 'regions.js'));
   const regionServer = await startServer(['--threads=2', '--allow_regions']);
@@ -217,6 +264,25 @@ test('SharedMemoryRegion.multiply of every dtype and side', async () => {
         }
       }
     }
+    // C wider than A: after A in the region, read back as C's type.
+    for (const [dtype, dDtype, cDtype] of PROMOTED) {
+      await check(dtype, dDtype, 19, 11, 'both', 'col', {}, seed++, async (a, diag, opts) => {
+        const { result, stats } = await shm.multiply(regionClient, a, 19, 11, diag, 'both', opts);
+        assert.equal(stats.bytesOut, result.byteLength);
+        assert.ok(result.byteLength > a.byteLength);
+        return result;
+      }, cDtype);
+    }
+    // The same-host path (A of 1 MiB and more): a staging region holding A
+    // and, after it, the wider C.
+    for (const [dtype, dDtype, cDtype] of [['float32', 'float64', 'float64'], ['float32', 'complex64', 'complex64']]) {
+      await check(dtype, dDtype, 520, 513, 'both', 'col', {}, seed++, async (a, diag, opts) => {
+        const { result, info } = await dgmm.multiply(regionClient, a, 520, 513, diag, 'both',
+          { ...opts, sameHost: true, returnInfo: true });
+        assert.equal(info.mode, 'shm', info.socketReason);
+        return result;
+      }, cDtype);
+    }
   } finally {
     await shm.close();
     regionClient.close();
@@ -234,8 +300,10 @@ test('refusals name what is wrong', async () => {
   // cuBLAS has no half dgmm; the server says so.
   await assert.rejects(dgmm.multiply(client, new Uint16Array(6), 2, 3, new Uint16Array(3), 'right', { dtype: 'float16', backend: 'cublas' }),
     (err) => err instanceof dgmm.DgmmError && /BACKEND_CUBLAS/.test(err.details));
-  // A float64 diagonal named as such with a float32 A: NumPy's result is
-  // float64, which the server does not compute from a float32 matrix.
-  await assert.rejects(dgmm.multiply(client, new Float32Array(6), 2, 3, new Float64Array(3), 'right', { diagonalDtype: 'float64' }),
-    (err) => err instanceof dgmm.DgmmError && /another dtype than the matrix/.test(err.details));
+  // A stated result the promotion cannot widen to: the server says so.
+  await assert.rejects(dgmm.multiply(client, new Float64Array(6), 2, 3, new Float64Array(3), 'right', { resultDtype: 'float32' }),
+    (err) => err instanceof dgmm.DgmmError && /result_dtype float32 cannot hold the product of a float64 matrix/.test(err.details));
+  // cuBLAS has no dgmm of a promoted result.
+  await assert.rejects(dgmm.multiply(client, new Float32Array(6), 2, 3, new Float64Array(3), 'right', { backend: 'cublas' }),
+    (err) => err instanceof dgmm.DgmmError && /BACKEND_CUBLAS/.test(err.details));
 });

@@ -1,7 +1,10 @@
 """Issue 27 through the Python client: float16, bfloat16 (ml_dtypes, where
 importable), float32, float64, complex64 and complex128 matrices, diagonals
-promoted into A's dtype, side="both" with a pair (l, r), both layouts, on
-Multiply, MultiplyStream, striping and MultiplyBatch, against the real
+promoted into A's dtype, results of a wider dtype than A's (NumPy's
+result_type of A and d: float32 A with a float64 d gives float64, a real A
+with a complex d a complex C, float16 with bfloat16 float32), side="both"
+with a pair (l, r), both layouts, on Multiply, MultiplyStream, striping,
+MultiplyBatch, the same-host path and multiply_region, against the real
 server (CPU backend).
 
 Each result is compared bit for bit (any NaN equals any NaN) with a
@@ -93,9 +96,28 @@ def to_bfloat16(f32):
     return r
 
 
+def expected_dtype(a_dtype, d_dtype):
+    """C's dtype as NumPy gives it: np.result_type, and for bfloat16 (which
+    NumPy alone does not know) ml_dtypes' rule: with itself bfloat16, with
+    float16 float32, else the other type (float32 or wider)."""
+    a_dtype, d_dtype = np.dtype(a_dtype), np.dtype(d_dtype)
+    if BFLOAT16 is not None and BFLOAT16 in (a_dtype, d_dtype):
+        other = d_dtype if a_dtype == BFLOAT16 else a_dtype
+        if other == BFLOAT16:
+            return BFLOAT16
+        return np.dtype(np.float32) if other.itemsize == 2 else other
+    return np.result_type(a_dtype, d_dtype)
+
+
+def diag_dtype(d):
+    return np.result_type(*(x.dtype for x in d)) if isinstance(d, tuple) else d.dtype
+
+
 def reference(a, side, d):
-    """C for A of dtype a.dtype: side "left"/"right" with d, "both" with d = (l, r)."""
-    k = compute_dtype(a.dtype)
+    """C for A of dtype a.dtype: side "left"/"right" with d, "both" with d =
+    (l, r), in C's dtype (expected_dtype of A and d)."""
+    c_dtype = expected_dtype(a.dtype, diag_dtype(d))
+    k = compute_dtype(c_dtype)
     x = widen(a, k)
     with np.errstate(all="ignore"):
         if side == "left":
@@ -105,9 +127,9 @@ def reference(a, side, d):
         else:
             l, r = d
             x = mul(mul(widen(l, k)[:, None], x), widen(r, k)[None, :])
-        if a.dtype == np.float16:
+        if c_dtype == np.float16:
             return x.astype(np.float16)  # NumPy rounds float32 to float16 to nearest, even
-        if BFLOAT16 is not None and a.dtype == BFLOAT16:
+        if BFLOAT16 is not None and c_dtype == BFLOAT16:
             return to_bfloat16(x).view(BFLOAT16)
         return x
 
@@ -171,7 +193,7 @@ class DTypeTest(unittest.TestCase):
 
     def check(self, client, a, side, d, what, **kwargs):
         c = client.multiply(a, d, side, **kwargs)
-        self.assertEqual(c.dtype, a.dtype, what)
+        self.assertEqual(c.dtype, expected_dtype(a.dtype, diag_dtype(d)), what)
         self.assertEqual(c.shape, a.shape, what)
         self.assertEqual(c.flags.f_contiguous and not c.flags.c_contiguous,
                          a.flags.f_contiguous and not a.flags.c_contiguous, what)
@@ -214,6 +236,36 @@ class DTypeTest(unittest.TestCase):
                     a, d = self.operands(np.dtype(a_type), np.dtype(d_type), side, "F")
                     self.check(client, a, side, d, "%s with %s d, %s" % (a_type, d_type, side))
 
+    def test_results_of_a_wider_dtype_than_the_matrix(self):
+        """C in NumPy's result_type(A, d), wider than A: on every path."""
+        pairs = [("<f4", "<f8"), ("<f2", "<f4"), ("<f4", "<c8"), ("<f8", "<c8"),
+                 ("<f4", "<c16"), ("<f2", "<c8")]
+        if BFLOAT16 is not None:
+            pairs += [("<f2", BFLOAT16), (BFLOAT16, "<f2"), (BFLOAT16, "<c16")]
+        paths = [("unary", dgmm.Client(SERVER.address, same_host=False), {"stream": False}),
+                 ("stream", dgmm.Client(SERVER.address, same_host=False, chunk_bytes=256),
+                  {"stream": True}),
+                 ("striped", dgmm.Client(SERVER.address, same_host=False), {"stripes": 3})]
+        try:
+            for a_type, d_type in pairs:
+                a_type, d_type = np.dtype(a_type), np.dtype(d_type)
+                if BFLOAT16 not in (a_type, d_type):
+                    # The rule is NumPy's own.
+                    self.assertEqual(dgmm.result_dtype(a_type, d_type),
+                                     np.result_type(a_type, d_type))
+                self.assertEqual(dgmm.result_dtype(a_type, d_type),
+                                 expected_dtype(a_type, d_type))
+                self.assertNotEqual(expected_dtype(a_type, d_type), a_type)
+                for side in ("left", "right", "both"):
+                    for order in ("C", "F"):
+                        for name, client, kwargs in paths:
+                            a, d = self.operands(a_type, d_type, side, order)
+                            self.check(client, a, side, d, "%s A, %s d, %s %s %s" % (
+                                a_type, d_type, side, order, name), **kwargs)
+        finally:
+            for _, client, _ in paths:
+                client.close()
+
     def test_batch_of_every_dtype(self):
         jobs, wants = [], []
         for dtype in dtypes():
@@ -229,12 +281,32 @@ class DTypeTest(unittest.TestCase):
             self.assertEqual(c.dtype, a.dtype)
             self.assertTrue(same(c, want), "%s %s" % (a.dtype, side))
 
+    def test_batch_and_out_of_a_wider_result(self):
+        jobs = []
+        for a_type, d_type, side in (("<f4", "<f8", "left"), ("<f2", "<c8", "both"),
+                                     ("<f8", "<f8", "right")):
+            a, d = self.operands(np.dtype(a_type), np.dtype(d_type), side, "C", rows=5, cols=4)
+            jobs.append((a, d, side))
+        with dgmm.Client(SERVER.address, same_host=False) as client:
+            results = client.multiply_batch(jobs)
+            for (a, d, side), c in zip(jobs, results):
+                self.assertNotIsInstance(c, Exception, "%s %s" % (a.dtype, side))
+                self.assertEqual(c.dtype, expected_dtype(a.dtype, diag_dtype(d)))
+                self.assertTrue(same(c, reference(a, side, d)), "%s %s" % (a.dtype, side))
+            # out= takes C of the result's dtype, poisoned first; one of A's
+            # dtype is refused.
+            a, d = self.operands(np.dtype("<f4"), np.dtype("<f8"), "right", "F")
+            out = np.asfortranarray(np.full(a.shape, np.nan))
+            c = client.multiply(a, d, "right", out=out)
+            self.assertIs(c, out)
+            self.assertTrue(same(out, reference(a, "right", d)))
+            with self.assertRaises(ValueError) as e:
+                client.multiply(a, d, "right", out=np.asfortranarray(np.empty_like(a)))
+            self.assertIn("float64 array", str(e.exception))
+
     def test_refusals(self):
         with dgmm.Client(SERVER.address, same_host=False) as client:
             a = np.ones((3, 2), dtype=np.float32)
-            with self.assertRaises(ValueError) as e:
-                client.multiply(a, np.ones(2, dtype=np.complex64))
-            self.assertIn("the result would be complex", str(e.exception))
             with self.assertRaises(ValueError) as e:
                 client.multiply(a, np.ones(2), "both")
             self.assertIn("pair (l, r)", str(e.exception))
@@ -246,10 +318,19 @@ class DTypeTest(unittest.TestCase):
                 client.multiply(np.ones((3, 2), dtype=np.float16), np.ones(2, np.float16),
                                 backend="cublas")
             self.assertIn("BACKEND_CUBLAS", e.exception.details)
-            # A wider diagonal is converted to A's dtype, as before issue 27.
+            # A wider diagonal is no longer converted to A's dtype: C is
+            # float64, as NumPy's a * d.
             c = client.multiply(a, np.array([0.1, 3.0]))
+            self.assertEqual(c.dtype, np.float64)
+            np.testing.assert_array_equal(c, a * np.array([0.1, 3.0]))
+            # An integer diagonal is converted to A's dtype.
+            c = client.multiply(a, np.array([2, 3]))
             self.assertEqual(c.dtype, np.float32)
-            np.testing.assert_array_equal(c, a * np.array([0.1, 3.0], dtype=np.float32))
+            np.testing.assert_array_equal(c, a * np.array([2, 3], dtype=np.float32))
+            # cuBLAS has no dgmm of a promoted result: the server says so.
+            with self.assertRaises(dgmm.DgmmError) as e:
+                client.multiply(a, np.ones(2), backend="cublas")
+            self.assertIn("BACKEND_CUBLAS", e.exception.details)
 
     def test_region_jobs_of_every_dtype(self):
         """multiply_region on a registered SharedMemoryRegion: A and C in it
@@ -309,6 +390,59 @@ class DTypeTest(unittest.TestCase):
                     self.assertTrue(same(np.array(a), reference(a0, "both", (l0, r0))))
                 finally:
                     region.close()
+        finally:
+            server.stop()
+
+    def test_region_and_same_host_jobs_of_a_wider_result(self):
+        """C wider than A through memory: multiply_region with out of the
+        result's dtype apart from A (in place refused), the same-host path
+        (process memory, and a staging region), and dgmm arrays."""
+        server = ServerProcess(flags=["--threads=2", "--allow_regions"],
+                               prefix="dgmm-py-dtypes-wider-")
+        try:
+            with dgmm.Client(server.address) as client:
+                for a_type, d_type in (("<f4", "<f8"), ("<f2", "<c16")):
+                    for side in ("left", "both"):
+                        for order in ("C", "F"):
+                            what = "%s A, %s d, %s %s" % (a_type, d_type, side, order)
+                            a0, d0 = self.operands(np.dtype(a_type), np.dtype(d_type), side, order)
+                            c_dtype = expected_dtype(a0.dtype, diag_dtype(d0))
+                            region = dgmm.SharedMemoryRegion(1 << 16)
+                            try:
+                                region.register(client, "wd-%d" % (abs(hash(what)) % 10**9))
+                                a = region.ndarray(a0.shape, a0.dtype, order=order)
+                                a[...] = a0
+                                region.ndarray((1 << 15,), np.uint8, 8192)[...] = 0xff
+                                c = region.ndarray(a0.shape, c_dtype, offset=8192, order=order)
+                                stats = client.multiply_region(a, d0, c, side=side)
+                                self.assertEqual(stats.bytes_out, c.nbytes, what)
+                                self.assertTrue(same(np.array(c), reference(a0, side, d0)), what)
+                                with self.assertRaises(ValueError) as e:
+                                    client.multiply_region(a, d0, a, side=side)
+                                self.assertIn("the result's dtype", str(e.exception))
+                            finally:
+                                region.close()
+                    # The same-host path (A of 1 MiB and more): process
+                    # memory by default, a staging region without it.
+                    a0, d0 = self.operands(np.dtype(a_type), np.dtype(d_type), "both", "F",
+                                           rows=1040, cols=513)
+                    for process_memory in (True, False):
+                        what = "%s A, %s d, same host%s" % (
+                            a_type, d_type, "" if process_memory else ", staging region")
+                        with dgmm.Client(server.address, process_memory=process_memory) as near:
+                            c, info = near.multiply(a0, d0, "both", return_info=True)
+                        self.assertEqual(info.mode, "shm", what)
+                        self.assertEqual(info.process_memory, process_memory, what)
+                        self.assertEqual(c.dtype, expected_dtype(a0.dtype, diag_dtype(d0)), what)
+                        self.assertTrue(c.flags.f_contiguous, what)
+                        self.assertTrue(same(c, reference(a0, "both", d0)), what)
+                # dgmm arrays: a float32 A in a region with a float64 d; C is
+                # float64, computed on the C++ client's path.
+                a0, d0 = self.operands(np.dtype("<f4"), np.dtype("<f8"), "right", "C")
+                a = dgmm.asarray(a0, client=client)
+                c = client.multiply(a, d0)
+                self.assertEqual(c.dtype, np.float64)
+                self.assertTrue(same(c, reference(a0, "right", d0)))
         finally:
             server.stop()
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -41,9 +42,9 @@ class CopyingMemory : public TileMemory {
 
 enum class How { kTiles, kInPlace, kThrough };
 
-// A job of TA with diagonals of TD (C in TA) run `how`; "" or the first
-// mismatches.
-template <typename TA, typename TD>
+// A job of TA with diagonals of TD and C of TC (A's dtype, or a wider
+// promoted one) run `how`; "" or the first mismatches.
+template <typename TA, typename TD, typename TC = TA>
 std::string Run(int64_t rows, int64_t cols, Layout layout, Side side, How how, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int64_t n = rows * cols;
@@ -53,14 +54,18 @@ std::string Run(int64_t rows, int64_t cols, Layout layout, Side side, How how, u
   std::vector<TD> r(static_cast<size_t>(side == Side::kBoth ? cols : 0));
   for (auto& x : l) x = ref::Value<TD>(rng);
   for (auto& x : r) x = ref::Value<TD>(rng);
-  std::vector<TA> out(a.size());
-  std::memset(static_cast<void*>(out.data()), 0xff, out.size() * sizeof(TA));  // NaN
-  if (how == How::kInPlace) out = a;
+  std::vector<TC> out(a.size());
+  std::memset(static_cast<void*>(out.data()), 0xff, out.size() * sizeof(TC));  // NaN
+  if constexpr (std::is_same_v<TA, TC>) {
+    if (how == How::kInPlace) out = a;
+  } else if (how == How::kInPlace) {
+    return "a wider C cannot be computed in place";
+  }
 
   Problem p{
       .rows = rows, .cols = cols, .dtype = ScalarOf<TA>::value, .layout = layout, .side = side};
   p.diagonal_dtype = ScalarOf<TD>::value;
-  p.result_dtype = ScalarOf<TA>::value;
+  p.result_dtype = ScalarOf<TC>::value;
   const std::string prepared = PrepareDiagonals(
       p, absl::string_view(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(TD)),
       absl::string_view(reinterpret_cast<const char*>(r.data()), r.size() * sizeof(TD)));
@@ -74,8 +79,9 @@ std::string Run(int64_t rows, int64_t cols, Layout layout, Side side, How how, u
   const int64_t tile_lines = how == How::kTiles ? 3 : p.lines();
   for (int64_t first = 0; first < p.lines(); first += tile_lines) {
     const int64_t lines = std::min(tile_lines, p.lines() - first);
-    const TA* in = (how == How::kInPlace ? out.data() : a.data()) + first * line;
-    Tile t{reinterpret_cast<const std::byte*>(in),
+    const void* in = how == How::kInPlace ? static_cast<const void*>(out.data() + first * line)
+                                          : static_cast<const void*>(a.data() + first * line);
+    Tile t{static_cast<const std::byte*>(in),
            reinterpret_cast<std::byte*>(out.data() + first * line), first, lines};
     if (how == How::kThrough) t.memory = &memory;
     absl::Status s = (*job)->Process(t, nullptr, nullptr);
@@ -90,19 +96,19 @@ std::string Run(int64_t rows, int64_t cols, Layout layout, Side side, How how, u
     for (int64_t j = 0; j < cols; ++j) {
       const size_t at =
           static_cast<size_t>(layout == Layout::kRowMajor ? i * cols + j : j * rows + i);
-      Compute<TA> lk{}, rk{};
-      const Compute<TA>* lp = nullptr;
-      const Compute<TA>* rp = nullptr;
+      Compute<TC> lk{}, rk{};
+      const Compute<TC>* lp = nullptr;
+      const Compute<TC>* rp = nullptr;
       if (side != Side::kRight) {
-        lk = ref::RefWiden<TA>(l[static_cast<size_t>(i)]);
+        lk = ref::RefWiden<TC>(l[static_cast<size_t>(i)]);
         lp = &lk;
       }
       if (side != Side::kLeft) {
-        rk = ref::RefWiden<TA>(side == Side::kBoth ? r[static_cast<size_t>(j)]
-                                              : l[static_cast<size_t>(j)]);
+        rk = ref::RefWiden<TC>(side == Side::kBoth ? r[static_cast<size_t>(j)]
+                                                   : l[static_cast<size_t>(j)]);
         rp = &rk;
       }
-      const TA want = ref::Element<TA, TA>(a[at], lp, rp);
+      const TC want = ref::Element<TA, TC>(a[at], lp, rp);
       if (!ref::Same(out[at], want) && ++count <= 3) {
         failures += "C[" + std::to_string(i) + "][" + std::to_string(j) + "]: got " +
                     ref::Show(out[at]) + " want " + ref::Show(want) + "\n";
@@ -113,23 +119,26 @@ std::string Run(int64_t rows, int64_t cols, Layout layout, Side side, How how, u
   return failures;
 }
 
-template <typename TA, typename TD>
+template <typename TA, typename TD, typename TC = TA>
 void RunAll(uint64_t seed) {
   for (Layout layout : {Layout::kRowMajor, Layout::kColMajor}) {
     for (Side side : {Side::kLeft, Side::kRight, Side::kBoth}) {
       for (How how : {How::kTiles, How::kInPlace, How::kThrough}) {
+        // A wider C has a buffer of its own: never in place.
+        if (!std::is_same_v<TA, TC> && how == How::kInPlace) continue;
         // 29x23: odd lines (vector tails); 300x260: over the pool's grain,
         // so several threads and, through TileMemory, several pieces.
         for (auto [rows, cols] : {std::pair<int64_t, int64_t>{29, 23}, {300, 260}}) {
           const std::string what = std::string(ScalarName(ScalarOf<TA>::value)) + " A, " +
                                    ScalarName(ScalarOf<TD>::value) + " d, " +
+                                   ScalarName(ScalarOf<TC>::value) + " C, " +
                                    (layout == Layout::kRowMajor ? "row" : "col") + ", " +
                                    std::string(SideName(side)) + ", " +
                                    (how == How::kTiles     ? "tiles"
                                     : how == How::kInPlace ? "in place"
                                                            : "through TileMemory") +
                                    ", " + std::to_string(rows) + "x" + std::to_string(cols);
-          EXPECT_EQ((Run<TA, TD>(rows, cols, layout, side, how, ++seed)), "") << what;
+          EXPECT_EQ((Run<TA, TD, TC>(rows, cols, layout, side, how, ++seed)), "") << what;
         }
       }
     }
@@ -146,6 +155,14 @@ TEST(CpuDTypeJob, Float64WithFloat16Diagonal) { RunAll<double, Half>(70); }
 TEST(CpuDTypeJob, Float32WithBFloat16Diagonal) { RunAll<float, BFloat16>(80); }
 TEST(CpuDTypeJob, Complex64WithFloat32Diagonal) { RunAll<Complex64, float>(90); }
 TEST(CpuDTypeJob, Complex128WithComplex64Diagonal) { RunAll<Complex128, Complex64>(100); }
+// C of a wider dtype than A's: computed into other memory, through
+// TileMemory into a piece buffer of C's size.
+TEST(CpuDTypeJob, Float32WithFloat64DiagonalIntoFloat64) { RunAll<float, double, double>(110); }
+TEST(CpuDTypeJob, Float16WithBFloat16DiagonalIntoFloat32) { RunAll<Half, BFloat16, float>(120); }
+TEST(CpuDTypeJob, Float64WithComplex64DiagonalIntoComplex128) {
+  RunAll<double, Complex64, Complex128>(130);
+}
+TEST(CpuDTypeJob, Float16IntoComplex128) { RunAll<Half, Half, Complex128>(140); }
 
 // What a job holds: A and C in their dtypes, the diagonals as prepared.
 TEST(CpuDTypeJob, FootprintCountsThePreparedDiagonals) {
@@ -158,6 +175,14 @@ TEST(CpuDTypeJob, FootprintCountsThePreparedDiagonals) {
   Problem q{.rows = 100, .cols = 30, .dtype = DType::kComplex128, .side = Side::kLeft};
   q.diagonal_dtype = DType::kFloat32;
   EXPECT_EQ(cpu.Footprint(q, JobMode::kWhole, 1 << 20), 2 * 100 * 30 * 16 + 100 * 16);
+  // A wider C: A's bytes in, C's out; a streamed job's window at C's block
+  // size (a block of A of 1 MiB is 2 MiB of float64 C).
+  Problem w{.rows = 100, .cols = 30, .dtype = DType::kFloat32, .side = Side::kRight};
+  w.diagonal_dtype = DType::kFloat64;
+  w.result_dtype = DType::kFloat64;
+  EXPECT_EQ(cpu.Footprint(w, JobMode::kWhole, 1 << 20), 100 * 30 * 4 + 100 * 30 * 8 + 30 * 8);
+  EXPECT_EQ(cpu.Footprint(w, JobMode::kStreamed, 1 << 20), 2 * 4 * (2 << 20) + 30 * 8);
+  EXPECT_EQ(cpu.Footprint(w, JobMode::kHostRegion, 1 << 20), 30 * 8);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "gtest/gtest.h"
 
@@ -264,25 +265,48 @@ TEST(ValidateHeader, ADiagonalPromotedIntoTheMatrixDTypeIsTaken) {
   EXPECT_TRUE(ValidateHeader(h, {}, false).ok());
 }
 
-TEST(ValidateHeader, AResultOfAnotherDTypeThanTheMatrixIsRefusedAndSaysSo) {
-  // float32 A, float64 d: NumPy gives float64, which this server does not
-  // compute from a float32 matrix.
-  ExpectError(
-      ValidateHeader(TypedHeader(2, 3, v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64, v1::SIDE_RIGHT), {},
-                     false),
-      absl::StatusCode::kInvalidArgument,
-      "the result of a float32 matrix and a float64 diagonal is float64, another dtype "
-      "than the matrix's");
-  ExpectError(
-      ValidateHeader(TypedHeader(2, 3, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16, v1::SIDE_RIGHT), {},
-                     false),
-      absl::StatusCode::kInvalidArgument, "is float32, another dtype");
-  ExpectError(
-      ValidateHeader(TypedHeader(2, 3, v1::DTYPE_FLOAT64, v1::DTYPE_COMPLEX64, v1::SIDE_RIGHT), {},
-                     false),
-      absl::StatusCode::kInvalidArgument, "is complex128, another dtype");
+TEST(ValidateHeader, AResultOfAWiderDTypeThanTheMatrixIsTaken) {
+  // (A, d, C): NumPy's result_type(A, d) is C, wider than A.
+  const std::tuple<v1::DType, v1::DType, DType> promoted[] = {
+      {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64, DType::kFloat64},
+      {v1::DTYPE_FLOAT16, v1::DTYPE_FLOAT32, DType::kFloat32},
+      {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16, DType::kFloat32},
+      {v1::DTYPE_BFLOAT16, v1::DTYPE_FLOAT16, DType::kFloat32},
+      {v1::DTYPE_FLOAT32, v1::DTYPE_COMPLEX64, DType::kComplex64},
+      {v1::DTYPE_FLOAT64, v1::DTYPE_COMPLEX64, DType::kComplex128},
+      {v1::DTYPE_FLOAT32, v1::DTYPE_COMPLEX128, DType::kComplex128},
+      {v1::DTYPE_FLOAT16, v1::DTYPE_COMPLEX64, DType::kComplex64}};
+  for (const auto& [a, d, c] : promoted) {
+    auto r = ValidateHeader(TypedHeader(4, 3, a, d, v1::SIDE_LEFT), {}, false);
+    ASSERT_TRUE(r.ok()) << v1::DType_Name(a) << " with " << v1::DType_Name(d) << ": " << r.status();
+    EXPECT_EQ(static_cast<int>(r->problem.out_dtype()), static_cast<int>(c)) << v1::DType_Name(a);
+    EXPECT_EQ(r->problem.matrix_bytes(), 12 * WireSize(a));
+    EXPECT_EQ(r->problem.out_matrix_bytes(), 12 * static_cast<int64_t>(ElementSize(c)));
+    EXPECT_FALSE(r->problem.plain());
+  }
+  // A stated wider result: a type the promotion widens to exactly.
+  v1::JobHeader h = TypedHeader(2, 3, v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT32, v1::SIDE_RIGHT);
+  h.set_result_dtype(v1::DTYPE_FLOAT64);
+  auto r = ValidateHeader(h, {}, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(static_cast<int>(r->problem.out_dtype()), static_cast<int>(DType::kFloat64));
+  h.set_result_dtype(v1::DTYPE_COMPLEX128);
+  r = ValidateHeader(h, {}, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->problem.out_line_bytes(), 3 * 16);
+  h = TypedHeader(2, 3, v1::DTYPE_FLOAT16, v1::DTYPE_FLOAT16, v1::SIDE_BOTH);
+  h.set_result_dtype(v1::DTYPE_COMPLEX128);
+  EXPECT_TRUE(ValidateHeader(h, {}, false).ok());
+}
+
+TEST(ValidateHeader, AStatedResultThePromotionCannotWidenToIsRefusedAndSaysSo) {
   // A stated result narrower than the promotion cannot hold the product.
-  v1::JobHeader h = TypedHeader(2, 3, v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64, v1::SIDE_RIGHT);
+  v1::JobHeader h = TypedHeader(2, 3, v1::DTYPE_FLOAT64, v1::DTYPE_FLOAT64, v1::SIDE_RIGHT);
+  h.set_result_dtype(v1::DTYPE_FLOAT32);
+  ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
+              "result_dtype float32 cannot hold the product of a float64 matrix and a float64 "
+              "diagonal: their result type (NumPy's result_type) is float64");
+  h = TypedHeader(2, 3, v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64, v1::SIDE_RIGHT);
   h.set_result_dtype(v1::DTYPE_FLOAT32);
   ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
               "result_dtype float32 cannot hold the product of a float32 matrix and a float64 "
@@ -291,11 +315,16 @@ TEST(ValidateHeader, AResultOfAnotherDTypeThanTheMatrixIsRefusedAndSaysSo) {
   h.set_result_dtype(v1::DTYPE_FLOAT64);
   ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
               "result_dtype float64 cannot hold");
-  // A stated wider result is a legal promotion, refused as another dtype.
-  h = TypedHeader(2, 3, v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT32, v1::SIDE_RIGHT);
-  h.set_result_dtype(v1::DTYPE_COMPLEX128);
+  // float16 with bfloat16 is float32: neither half type holds it.
+  h = TypedHeader(2, 3, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16, v1::SIDE_RIGHT);
+  h.set_result_dtype(v1::DTYPE_BFLOAT16);
   ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
-              "is complex128, another dtype than the matrix's");
+              "result_dtype bfloat16 cannot hold");
+  // cuBLAS has no dgmm of a promoted result.
+  h = TypedHeader(2, 3, v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64, v1::SIDE_RIGHT);
+  h.set_backend(v1::BACKEND_CUBLAS);
+  ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
+              "a float32 matrix with a float64 diagonal and a float64 result");
 }
 
 TEST(ValidateHeader, SideBothNeedsBothDiagonalsOfTheirLengths) {
@@ -347,8 +376,9 @@ TEST(ValidateHeader, CublasTakesOneDTypeOfItsFourAndOneSideOnly) {
   }
   v1::JobHeader h = TypedHeader(3, 2, v1::DTYPE_FLOAT64, v1::DTYPE_FLOAT32, v1::SIDE_LEFT);
   h.set_backend(v1::BACKEND_CUBLAS);
-  ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
-              "this job is a float64 matrix with a float32 diagonal, side left");
+  ExpectError(
+      ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,
+      "this job is a float64 matrix with a float32 diagonal and a float64 result, side left");
   h = TypedHeader(3, 2, v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT32, v1::SIDE_BOTH);
   h.set_backend(v1::BACKEND_CUBLAS);
   ExpectError(ValidateHeader(h, {}, false), absl::StatusCode::kInvalidArgument,

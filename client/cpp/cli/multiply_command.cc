@@ -37,7 +37,9 @@ ABSL_FLAG(std::string, left, "",
           "With --side both: the left diagonal l (len rows), a 1-D .npy file.");
 ABSL_FLAG(std::string, right, "",
           "With --side both: the right diagonal r (len cols), a 1-D .npy file of l's dtype.");
-ABSL_FLAG(std::string, out, "", "Where to write C as .npy (A's shape, dtype and order).");
+ABSL_FLAG(std::string, out, "",
+          "Where to write C as .npy (A's shape and order; the result dtype: NumPy's result type "
+          "of A and d, or --result_dtype).");
 ABSL_FLAG(std::string, side, "right",
           "right: C = A·diag(d), len(d) = cols; left: C = diag(d)·A, len(d) = rows; both: "
           "C = diag(l)·A·diag(r) in one pass (--left and --right).");
@@ -55,6 +57,10 @@ ABSL_FLAG(int64_t, cols, 0, "With --random: columns (default N).");
 ABSL_FLAG(std::string, dtype, "f32",
           "With --random: f16, bf16, f32, f64, c64 or c128 (float16, bfloat16, float32, "
           "float64, complex64, complex128).");
+ABSL_FLAG(std::string, result_dtype, "",
+          "C's dtype: f16, bf16, f32, f64, c64 or c128; empty (default): NumPy's result type of "
+          "A and d (float32 A with a float64 d gives float64). A stated one must be that or a "
+          "type it widens to exactly (f32 into f64, c64 or c128).");
 ABSL_FLAG(std::string, layout, "row", "With --random: row (C order) or col (Fortran order).");
 ABSL_FLAG(uint64_t, seed, 1, "With --random: the random seed.");
 ABSL_FLAG(bool, check, false,
@@ -88,7 +94,11 @@ struct Choices {
   v1::Backend backend = v1::BACKEND_AUTO;
   Mode mode = Mode::kAuto;
   Shm shm = Shm::kOff;
+  v1::DType result_dtype = v1::DTYPE_UNSPECIFIED;  // --result_dtype
 };
+
+absl::StatusOr<v1::DType> ParseDTypeFlag(const std::string& dtype,
+                                         absl::string_view flag = "dtype");
 
 absl::Status BadFlag(absl::string_view name, absl::string_view value, absl::string_view expected) {
   return absl::InvalidArgumentError(
@@ -120,6 +130,11 @@ absl::StatusOr<Choices> ParseChoices() {
     c.mode = Mode::kStream;
   } else {
     return BadFlag("mode", mode, "auto, unary or stream");
+  }
+  if (const std::string result = absl::GetFlag(FLAGS_result_dtype); !result.empty()) {
+    absl::StatusOr<v1::DType> parsed_result = ParseDTypeFlag(result, "result_dtype");
+    if (!parsed_result.ok()) return parsed_result.status();
+    c.result_dtype = *parsed_result;
   }
   const std::string shm = absl::GetFlag(FLAGS_shm);
   if (shm == "off") {
@@ -198,7 +213,7 @@ absl::StatusOr<Operands> ReadOperands(v1::Side side) {
   return ops;
 }
 
-absl::StatusOr<v1::DType> ParseDTypeFlag(const std::string& dtype) {
+absl::StatusOr<v1::DType> ParseDTypeFlag(const std::string& dtype, absl::string_view flag) {
   const std::pair<const char*, v1::DType> names[] = {
       {"f16", v1::DTYPE_FLOAT16},     {"float16", v1::DTYPE_FLOAT16},
       {"bf16", v1::DTYPE_BFLOAT16},   {"bfloat16", v1::DTYPE_BFLOAT16},
@@ -209,7 +224,7 @@ absl::StatusOr<v1::DType> ParseDTypeFlag(const std::string& dtype) {
   for (const auto& [name, type] : names) {
     if (dtype == name) return type;
   }
-  return BadFlag("dtype", dtype, "f16, bf16, f32, f64, c64 or c128");
+  return BadFlag(flag, dtype, "f16, bf16, f32, f64, c64 or c128");
 }
 
 // The matrix header --random, --cols, --dtype and --layout ask for.
@@ -298,7 +313,15 @@ Job MakeJob(const Operands& ops, const Choices& choices) {
   }
   job.side = choices.side;
   job.backend = choices.backend;
+  job.result_dtype = choices.result_dtype;
   return job;
+}
+
+// C's .npy header: A's shape and order, the job's result dtype.
+NpyHeader ResultHeader(const NpyHeader& matrix, const Job& job) {
+  NpyHeader c = matrix;
+  c.dtype = ResultDType(job);
+  return c;
 }
 
 double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
@@ -307,9 +330,14 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode, absl
   const v1::JobStats& s = result.stats;
   const int64_t bytes =
       static_cast<int64_t>(ElementSize(job.matrix.dtype)) * job.matrix.rows * job.matrix.cols;
-  std::printf("job %llu: %lldx%lld %s %s, side %s, %s\n",
+  // C's dtype when it is not A's (a promoted result).
+  const std::string result_dtype = ResultDType(job) == job.matrix.dtype
+                                       ? std::string()
+                                       : absl::StrCat(" (C ", DTypeName(ResultDType(job)), ")");
+  std::printf("job %llu: %lldx%lld %s%s %s, side %s, %s\n",
               static_cast<unsigned long long>(s.job_id()), static_cast<long long>(job.matrix.rows),
               static_cast<long long>(job.matrix.cols), DTypeName(job.matrix.dtype).c_str(),
+              result_dtype.c_str(),
               job.matrix.layout == v1::LAYOUT_COL_MAJOR ? "col-major" : "row-major",
               job.side == v1::SIDE_LEFT   ? "left"
               : job.side == v1::SIDE_BOTH ? "both"
@@ -324,8 +352,11 @@ void PrintReport(const Job& job, const JobResult& result, const char* mode, absl
       Ms(s.queue_wait_ns()), Ms(s.h2d_ns()), Ms(s.compute_ns()), Ms(s.d2h_ns()), Ms(s.total_ns()),
       absl::ToDoubleMilliseconds(wall));
   const double seconds = absl::ToDoubleSeconds(wall);
+  // A sent and C received (C's bytes: more than A's for a promoted result).
+  const double moved =
+      static_cast<double>(bytes) + static_cast<double>(ResultBytes(job).value_or(0));
   std::printf("throughput: %.3f GB/s (A sent + C received over client wall time)\n",
-              seconds > 0 ? 2.0 * static_cast<double>(bytes) / seconds / 1e9 : 0.0);
+              seconds > 0 ? moved / seconds / 1e9 : 0.0);
 }
 
 // The striping and mode chosen for `job` (Client::Plan, as the job will run
@@ -362,15 +393,20 @@ absl::StatusOr<JobResult> Run(Client& client, const Job& job, Mode mode, void* o
 // there in place and copied to `out`; a region that cannot be set up is the
 // job's error.
 absl::StatusOr<JobResult> RunShm(Client& client, const Job& job, void* out, size_t out_bytes) {
+  absl::StatusOr<size_t> bytes = MatrixBytes(job.matrix);
+  if (!bytes.ok()) return bytes.status();
+  // In place, or (C wider than A) C after A.
+  const size_t c_at = out_bytes == *bytes ? 0 : (*bytes + 255) / 256 * 256;
   absl::StatusOr<std::unique_ptr<SharedMemoryRegion>> region =
-      SharedMemoryRegion::Create(client, out_bytes);
+      SharedMemoryRegion::Create(client, c_at + out_bytes);
   if (!region.ok()) {
     return absl::Status(region.status().code(), absl::StrCat("--shm: ", region.status().message()));
   }
   SharedMemoryRegion& shm = **region;
-  std::memcpy(shm.bytes(), job.matrix.data, out_bytes);
-  absl::StatusOr<JobResult> result = MultiplyRegion(client, RegionJobOf(job, shm.Ref(), shm.Ref()));
-  if (result.ok()) std::memcpy(out, shm.bytes(), out_bytes);
+  std::memcpy(shm.bytes(), job.matrix.data, *bytes);
+  absl::StatusOr<JobResult> result =
+      MultiplyRegion(client, RegionJobOf(job, shm.Ref(), shm.Ref(static_cast<int64_t>(c_at))));
+  if (result.ok()) std::memcpy(out, shm.bytes() + c_at, out_bytes);
   return result;
 }
 
@@ -557,6 +593,7 @@ std::optional<int> RunFilesSameHost(Client& client, const Choices& choices, bool
   absl::StatusOr<NpyArray> diagonal = ReadNpy(diag_path);
   if (!header.ok() || !diagonal.ok() || header->shape.size() != 2 ||
       diagonal->header().shape.size() != 1 || header->dtype != diagonal->header().dtype ||
+      (choices.result_dtype != v1::DTYPE_UNSPECIFIED && choices.result_dtype != header->dtype) ||
       header->data_bytes() == 0) {
     return std::nullopt;  // the usual path reads them again and names the problem
   }
@@ -675,6 +712,9 @@ int RunMultiply() {
     (*client)->Connect(socket_only ? ChooseStripes(static_cast<int64_t>(planned->data_bytes()),
                                                    lines, (*client)->options().stripes)
                                    : 1);
+    // C's dtype where the flags say it (--result_dtype); otherwise A's, and
+    // a promoted C is made again below.
+    if (choices->result_dtype != v1::DTYPE_UNSPECIFIED) planned->dtype = choices->result_dtype;
     out.emplace(*planned);
     // Not for a C that takes a large share of this host's memory: a job the
     // server refuses would then have committed it for nothing.
@@ -688,13 +728,14 @@ int RunMultiply() {
       random ? RandomOperands(choices->side) : ReadOperands(choices->side);
   if (touch.joinable()) touch.join();
   if (!ops.ok()) return ReportError(ops.status(), kExitUsage);
-  if (!out.has_value() || out->header().shape != ops->matrix->header().shape ||
-      out->header().dtype != ops->matrix->header().dtype ||
-      out->header().fortran_order != ops->matrix->header().fortran_order) {
-    out.emplace(ops->matrix->header());
-  }
-
   const Job job = MakeJob(*ops, *choices);
+  // C: A's shape and order, the result dtype (A's unless promoted).
+  const NpyHeader result_header = ResultHeader(ops->matrix->header(), job);
+  if (!out.has_value() || out->header().shape != result_header.shape ||
+      out->header().dtype != result_header.dtype ||
+      out->header().fortran_order != result_header.fortran_order) {
+    out.emplace(result_header);
+  }
   if (!absl::GetFlag(FLAGS_quiet) && choices->shm != Shm::kOn) {  // --shm=on never stripes
     PrintPlan(**client, job, choices->mode);
   }
@@ -738,7 +779,7 @@ int RunMultiply() {
     }
   }
   if (!absl::GetFlag(FLAGS_check)) return kExitOk;
-  return CheckExit(job.matrix.dtype, MaxRelativeError(job, out->data()), /*print_ok=*/!quiet);
+  return CheckExit(ResultDType(job), MaxRelativeError(job, out->data()), /*print_ok=*/!quiet);
 }
 
 }  // namespace dgmm::cli

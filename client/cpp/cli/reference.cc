@@ -122,6 +122,7 @@ double MaxRelativeError(const Job& job, const void* result) {
   const v1::DType d_type =
       job.diagonal_dtype == v1::DTYPE_UNSPECIFIED ? m.dtype : job.diagonal_dtype;
   const bool complex = IsComplex(m.dtype) || IsComplex(d_type);
+  const v1::DType c_type = ResultDType(job);
   const bool col_major = m.layout == v1::LAYOUT_COL_MAJOR;
   const int64_t lines = col_major ? m.cols : m.rows;
   const int64_t line_length = col_major ? m.rows : m.cols;
@@ -139,7 +140,7 @@ double MaxRelativeError(const Job& job, const void* result) {
         const Z scale = Load(d_type, job.diagonal, job.side == v1::SIDE_LEFT ? row : col);
         reference = Mul(scale, reference, complex);
       }
-      const double error = std::abs(Load(m.dtype, result, index) - reference);
+      const double error = std::abs(Load(c_type, result, index) - reference);
       const double relative = reference != Z(0) ? error / std::abs(reference) : error;
       if (!(relative <= worst)) {
         worst = std::isnan(relative) ? std::numeric_limits<double>::infinity() : relative;

@@ -21,8 +21,8 @@ void FillUniform(v1::DType dtype, void* data, int64_t count, std::mt19937_64* rn
 // (SIDE_LEFT) or diag(l)·A·diag(r) (SIDE_BOTH: `diagonal` is l,
 // `right_diagonal` r) computed in float64, or complex128 when A or d is
 // complex, from the job's inputs (A of job.matrix.dtype, the diagonals of
-// job.diagonal_dtype or A's), and c is `result` (A's shape, dtype and
-// layout). Where ref is 0 the absolute error counts. NaN in the result gives
+// job.diagonal_dtype or A's), and c is `result` (A's shape and layout, of
+// ResultDType(job)). Where ref is 0 the absolute error counts. NaN in the result gives
 // infinity.
 double MaxRelativeError(const Job& job, const void* result);
 

@@ -158,15 +158,21 @@ v1::JobHeader MakeHeader(const Job& job) {
 }
 
 // Checks what the client itself relies on: a well-formed shape, a matrix
-// pointer, and an output of exactly the matrix's size. The diagonal is left
-// to the server's validator, the one authority on requests.
+// pointer, and an output of exactly the result's size (ResultBytes). The
+// diagonal is left to the server's validator, the one authority on
+// requests. Returns the matrix's size.
 absl::StatusOr<size_t> CheckBuffers(const Job& job, const void* out, size_t out_bytes) {
   absl::StatusOr<size_t> bytes = MatrixBytes(job.matrix);
   if (!bytes.ok()) return bytes.status();
   if (job.matrix.data == nullptr) return absl::InvalidArgumentError("the job has no matrix data");
-  if (out == nullptr || out_bytes != *bytes) {
+  absl::StatusOr<size_t> result = ResultBytes(job);
+  if (!result.ok()) return result.status();
+  if (out == nullptr || out_bytes != *result) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the output buffer holds ", out_bytes, " bytes; the result needs ", *bytes));
+        absl::StrCat("the output buffer holds ", out_bytes, " bytes; the result needs ", *result,
+                     ResultDType(job) == job.matrix.dtype
+                         ? ""
+                         : absl::StrCat(" (", v1::DType_Name(ResultDType(job)), ")")));
   }
   return bytes;
 }
@@ -200,6 +206,8 @@ struct Client::JobRun {
   internal::JobLines cut;  // the job's lines (cut.lines in all)
   size_t line_bytes = 0;
   size_t matrix_bytes = 0;
+  // C's line (more than A's for a result of a wider dtype).
+  size_t out_line_bytes = 0;
 
   std::mutex mu;
   std::condition_variable failed_cv;
@@ -333,6 +341,57 @@ size_t ElementSize(v1::DType dtype) {
     default:
       return 0;
   }
+}
+
+v1::DType PromoteDTypes(v1::DType a, v1::DType b) {
+  if (ElementSize(a) == 0 || ElementSize(b) == 0) return v1::DTYPE_UNSPECIFIED;
+  if (a == b) return a;
+  const auto complex = [](v1::DType t) {
+    return t == v1::DTYPE_COMPLEX64 || t == v1::DTYPE_COMPLEX128;
+  };
+  // Width of the real part: 0 half, 1 float32, 2 float64.
+  const auto rank = [](v1::DType t) {
+    switch (t) {
+      case v1::DTYPE_FLOAT16:
+      case v1::DTYPE_BFLOAT16:
+        return 0;
+      case v1::DTYPE_FLOAT32:
+      case v1::DTYPE_COMPLEX64:
+        return 1;
+      default:
+        return 2;
+    }
+  };
+  // float16 with bfloat16 (a != b): float32.
+  const int r = std::max({rank(a), rank(b), 1});
+  if (complex(a) || complex(b)) return r == 1 ? v1::DTYPE_COMPLEX64 : v1::DTYPE_COMPLEX128;
+  return r == 1 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64;
+}
+
+v1::DType ResultDType(const Job& job) {
+  if (job.result_dtype != v1::DTYPE_UNSPECIFIED) return job.result_dtype;
+  return PromoteDTypes(job.matrix.dtype, job.diagonal_dtype == v1::DTYPE_UNSPECIFIED
+                                             ? job.matrix.dtype
+                                             : job.diagonal_dtype);
+}
+
+absl::StatusOr<size_t> ResultBytes(const Job& job) {
+  absl::StatusOr<size_t> bytes = MatrixBytes(job.matrix);
+  if (!bytes.ok()) return bytes;
+  const v1::DType c = ResultDType(job);
+  const size_t elem = ElementSize(c);
+  if (elem == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported result dtype ", v1::DType_Name(c),
+                     "; use float16, bfloat16, float32, float64, complex64 or complex128"));
+  }
+  const size_t a = ElementSize(job.matrix.dtype);
+  const size_t n = *bytes / a;
+  if (n > std::numeric_limits<size_t>::max() / elem) {
+    return absl::InvalidArgumentError(absl::StrCat("the result of the ", job.matrix.rows, "x",
+                                                   job.matrix.cols, " matrix overflows"));
+  }
+  return n * elem;
 }
 
 const char* TransferModeName(TransferMode mode) {
@@ -627,6 +686,7 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   run.mode = plan->forced;
   run.cut = internal::LinesOfJob(job);
   run.line_bytes = *bytes / static_cast<size_t>(run.cut.lines);
+  run.out_line_bytes = out_bytes / static_cast<size_t>(run.cut.lines);
   run.stripes = plan->stripes;
   if (run.stripes > 1) run.group_id = RandomGroupId();
   const std::vector<LineRange> ranges = SplitLines(run.cut.lines, run.stripes);
@@ -709,7 +769,7 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
     const int64_t lines = range.lines - done;
     const Job part = internal::JobOfLines(whole, run->cut, run->line_bytes, first, lines);
     const size_t part_bytes = static_cast<size_t>(lines) * run->line_bytes;
-    char* part_out = run->out + static_cast<size_t>(first) * run->line_bytes;
+    char* part_out = run->out + static_cast<size_t>(first) * run->out_line_bytes;
     v1::JobHeader header = MakeHeader(part);
     if (!run->group_id.empty()) {
       v1::JobGroup* g = header.mutable_group();
@@ -776,6 +836,8 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
   Attempt attempt;
   JobResult result;
   result.mode = TransferMode::kUnary;
+  // C's bytes of these lines.
+  const size_t out_bytes = matrix_bytes / run->line_bytes * run->out_line_bytes;
   absl::Status outcome;
   // Declared first so that it outlives the context and buffers holding its slices.
   wire::SliceLoans loans;
@@ -796,10 +858,10 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
     run->Unregister(&context);
     request.Clear();
     if (status.ok()) {
-      outcome = wire::DecodeMultiplyResponse(&response, out, matrix_bytes, &result.stats);
+      outcome = wire::DecodeMultiplyResponse(&response, out, out_bytes, &result.stats);
       // A response that does not decode came from a server that works: final.
       attempt.retryable = false;
-      if (outcome.ok()) attempt.result_bytes = static_cast<int64_t>(matrix_bytes);
+      if (outcome.ok()) attempt.result_bytes = static_cast<int64_t>(out_bytes);
     } else {
       outcome = FromGrpcStatus(status);
       attempt.origin = FailureOriginOf(context);
@@ -823,7 +885,8 @@ Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHead
                                       const Job& job, size_t matrix_bytes, void* out,
                                       const ProgressCallback& progress) {
   Attempt attempt;
-  const StreamPlan plan = PlanStream(job.matrix, matrix_bytes, options_.chunk_bytes);
+  StreamPlan plan = PlanStream(job.matrix, matrix_bytes, options_.chunk_bytes);
+  plan.out_line_bytes = run->out_line_bytes;
   absl::StatusOr<v1::JobStats> stats;
   // Declared first so that it outlives the context and buffers holding its slices.
   wire::SliceLoans loans;

@@ -142,21 +142,33 @@ void AddStats(const v1::JobStats& part, v1::JobStats* sum) {
   sum->set_bytes_out(sum->bytes_out() + part.bytes_out());
 }
 
+// Where C lies in a staging region: over A (in place), or after A when C's
+// dtype is wider than A's.
+size_t ResultOffset(size_t matrix_bytes, size_t out_bytes) {
+  return out_bytes == matrix_bytes ? 0 : (matrix_bytes + 255) / 256 * 256;
+}
+
 // Runs `job` on the staging `region` block by block: a thread copies A in, this
 // thread runs each block's region job as soon as its lines are in, and
 // another copies C out as soon as a block is done -- unless `out` overlaps A
 // (in place), where C is copied out only after every block succeeded, so that
 // a failed job leaves A whole for the socket path. On failure, the first
 // error; `out` may then hold some blocks of C (never when it overlaps A).
+// C is computed in place over A in the region, or, when its dtype is wider
+// (`out_bytes` more than `matrix_bytes`), at ResultOffset in the region,
+// each block at C's offset of its lines.
+
 absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemoryRegion& region,
-                                      void* out, size_t matrix_bytes,
+                                      void* out, size_t matrix_bytes, size_t out_bytes,
                                       const ProgressCallback& progress, bool fresh,
                                       JobResult::SameHostPhases* phases) {
   const Blocks plan = PlanBlocks(job, matrix_bytes, client.options().same_host_blocks);
   const size_t count = plan.ranges.size();
   const char* a = static_cast<const char*>(job.matrix.data);
   char* c = static_cast<char*>(out);
-  const bool overlaps = c < a + matrix_bytes && a < c + matrix_bytes;
+  const bool overlaps = c < a + matrix_bytes && a < c + out_bytes;
+  const size_t result_at = ResultOffset(matrix_bytes, out_bytes);
+  const size_t out_line_bytes = out_bytes / (matrix_bytes / plan.line_bytes);
   const size_t hw = HardwareThreads();
   // One block: the copies take every thread; several: in and out share them.
   const size_t copy_threads =
@@ -166,6 +178,9 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
   const size_t in_threads = fresh ? std::min<size_t>(2 * copy_threads, hw) : copy_threads;
   const auto offset = [&](size_t k) { return plan.ranges[k].first_line * plan.line_bytes; };
   const auto size = [&](size_t k) { return plan.ranges[k].lines * plan.line_bytes; };
+  // Where block k of C lies, from the region's result (result_at) and `out`.
+  const auto out_offset = [&](size_t k) { return plan.ranges[k].first_line * out_line_bytes; };
+  const auto out_size = [&](size_t k) { return plan.ranges[k].lines * out_line_bytes; };
 
   std::mutex mu;
   std::condition_variable cv;
@@ -198,7 +213,8 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
           if (failed) return;
         }
         const auto start = std::chrono::steady_clock::now();
-        ParallelCopy(c + offset(k), region.bytes() + offset(k), size(k), copy_threads);
+        ParallelCopy(c + out_offset(k), region.bytes() + result_at + out_offset(k), out_size(k),
+                     copy_threads);
         copy_out_s += SecondsSince(start);
       }
     });
@@ -214,8 +230,9 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
         internal::JobOfLines(job, plan.cut, plan.line_bytes, plan.ranges[k].first_line,
                              plan.ranges[k].lines);
     const v1::RegionRef at = region.Ref(static_cast<int64_t>(offset(k)));
+    const v1::RegionRef to = region.Ref(static_cast<int64_t>(result_at + out_offset(k)));
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<JobResult> done = MultiplyRegion(client, RegionJobOf(part, at, at));
+    absl::StatusOr<JobResult> done = MultiplyRegion(client, RegionJobOf(part, at, to));
     phases->job += SecondsSince(start);
     if (!done.ok()) {
       whole = done.status();
@@ -246,7 +263,7 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
   if (out_copier.joinable()) out_copier.join();
   if (whole.ok() && overlaps) {
     const auto start = std::chrono::steady_clock::now();
-    ParallelCopy(c, region.bytes(), matrix_bytes, std::min<size_t>(8, hw));
+    ParallelCopy(c, region.bytes() + result_at, out_bytes, std::min<size_t>(8, hw));
     copy_out_s += SecondsSince(start);
   }
   phases->copy_in = copy_in_s;
@@ -330,15 +347,18 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     *why = reason(s);
     return std::nullopt;
   };
+  // C's size: more than A's for a result of a wider dtype (CheckBuffers
+  // has checked that it is known).
+  const size_t out_bytes = ResultBytes(job).value_or(matrix_bytes);
   // The caller's data already in this client's regions: no copy at all.
   if (std::optional<v1::RegionRef> in = OwnRegionRef(job.matrix.data, matrix_bytes)) {
-    if (std::optional<v1::RegionRef> at = OwnRegionRef(out, matrix_bytes)) {
+    if (std::optional<v1::RegionRef> at = OwnRegionRef(out, out_bytes)) {
       const auto start = std::chrono::steady_clock::now();
       absl::StatusOr<JobResult> done = MultiplyRegion(*this, RegionJobOf(job, *in, *at));
       if (done.ok()) {
         done->same_host.job = SecondsSince(start);
         done->mode = TransferMode::kRegion;
-        done->received_bytes = static_cast<int64_t>(matrix_bytes);
+        done->received_bytes = static_cast<int64_t>(out_bytes);
         done->part_stats = {done->stats};
         return done;
       }
@@ -386,7 +406,7 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
       done->same_host.job = SecondsSince(start);
       done->mode = TransferMode::kRegion;
       done->process_memory = true;
-      done->received_bytes = static_cast<int64_t>(matrix_bytes);
+      done->received_bytes = static_cast<int64_t>(out_bytes);
       done->part_stats = {done->stats};
       return done;
     }
@@ -401,7 +421,9 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
   // Twice at most: a staging region the server dropped (idle past its
   // timeout) is replaced once.
   for (int attempt = 0;; ++attempt) {
-    absl::StatusOr<std::shared_ptr<Staging>> staging = TakeStaging(matrix_bytes);
+    // A and, when C is wider, C after it (RunInBlocks).
+    absl::StatusOr<std::shared_ptr<Staging>> staging =
+        TakeStaging(ResultOffset(matrix_bytes, out_bytes) + out_bytes);
     if (!staging.ok()) {
       // A full region budget or too many regions: this job goes over the
       // socket, and the path is tried again for later ones.
@@ -417,12 +439,12 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     const bool fresh = !(*staging)->used;
     (*staging)->used = true;
     absl::StatusOr<JobResult> done =
-        RunInBlocks(*this, job, region, out, matrix_bytes, progress, fresh, &phases);
+        RunInBlocks(*this, job, region, out, matrix_bytes, out_bytes, progress, fresh, &phases);
     if (done.ok()) {
       ReturnStaging(*std::move(staging));
       done->mode = TransferMode::kRegion;
       done->stripes = 1;
-      done->received_bytes = static_cast<int64_t>(matrix_bytes);
+      done->received_bytes = static_cast<int64_t>(out_bytes);
       done->same_host = phases;
       return done;
     }

@@ -100,7 +100,7 @@ absl::Status StreamCall::HandleResponse() {
       accepted_ = true;
       return absl::OkStatus();
     case wire::StreamResponse::Kind::kBlock:
-      next_line_to_receive_ += static_cast<int64_t>(response->size / plan_.line_bytes);
+      next_line_to_receive_ += static_cast<int64_t>(response->size / plan_.result_line_bytes());
       bytes_received_.fetch_add(static_cast<int64_t>(response->size), std::memory_order_relaxed);
       ReportProgress();
       return absl::OkStatus();
@@ -122,20 +122,24 @@ absl::StatusOr<void*> StreamCall::PlaceBlock(int64_t first_line, size_t size) {
                                       next_line_to_receive_));
   }
   const int64_t lines_left = plan_.lines - first_line;
-  if (size == 0 || size % plan_.line_bytes != 0 ||
-      static_cast<int64_t>(size / plan_.line_bytes) > lines_left) {
+  const size_t line = plan_.result_line_bytes();
+  if (size == 0 || size % line != 0 || static_cast<int64_t>(size / line) > lines_left) {
     return ProtocolError(absl::StrCat("result block of ", size, " bytes at line ", first_line,
-                                      "; lines are ", plan_.line_bytes, " bytes and ", lines_left,
+                                      "; result lines are ", line, " bytes and ", lines_left,
                                       " remain"));
   }
-  return out_ + static_cast<size_t>(first_line) * plan_.line_bytes;
+  return out_ + static_cast<size_t>(first_line) * line;
 }
 
 void StreamCall::ReportProgress() {
   if (!progress_) return;
   std::lock_guard lock(progress_mu_);
+  // Received lines counted in A's bytes, so that both counts end at the
+  // total whatever C's dtype.
   progress_(bytes_sent_.load(std::memory_order_relaxed),
-            bytes_received_.load(std::memory_order_relaxed),
+            bytes_received_.load(std::memory_order_relaxed) /
+                static_cast<int64_t>(plan_.result_line_bytes()) *
+                static_cast<int64_t>(plan_.line_bytes),
             static_cast<int64_t>(plan_.line_bytes) * plan_.lines);
 }
 

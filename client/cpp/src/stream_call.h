@@ -28,6 +28,10 @@ struct StreamPlan {
   int64_t lines = 0;
   size_t line_bytes = 0;
   int64_t lines_per_block = 0;
+  // A line of the result C (more than line_bytes when C's dtype is wider
+  // than A's); 0: line_bytes.
+  size_t out_line_bytes = 0;
+  size_t result_line_bytes() const { return out_line_bytes != 0 ? out_line_bytes : line_bytes; }
 };
 
 // Lines per block for a chunk of `chunk_bytes`: as many whole lines as fit,

@@ -25,11 +25,11 @@ if not _os.path.isdir(_os.path.join(__path__[0], "v1")):  # noqa: F821
 
 from .v1 import dgmm_pb2 as pb  # noqa: E402
 from .v1 import dgmm_pb2_grpc as pb_grpc  # noqa: E402
-from .client import Client, DgmmError, InvalidArgumentError, MultiplyInfo, RetryPolicy  # noqa: E402,E501
+from .client import Client, DgmmError, InvalidArgumentError, MultiplyInfo, RetryPolicy, result_dtype  # noqa: E402,E501
 from .regions import CudaIpcRegion, SharedMemoryRegion  # noqa: E402
 from .arrays import asarray, empty, empty_like, region_of, zeros  # noqa: E402
 
 __all__ = ["Client", "CudaIpcRegion", "DgmmError", "InvalidArgumentError", "MultiplyInfo",
            "RetryPolicy", "SharedMemoryRegion", "asarray", "empty", "empty_like", "pb", "pb_grpc",
-           "region_of", "zeros"]
+           "region_of", "result_dtype", "zeros"]
 __version__ = "0.1.0"

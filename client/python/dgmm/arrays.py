@@ -51,7 +51,7 @@ import numpy as np
 
 from . import _core
 from .client import Client, DgmmError, MultiplyInfo, _Job, _enum_value, _error, _merged_stats, \
-    _SIDES, backend_value
+    _SIDES, backend_value, result_dtype
 from .regions import _DTYPES, SharedMemoryRegion, _find_ref, _REGISTRY, _REGISTRY_LOCK, _session
 from .v1 import dgmm_pb2 as pb
 
@@ -332,6 +332,11 @@ def _region_arrays_job(self, a, d, side, backend, timeout, out, return_stats, re
         return None
     if side == pb.SIDE_BOTH or (isinstance(side, str) and side.lower() == "both"):
         return None  # two diagonals: the C++ client's path
+    try:
+        if result_dtype(dtype, getattr(d, "dtype", dtype)) != dtype:
+            return None  # C of a wider dtype than A's: the C++ client's path
+    except ValueError:
+        pass  # a diagonal of another dtype: converted to A's below
     if a.flags.c_contiguous:
         layout = "C"
     elif a.flags.f_contiguous:

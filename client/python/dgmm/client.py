@@ -62,21 +62,40 @@ try:
 except ImportError:  # bfloat16 needs ml_dtypes
     _BFLOAT16 = None
 
-# Which diagonal dtypes widen exactly into which matrix dtypes (NumPy's
-# result_type(A, d) is A's): such a diagonal is sent as it is, with its
-# dtype, and the server widens it; any other real diagonal is converted to
-# A's dtype here.
-_WIDENS_INTO = {
-    pb.DTYPE_FLOAT16: {pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT64, pb.DTYPE_COMPLEX64,
-                       pb.DTYPE_COMPLEX128},
-    pb.DTYPE_BFLOAT16: {pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT64, pb.DTYPE_COMPLEX64,
-                        pb.DTYPE_COMPLEX128},
-    pb.DTYPE_FLOAT32: {pb.DTYPE_FLOAT64, pb.DTYPE_COMPLEX64, pb.DTYPE_COMPLEX128},
-    pb.DTYPE_FLOAT64: {pb.DTYPE_COMPLEX128},
-    pb.DTYPE_COMPLEX64: {pb.DTYPE_COMPLEX128},
-    pb.DTYPE_COMPLEX128: set(),
-}
+_DTYPE_OF = {enum: dtype for dtype, enum in _WIRE_DTYPES.items()}
 _COMPLEX = (pb.DTYPE_COMPLEX64, pb.DTYPE_COMPLEX128)
+# The width of each element type's real part: 0 half, 1 float32, 2 float64.
+_REAL_RANK = {pb.DTYPE_FLOAT16: 0, pb.DTYPE_BFLOAT16: 0, pb.DTYPE_FLOAT32: 1,
+              pb.DTYPE_COMPLEX64: 1, pb.DTYPE_FLOAT64: 2, pb.DTYPE_COMPLEX128: 2}
+
+
+def _promote(a, b):
+    """NumPy's result_type of two element types (dgmm.pb DType values), as
+    the server computes it (docs/protocol.md "Element types"): float16 with
+    bfloat16 gives float32, as ml_dtypes does; real with complex the complex
+    type wide enough for both."""
+    if a == b:
+        return a
+    rank = max(_REAL_RANK[a], _REAL_RANK[b], 1)
+    if a in _COMPLEX or b in _COMPLEX:
+        return pb.DTYPE_COMPLEX64 if rank == 1 else pb.DTYPE_COMPLEX128
+    return pb.DTYPE_FLOAT32 if rank == 1 else pb.DTYPE_FLOAT64
+
+
+def result_dtype(a_dtype, d_dtype):
+    """The dtype of C for a matrix of `a_dtype` and diagonals of `d_dtype`
+    (NumPy dtypes of the element types dgmm takes): NumPy's
+    result_type(a_dtype, d_dtype) (float32 with float64 gives float64,
+    float64 with complex64 gives complex128; float16 with bfloat16 gives
+    float32, as ml_dtypes does). ValueError for other dtypes."""
+    enums = []
+    for dtype in (a_dtype, d_dtype):
+        wire = _little_endian(np.dtype(dtype))
+        if wire not in _WIRE_DTYPES:
+            raise ValueError("dgmm: %s is not an element type dgmm takes (float16, bfloat16, "
+                             "float32, float64, complex64, complex128)" % (dtype,))
+        enums.append(_WIRE_DTYPES[wire])
+    return _DTYPE_OF[_promote(*enums)]
 
 # Every side multiply() takes; the region paths (dgmm.arrays, dgmm.regions)
 # take one diagonal, _SIDES.
@@ -440,7 +459,8 @@ class _Job:
     one), the diagonal(s), and the header fields."""
 
     __slots__ = ("a", "diagonal", "right", "diagonal_dtype", "wire_dtype", "dtype_enum",
-                 "col_major", "order", "rows", "cols", "side", "backend", "num_lines")
+                 "col_major", "order", "rows", "cols", "side", "backend", "num_lines",
+                 "result_dtype")
 
     def __init__(self, a, d, side, backend):
         self.backend = backend_value(backend)  # Rule 4 first: a bad name is refused before anything.
@@ -474,35 +494,38 @@ class _Job:
                 raise ValueError("dgmm: side='both' takes the diagonals as a pair (l, r): "
                                  "C = diag(l)·A·diag(r)")
             left, right = self._diagonal(d[0], "left"), self._diagonal(d[1], "right")
-            if left.dtype != right.dtype:  # one diagonal dtype on the wire
-                left, right = (np.ascontiguousarray(x, dtype=self.wire_dtype)
-                               for x in (left, right))
+            if left.dtype != right.dtype:  # one diagonal dtype on the wire: both widened to it
+                both = _DTYPE_OF[_promote(_WIRE_DTYPES[left.dtype], _WIRE_DTYPES[right.dtype])]
+                left, right = (np.ascontiguousarray(x, dtype=both) for x in (left, right))
             self.diagonal, self.right = left, right
         else:
             self.diagonal = self._diagonal(d, "")
-        d_wire = _little_endian(self.diagonal.dtype)
-        self.diagonal_dtype = _WIRE_DTYPES[d_wire] if d_wire != self.wire_dtype else 0
+        d_enum = _WIRE_DTYPES[self.diagonal.dtype]
+        self.diagonal_dtype = d_enum if d_enum != self.dtype_enum else 0
+        # C's dtype: NumPy's result_type of A and d (wider than A's for a
+        # wider or complex d); the server computes it.
+        self.result_dtype = _DTYPE_OF[_promote(self.dtype_enum, d_enum)]
 
     def _diagonal(self, d, which):
-        """One diagonal, wire-ready: as it is when its dtype widens exactly
-        into A's, else converted to A's dtype (a complex diagonal with a real
-        A is refused: the result would be complex)."""
+        """One diagonal, wire-ready: as it is when its dtype is one dgmm
+        takes (the server promotes A and d, as NumPy does), else (integers,
+        bool, ...) converted to A's dtype (a complex one to complex128)."""
         d = np.asarray(d)
         what = "the %s diagonal" % which if which else "the diagonal"
         if d.ndim != 1:
             raise ValueError("dgmm: %s must be a 1-D array, got shape %s" % (what, d.shape))
         wire = _little_endian(d.dtype)
-        if wire in _WIRE_DTYPES and (wire == self.wire_dtype or
-                                     self.dtype_enum in _WIDENS_INTO[_WIRE_DTYPES[wire]]):
+        if wire in _WIRE_DTYPES:
             if d.dtype != wire or not d.flags.c_contiguous:
                 d = np.ascontiguousarray(d, dtype=wire)
             return d
-        if d.dtype.kind == "c" and self.dtype_enum not in _COMPLEX:
-            raise ValueError("dgmm: %s is complex (%s) but A is %s: the result would be complex; "
-                             "convert A first, e.g. A.astype(numpy.complex128)"
-                             % (what, d.dtype, self.wire_dtype))
-        if d.dtype.kind not in "biufc" and wire not in _WIRE_DTYPES:
+        if d.dtype.kind not in "biufc":
             raise ValueError("dgmm: %s must be numbers, got %s" % (what, d.dtype))
+        if d.dtype.kind == "c":
+            if d.dtype.itemsize > 16:
+                raise ValueError("dgmm: %s is %s; dgmm takes complex64 and complex128, convert "
+                                 "it first, e.g. d.astype(numpy.complex128)" % (what, d.dtype))
+            return np.ascontiguousarray(d, dtype="<c16")
         return np.ascontiguousarray(d, dtype=self.wire_dtype)
 
     def core_args(self, c):
@@ -514,15 +537,16 @@ class _Job:
                  "right": None if self.right is None else _for_buffer(self.right)})
 
     def new_output(self):
-        return np.empty((self.rows, self.cols), dtype=self.wire_dtype, order=self.order)
+        return np.empty((self.rows, self.cols), dtype=self.result_dtype, order=self.order)
 
     def check_output(self, out):
         """The caller's output array, or ValueError."""
         if not isinstance(out, np.ndarray) or out.shape != (self.rows, self.cols) or \
-                out.dtype != self.wire_dtype or not out.flags.writeable or \
+                out.dtype != self.result_dtype or not out.flags.writeable or \
                 not out.flags[("F" if self.col_major else "C") + "_CONTIGUOUS"]:
-            raise ValueError("dgmm: out must be a writable %s-order %s array of shape %s"
-                             % (self.order, self.wire_dtype, (self.rows, self.cols)))
+            raise ValueError("dgmm: out must be a writable %s-order %s array of shape %s (the "
+                             "result's dtype: NumPy's result_type of A and d)"
+                             % (self.order, self.result_dtype, (self.rows, self.cols)))
         return out
 
 
@@ -816,14 +840,17 @@ class Client:
         PyTorch, __cuda_array_interface__ or a CUDA __dlpack__), which is
         copied to the host and whose C comes back as the same kind of array
         on its device (a CPU torch.Tensor gives a torch.Tensor). C has A's
-        dtype and layout (C order stays C order, Fortran order stays Fortran
-        order; any other array is sent as a C-order copy); A itself is read
-        in place. d is 1-D; a d whose dtype widens exactly into A's (NumPy's
-        result_type(A, d) is A's dtype: float32 or float16 d for a float64 A,
-        float16 for float32, float32 for complex64, float64 or complex64 for
-        complex128) is sent as it is and widened by the server; any other
-        real d is converted to A's dtype here; a complex d with a real A is
-        a ValueError (the result would be complex).
+        layout (C order stays C order, Fortran order stays Fortran order;
+        any other array is sent as a C-order copy) and NumPy's
+        result_type(A.dtype, d.dtype) (dgmm.result_dtype): A's dtype for a d
+        of the same or a narrower dtype, the wider one otherwise (float32 A
+        with a float64 d gives float64, a real A with a complex d the complex
+        type wide enough, float16 with bfloat16 float32); A itself is read
+        in place. d is 1-D and sent as it is when it is of one of those six
+        dtypes (the server promotes); a d of another dtype (integers, ...)
+        is converted to A's dtype (a complex one to complex128) first. With
+        side="both", l and r of two dtypes are both sent as their result
+        type.
         backend: "auto", "cpu", "cuda-kernel" or "cublas" (a
         hint; also the enum names "BACKEND_CPU", ... or dgmm.pb values); any
         other name raises dgmm.InvalidArgumentError (a DgmmError with code
@@ -835,8 +862,8 @@ class Client:
         stripes: K, the number of parts sent at once over K connections;
         None: the client's default (auto by size). K is capped at the number
         of lines (rows of a C-order A, columns of a Fortran-order one).
-        out: optional array for C (A's shape, dtype and
-        layout, contiguous and writable; for a CUDA A, a CUDA array of that
+        out: optional array for C (A's shape and layout, the result
+        dtype above, contiguous and writable; for a CUDA A, a CUDA array of that
         shape): the result lands in it in place and it is returned; by
         default a new array. When A (and out) are dgmm arrays of this
         client (dgmm.empty, zeros, asarray) or views of SharedMemoryRegions
@@ -903,7 +930,8 @@ class Client:
         jobs: a sequence of (a, d), (a, d, side) or (a, d, side, backend)
         tuples, each as multiply()'s arguments (host arrays: NumPy or the
         buffer protocol). Returns a list with one entry per job, in order:
-        C (A's shape, dtype and layout), or (C, dgmm.pb.JobStats) with
+        C (A's shape and layout, NumPy's result dtype of A and d as for
+        multiply()), or (C, dgmm.pb.JobStats) with
         return_stats=True; a job that failed on its own (a bad diagonal, a
         job that can never fit, ...) has its DgmmError in its place,
         returned, not raised: one bad job does not fail the others.

@@ -62,7 +62,8 @@ import weakref
 import grpc
 import numpy as np
 
-from .client import _ALL_SIDES, Client, DgmmError, InvalidArgumentError, _enum_value, backend_value
+from .client import _ALL_SIDES, Client, DgmmError, InvalidArgumentError, _enum_value, _promote, \
+    backend_value
 from .local_socket import ENV_SOCKET, LocalSession
 from .v1 import dgmm_pb2 as pb
 
@@ -675,13 +676,18 @@ class RegionMethods:
           NumPy views of SharedMemoryRegions (SharedMemoryRegion.ndarray), or
           CUDA arrays of CudaIpcRegions. 2-D, float16, float32, float64,
           complex64 or complex128 (bfloat16 with ml_dtypes), C- or
-          Fortran-contiguous; out has a's shape, dtype and order. out may be
-          a itself (in place); a partial overlap is INVALID_ARGUMENT.
-        d: 1-D (side="both": each of l and r); read by the server from a
-          registered shared-memory region when it lies in one and has a's
-          dtype (for side="both": when both do), else sent inline (converted
-          to a's dtype; a CUDA array is copied to the host first: the server
-          takes no diagonal from IPC regions).
+          Fortran-contiguous; out has a's shape and order and the result
+          dtype: NumPy's result_type of a and d (dgmm.result_dtype; a's
+          dtype unless d's is wider or complex). out may be a itself (in
+          place) when the result has a's dtype; any other overlap is
+          INVALID_ARGUMENT.
+        d: 1-D (side="both": each of l and r, sent in their result type);
+          of one of the six dtypes above it is sent as it is (the server
+          promotes), of another (integers, ...) converted to a's dtype. Read
+          by the server from a registered shared-memory region when it lies
+          in one (for side="both": when both do), else sent inline (a CUDA
+          array is copied to the host first: the server takes no diagonal
+          from IPC regions).
         timeout: seconds; None for no deadline. Not retried.
 
         Raises ValueError for arrays that cannot be a region job (not in a
@@ -696,11 +702,26 @@ class RegionMethods:
                              "complex128 (or ml_dtypes.bfloat16), got %s" % dtype)
         if layout is None:
             raise ValueError("dgmm: A must be C- or Fortran-contiguous to be a region job")
+        # The diagonals' dtype on the wire (side="both": their result type)
+        # and C's: NumPy's result_type of A and d.
+        sides = d if isinstance(d, (tuple, list)) else (d,)
+        d_enum = None
+        for each in sides:
+            each_dtype = getattr(each, "dtype", None)
+            each_dtype = np.asarray(each).dtype if each_dtype is None else np.dtype(each_dtype)
+            if each_dtype.byteorder == ">":
+                each_dtype = each_dtype.newbyteorder("<")
+            each_enum = _DTYPES.get(each_dtype, _DTYPES[dtype])
+            d_enum = each_enum if d_enum is None else _promote(d_enum, each_enum)
+        d_enum = _DTYPES[dtype] if d_enum is None else d_enum
+        d_dtype = next(t for t, e in _DTYPES.items() if e == d_enum)
+        c_dtype = next(t for t, e in _DTYPES.items() if e == _promote(_DTYPES[dtype], d_enum))
         out_where, (o_ptr, o_bytes, o_dtype, o_shape, o_layout) = _describe(out)
-        if (out_where, o_dtype, o_shape, o_layout) != (where, dtype, shape, layout):
-            raise ValueError("dgmm: out must have A's kind, shape, dtype and order (%s %s %s "
-                             "%s), got %s %s %s %s" % (where, shape, dtype, layout, out_where,
-                                                        o_shape, o_dtype, o_layout))
+        if (out_where, o_dtype, o_shape, o_layout) != (where, c_dtype, shape, layout):
+            raise ValueError("dgmm: out must have A's kind, shape and order and the result's "
+                             "dtype (%s %s %s %s), got %s %s %s %s"
+                             % (where, shape, c_dtype, layout, out_where, o_shape, o_dtype,
+                                o_layout))
         # The session first: one the server closed forgets its regions, so
         # that a stale name never reaches the server (where another region of
         # this uid may have it now).
@@ -721,22 +742,23 @@ class RegionMethods:
             rows=rows, cols=cols, dtype=_DTYPES[dtype],
             layout=pb.LAYOUT_COL_MAJOR if layout == "F" else pb.LAYOUT_ROW_MAJOR,
             side=_enum_value(side, _ALL_SIDES, "side"),
-            backend=backend_value(backend))
+            backend=backend_value(backend),
+            diagonal_dtype=d_enum if d_dtype != dtype else 0)
         refs = ()
         if header.side == pb.SIDE_BOTH:
             if not isinstance(d, (tuple, list)) or len(d) != 2:
                 raise ValueError("dgmm: side='both' takes the diagonals as a pair (l, r)")
-            left = self._region_diagonal(where, d[0], dtype, pb.JobHeader())
-            right = self._region_diagonal(where, d[1], dtype, pb.JobHeader())
+            left = self._region_diagonal(where, d[0], d_dtype, pb.JobHeader())
+            right = self._region_diagonal(where, d[1], d_dtype, pb.JobHeader())
             if left is not None and right is not None:
                 refs = (("diagonal", left), ("right_diagonal", right))
             else:  # both inline
                 for which, field in ((d[0], "diagonal"), (d[1], "right_diagonal")):
                     scratch = pb.JobHeader()
-                    self._region_diagonal(where, which, dtype, scratch, inline=True)
+                    self._region_diagonal(where, which, d_dtype, scratch, inline=True)
                     setattr(header, field, scratch.diagonal)
         else:
-            diagonal = self._region_diagonal(where, d, dtype, header)
+            diagonal = self._region_diagonal(where, d, d_dtype, header)
             if diagonal is not None:
                 refs = (("diagonal", diagonal),)
         # The header is copied into the request: made complete first.

@@ -257,26 +257,25 @@ class CpuJob : public JobContext {
   // and C cross memory once each, as in place.
   absl::Status ProcessThrough(const Tile& tile, int64_t n, const CancelFn& cancelled,
                               absl::Time start, StageTimes* times) {
-    // In place in the buffer: C has A's element size (the validator keeps
-    // C in A's dtype).
-    if (problem_.out_elem_size() != problem_.elem_size()) {
-      return absl::InvalidArgumentError(
-          "a job in process memory needs the result in the matrix's dtype");
-    }
+    // In place in one buffer when C has A's element size; a wider C is
+    // computed into a second buffer of its own.
     const int64_t elem = static_cast<int64_t>(problem_.elem_size());
+    const int64_t out_elem = static_cast<int64_t>(problem_.out_elem_size());
+    const bool wider = out_elem != elem;
     std::mutex mu;
     absl::Status first;
     std::atomic<bool> failed{false};
     pool_->ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
-      std::vector<std::byte> buffer(static_cast<size_t>(std::min(e - b, kGrainElements) * elem));
+      const int64_t most = std::min(e - b, kGrainElements);
+      std::vector<std::byte> buffer(static_cast<size_t>(most * elem));
+      std::vector<std::byte> result(wider ? static_cast<size_t>(most * out_elem) : 0);
+      std::byte* out = wider ? result.data() : buffer.data();
       for (int64_t at = b; at < e && !failed.load(std::memory_order_relaxed); at += kGrainElements) {
         const int64_t count = std::min(e - at, kGrainElements);
-        const int64_t bytes = count * elem;
-        absl::Status s = tile.memory->Read(buffer.data(), tile.in + at * elem, bytes);
+        absl::Status s = tile.memory->Read(buffer.data(), tile.in + at * elem, count * elem);
         if (s.ok()) {
-          ScaleAnyAt(problem_, diag_.data(), tile.first_line, buffer.data(), buffer.data(), at,
-                     at + count);
-          s = tile.memory->Write(tile.out + at * elem, buffer.data(), bytes);
+          ScaleAnyAt(problem_, diag_.data(), tile.first_line, buffer.data(), out, at, at + count);
+          s = tile.memory->Write(tile.out + at * out_elem, out, count * out_elem);
         }
         if (s.ok() && cancelled && cancelled()) s = absl::CancelledError("job cancelled");
         if (!s.ok()) {

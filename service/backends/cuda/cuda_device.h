@@ -91,12 +91,14 @@ class CudaDevice final : public Device {
   bool in_service() const override { return in_service_.load(); }
 
   // The single footprint function. Device bytes a job holds:
-  //   kWhole:    2 × matrix_bytes + diag_bytes (input and output on the
-  //              device, every piece in its own place);
-  //   kStreamed: 2 × pieces_in_flight × slot_bytes + diag_bytes, where
-  //              slot_bytes = min(tile_bytes, max_block_bytes) rounded up to
-  //              256 bytes: one input and one output slot per piece in
-  //              flight, whatever the number of lines.
+  //   kWhole:    matrix_bytes + out_matrix_bytes + prepared diagonals
+  //              (input in A's dtype and output in C's on the device, every
+  //              piece in its own place);
+  //   kStreamed: 2 × pieces_in_flight × slot_bytes + prepared diagonals,
+  //              where slot_bytes = min(tile_bytes, max_block_bytes) rounded
+  //              up to 256 bytes: one input and one output slot per piece in
+  //              flight, whatever the number of lines (a piece is cut so
+  //              that its C, in C's wider dtype too, fits a slot).
   int64_t Footprint(const Problem& p, JobMode mode,
                     int64_t max_block_bytes) const override;
 

@@ -88,7 +88,7 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
   // A job on the client's device memory (kDeviceRegion) needs no slots.
   if (region_bytes() > 0) {
     if (auto st = alloc(&d_in_, region_bytes()); !st.ok()) return st;
-    if (auto st = alloc(&d_out_, region_bytes()); !st.ok()) return st;
+    if (auto st = alloc(&d_out_, out_region_bytes()); !st.ok()) return st;
   }
   if (auto st = device_->Check(
           cudaMemcpyAsync(d_diag_, diag, static_cast<size_t>(p_.prepared_diag_bytes()),
@@ -113,10 +113,11 @@ absl::Status CudaJobContext::Init(const std::byte* diag) {
   return absl::OkStatus();
 }
 
-std::byte* CudaJobContext::DeviceAddress(std::byte* region, int lane, const Piece& piece) const {
+std::byte* CudaJobContext::DeviceAddress(std::byte* region, int lane, const Piece& piece,
+                                         bool out) const {
   if (mode_ == JobMode::kWhole) {
-    return region + piece.first_line * p_.line_bytes() +
-           piece.pos * static_cast<int64_t>(p_.elem_size());
+    return region + piece.first_line * (out ? p_.out_line_bytes() : p_.line_bytes()) +
+           piece.pos * static_cast<int64_t>(out ? p_.out_elem_size() : p_.elem_size());
   }
   return region + lane * slot_bytes_;
 }
@@ -135,8 +136,8 @@ DeviceTile<T> CudaJobContext::MakeDeviceTile(std::byte* in, std::byte* out,
 }
 
 absl::Status CudaJobContext::Launch(const Lane& lane, const Piece& piece, int lane_index) {
-  return LaunchOn(DeviceAddress(d_in_, lane_index, piece), DeviceAddress(d_out_, lane_index, piece),
-                  piece, lane.stream);
+  return LaunchOn(DeviceAddress(d_in_, lane_index, piece),
+                  DeviceAddress(d_out_, lane_index, piece, /*out=*/true), piece, lane.stream);
 }
 
 absl::Status CudaJobContext::LaunchOn(std::byte* in, std::byte* out, const Piece& piece,
@@ -205,9 +206,12 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piec
     if (!copied.ok()) return copied;
     src = lane.staging;
   }
-  std::byte* dst = pinned_out ? tile.out + piece.byte_offset : lane.staging;
+  // C's bytes of the piece go to C's offset (more than A's for a wider C);
+  // the staging buffer takes A's piece in, then C's out.
+  std::byte* dst = pinned_out ? tile.out + OutBytes(piece.byte_offset) : lane.staging;
   cudaStream_t s = device_->streams_[lane.stream];
   const size_t n = static_cast<size_t>(piece.bytes);
+  const size_t out_n = static_cast<size_t>(OutBytes(piece.bytes));
   lane.piece = piece;
   lane.busy = true;
   if (auto st = device_->Check(cudaEventRecord(lane.start, s), "cudaEventRecord"); !st.ok()) {
@@ -226,8 +230,8 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piec
   if (auto st = device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord"); !st.ok()) {
     return st;
   }
-  if (auto st = device_->Check(cudaMemcpyAsync(dst, DeviceAddress(d_out_, lane_index, piece), n,
-                                               cudaMemcpyDeviceToHost, s),
+  if (auto st = device_->Check(cudaMemcpyAsync(dst, DeviceAddress(d_out_, lane_index, piece, true),
+                                               out_n, cudaMemcpyDeviceToHost, s),
                                "device-to-host copy");
       !st.ok()) {
     return st;
@@ -249,9 +253,9 @@ absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile, bool pinned_ou
   if (!pinned_out) {
     // Out of the staging buffer on a thread of its own (with the device's
     // copy-out threads), so that it overlaps the next pieces' copies in.
-    std::byte* dst = tile.out + lane.piece.byte_offset;
+    std::byte* dst = tile.out + OutBytes(lane.piece.byte_offset);
     const std::byte* src = lane.staging;
-    const int64_t bytes = lane.piece.bytes;
+    const int64_t bytes = OutBytes(lane.piece.bytes);
     const TileMemory* memory = tile.memory;
     auto copy = [device = device_, dst, src, bytes, memory] {
       const absl::Time t0 = absl::Now();
@@ -327,9 +331,11 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
   const int64_t bytes = tile.lines * p_.line_bytes();
   // Another process's memory (Tile.memory) is never ours to DMA from.
   const bool pinned_in = tile.memory == nullptr && IsPinned(tile.in, bytes);
-  const bool pinned_out = tile.memory == nullptr && IsPinned(tile.out, bytes);
-  // A piece must fit one staging buffer and one device slot.
-  const int64_t piece_limit = std::min(slot_bytes_, device_->tile_bytes_);
+  const bool pinned_out = tile.memory == nullptr && IsPinned(tile.out, OutBytes(bytes));
+  // A piece must fit one staging buffer and one device slot, in A's bytes
+  // and in C's (C's element is never narrower than A's): the limit in A's
+  // bytes is the whole elements of C that fit, at least one.
+  const int64_t piece_limit = PieceLimitBytes(p_, std::min(slot_bytes_, device_->tile_bytes_));
   const int64_t line_bytes = p_.line_bytes();
   const int64_t pieces =
       line_bytes > piece_limit

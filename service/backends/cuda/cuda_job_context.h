@@ -55,12 +55,25 @@ class CudaJobContext final : public JobContext {
     std::future<CopyOut> copy_out;
   };
 
+  // Device bytes of the input region (A's) and of the output region (C's,
+  // more than A's when C's dtype is wider). Slots hold a piece of either:
+  // pieces are cut so that their C fits a slot.
   int64_t region_bytes() const {
     return mode_ == JobMode::kWhole ? RoundUp(p_.matrix_bytes(), kAlign)
                                     : int64_t{device_->pieces_in_flight()} * slot_bytes_;
   }
-  // Device address of `piece`'s input (or output) in lane `lane`.
-  std::byte* DeviceAddress(std::byte* region, int lane, const Piece& piece) const;
+  int64_t out_region_bytes() const {
+    return mode_ == JobMode::kWhole ? RoundUp(p_.out_matrix_bytes(), kAlign)
+                                    : int64_t{device_->pieces_in_flight()} * slot_bytes_;
+  }
+  // Device address of `piece`'s input (or, with `out`, output) in lane
+  // `lane`.
+  std::byte* DeviceAddress(std::byte* region, int lane, const Piece& piece, bool out = false) const;
+  // `piece`'s offset and size in C's bytes (Piece's are A's).
+  int64_t OutBytes(int64_t in_bytes) const {
+    return in_bytes / static_cast<int64_t>(p_.elem_size()) *
+           static_cast<int64_t>(p_.out_elem_size());
+  }
   absl::Status Launch(const Lane& lane, const Piece& piece, int lane_index);
   absl::Status LaunchOn(std::byte* in, std::byte* out, const Piece& piece, int stream);
   // kDeviceRegion: the tile's pointers are device memory of this GPU.

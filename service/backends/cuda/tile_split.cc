@@ -54,6 +54,13 @@ bool TileSplitter::Next(Piece* piece) {
   return true;
 }
 
+int64_t PieceLimitBytes(const Problem& p, int64_t fit_bytes) {
+  const int64_t elem = static_cast<int64_t>(p.elem_size());
+  const int64_t out_elem = static_cast<int64_t>(p.out_elem_size());
+  if (out_elem == elem) return fit_bytes;
+  return std::max<int64_t>(fit_bytes / out_elem, 1) * elem;
+}
+
 std::vector<Piece> SplitTile(const Problem& p, int64_t first_line, int64_t lines,
                              int64_t max_piece_bytes, int64_t ramp_bytes) {
   std::vector<Piece> pieces;

@@ -59,6 +59,12 @@ class TileSplitter {
   int64_t next_limit_;  // the ramp's limit for the next piece
 };
 
+// The piece limit, in A's bytes, for pieces whose input (A's dtype) and
+// output (C's, never narrower) must each fit `fit_bytes` (a staging buffer
+// and a device slot): the whole elements of C that fit, at least one, in
+// A's bytes. `fit_bytes` itself when C has A's dtype.
+int64_t PieceLimitBytes(const Problem& p, int64_t fit_bytes);
+
 // All pieces at once (for tests and small tiles).
 std::vector<Piece> SplitTile(const Problem& p, int64_t first_line, int64_t lines,
                              int64_t max_piece_bytes, int64_t ramp_bytes = 0);

@@ -62,8 +62,16 @@ namespace dgmm {
 // for float64 and complex64, 16 for complex128, 0 otherwise.
 size_t ElementSize(v1::DType dtype);
 
+// NumPy's result_type of two dtypes (with ml_dtypes' bfloat16): `a` when
+// they are equal; float16 with bfloat16 gives float32; real with complex
+// gives the complex type wide enough for both (float64 with complex64 gives
+// complex128); otherwise the wider. DTYPE_UNSPECIFIED when either is not a
+// dtype of ElementSize's.
+v1::DType PromoteDTypes(v1::DType a, v1::DType b);
+
 // Called as a job's payload moves: matrix bytes sent so far, result bytes
-// received so far, and the matrix size (each of the first two ends at it).
+// received so far, and the matrix size (each of the first two ends at it;
+// a result of a wider dtype than A's is counted in A's bytes of its lines).
 // May be called from gRPC threads; calls for one job never overlap.
 using ProgressCallback =
     std::function<void(int64_t bytes_sent, int64_t bytes_received, int64_t total_bytes)>;
@@ -245,9 +253,11 @@ absl::StatusOr<size_t> MatrixBytes(const MatrixView& matrix);
 // SIDE_BOTH `diagonal` is the left one (rows elements) and
 // `right_diagonal` the right one (cols elements): C = diag(l)·A·diag(r).
 // The server checks the lengths. The result C has A's shape and layout and
-// the result dtype (`result_dtype`, unspecified: NumPy's result type of A
-// and d); the server computes results in A's dtype (docs/protocol.md
-// "Element types"), so C's buffer is A's size.
+// the result dtype (ResultDType: `result_dtype`, unspecified: NumPy's result
+// type of A and d, so a float32 A with a float64 diagonal gives a float64
+// C); C's buffer is ResultBytes (docs/protocol.md "Element types"). A
+// stated `result_dtype` must be that result type or one it widens to
+// exactly (float32 with float32 into float64); the server refuses others.
 struct Job {
   MatrixView matrix;
   const void* diagonal = nullptr;
@@ -259,6 +269,14 @@ struct Job {
   v1::DType diagonal_dtype = v1::DTYPE_UNSPECIFIED;
   v1::DType result_dtype = v1::DTYPE_UNSPECIFIED;
 };
+
+// C's dtype for `job`: `result_dtype` when stated, else
+// PromoteDTypes(A's dtype, diagonal_dtype or A's).
+v1::DType ResultDType(const Job& job);
+
+// Size in bytes of `job`'s result C: rows*cols elements of ResultDType;
+// INVALID_ARGUMENT as MatrixBytes, or for an unknown result dtype.
+absl::StatusOr<size_t> ResultBytes(const Job& job);
 
 using HealthState = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
@@ -303,8 +321,9 @@ struct JobResult {
   // Stats of each part's successful (last) attempt, in line order.
   std::vector<v1::JobStats> part_stats;
   // Result bytes that arrived over every attempt of every part, counted as
-  // each unary reply and each result block came. Equal to the matrix's size
-  // when no line was received twice (a resumed part asks only for the rest).
+  // each unary reply and each result block came. Equal to the result's size
+  // (ResultBytes) when no line was received twice (a resumed part asks only
+  // for the rest).
   int64_t received_bytes = 0;
   // Retries that resumed a stream after part of its result had arrived.
   int resumed = 0;
@@ -361,7 +380,7 @@ std::vector<LineRange> SplitLines(int64_t lines, int stripes);
 absl::StatusOr<v1::Backend> ParseBackendName(absl::string_view name);
 
 // One job of a MultiplyBatch, and where its result goes: `out` must hold
-// exactly the matrix's size.
+// exactly the result's size (ResultBytes).
 struct BatchItem {
   Job job;
   void* out = nullptr;
@@ -407,8 +426,8 @@ class Client {
   // themselves; this only starts it earlier. `stripes` is clamped to 1..256.
   void Connect(int stripes = 1);
 
-  // Runs `job` and writes C into out[0, out_bytes), which must be exactly the
-  // matrix's size; C has A's shape, dtype and layout. Striped into
+  // Runs `job` and writes C into out[0, out_bytes), which must be exactly
+  // ResultBytes(job); C has A's shape and layout and ResultDType(job). Striped into
   // ClientOptions.stripes parts; each part uses Multiply when it is at most
   // the streaming threshold (see ClientOptions), else MultiplyStream.
   // Retries and resumes as RetryPolicy says. `progress` sums the parts.
