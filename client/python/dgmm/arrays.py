@@ -250,9 +250,14 @@ def _empty(shape, dtype, client, order, zero):
     if order == "F" and len(shape) > 1:
         strides = tuple(int(np.prod(shape[:i], dtype=np.int64)) * dtype.itemsize
                         for i in range(len(shape)))
-    owner.__array_interface__ = {"version": 3, "shape": shape, "typestr": dtype.str,
+    # A user dtype (ml_dtypes.bfloat16) has no typestr of its own ("<V2"):
+    # made as unsigned integers of its size, then viewed as it.
+    typestr = dtype.str if dtype.kind != "V" else "<u%d" % dtype.itemsize
+    owner.__array_interface__ = {"version": 3, "shape": shape, "typestr": typestr,
                                  "data": (region.address, False), "strides": strides}
     array = np.asarray(owner)
+    if array.dtype != dtype:
+        array = array.view(dtype)
     weakref.finalize(owner, _DEAD.put, region).atexit = False
     return array
 
@@ -299,7 +304,12 @@ def asarray(array, dtype=None, *, client, order="K"):
             source.flags.writeable):
         return source
     out = empty(source.shape, dtype, client=client, order=order)
-    np.copyto(out, source, casting="same_kind")
+    if dtype.name == "bfloat16":
+        # NumPy's copyto has no copy function for ml_dtypes.bfloat16 (seen
+        # with ml_dtypes 0.6): its bit patterns, after astype's conversion.
+        np.copyto(out.view(np.uint16), source.astype(dtype, copy=False).view(np.uint16))
+    else:
+        np.copyto(out, source, casting="same_kind")
     return out
 
 
