@@ -576,6 +576,14 @@ def compare(case, result):
             not (result.get("attempts") or 0) <= expect["max_attempts"]:
         problems.append("attempts %s, expected <= %s"
                         % (result.get("attempts"), expect["max_attempts"]))
+    # C's dtype (NumPy's result_type of dtype and diagonal_dtype): a runner that
+    # sent the diagonal in A's dtype gets A's here.
+    if expect.get("result_dtype") is not None and \
+            result.get("result_dtype") != expect["result_dtype"]:
+        problems.append("result_dtype %s, expected %s (C is NumPy's result_type of dtype %s and "
+                        "diagonal_dtype %s)" % (result.get("result_dtype"), expect["result_dtype"],
+                                                case.get("dtype"),
+                                                case.get("diagonal_dtype") or case.get("dtype")))
     if expect["status"] == "OK" and result.get("checked") is not True:
         problems.append("result not checked against the reference (checked=%s, max_abs_err=%s)"
                         % (result.get("checked"), result.get("max_abs_err")))

@@ -10,6 +10,7 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cmath>
 #include <complex>
 #include <cstdio>
@@ -81,6 +82,8 @@ struct Outcome {
   std::optional<bool> placed_once;
   bool checked = false;
   double max_abs_err = 0;
+  // OK jobs: C's dtype as the client computes it (ResultDType of the job).
+  std::string result_dtype;
 };
 
 void Print(const Outcome& o) {
@@ -88,14 +91,15 @@ void Print(const Outcome& o) {
       std::isfinite(o.max_abs_err) ? absl::StrFormat("%.17g", o.max_abs_err) : "1e308";
   std::printf(
       "{\"name\": %s, \"status\": %s, \"mode\": %s, \"stripes\": %d, \"attempts\": %d, "
-      "\"checked\": %s, \"max_abs_err\": %s, \"message\": %s, \"resumed\": %d%s}\n",
+      "\"checked\": %s, \"max_abs_err\": %s, \"message\": %s, \"resumed\": %d%s%s}\n",
       Quote(o.name).c_str(), Quote(absl::StatusCodeToString(o.status.code())).c_str(),
       Quote(TransferModeName(o.mode)).c_str(), o.stripes, o.attempts,
       o.checked ? "true" : "false", err.c_str(), Quote(std::string(o.status.message())).c_str(),
       o.resumed,
       !o.placed_once.has_value() ? ""
       : *o.placed_once           ? ", \"placed_once\": true"
-                                 : ", \"placed_once\": false");
+                                 : ", \"placed_once\": false",
+      o.result_dtype.empty() ? "" : absl::StrCat(", \"result_dtype\": ", Quote(o.result_dtype)).c_str());
   std::fflush(stdout);
 }
 
@@ -108,6 +112,24 @@ struct CaseDType {
   bool complex = false;
   double tolerance = 0;  // relative, per element: a rounding or two of it
 };
+
+// The case name of a dtype ("" for others).
+std::string CaseDTypeName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT16:
+      return "float16";
+    case v1::DTYPE_FLOAT32:
+      return "float32";
+    case v1::DTYPE_FLOAT64:
+      return "float64";
+    case v1::DTYPE_COMPLEX64:
+      return "complex64";
+    case v1::DTYPE_COMPLEX128:
+      return "complex128";
+    default:
+      return "";
+  }
+}
 
 std::optional<CaseDType> CaseDTypeOf(const std::string& name) {
   if (name == "float16") return CaseDType{v1::DTYPE_FLOAT16, 2, false, 2e-3};
@@ -180,7 +202,21 @@ Z Load(const CaseDType& t, const std::byte* at) {
   }
 }
 
-void RunTyped(const Struct& c, const CaseDType& t, const std::string& target, Outcome* o) {
+// NumPy's result_type of two case dtypes, computed here (not with the
+// client's PromoteDTypes): float16 with float32 gives float32; a real with a
+// complex, the complex type whose parts are as wide as the wider of the two;
+// otherwise the wider.
+v1::DType Promote(const CaseDType& x, const CaseDType& y) {
+  if (x.wire == y.wire) return x.wire;
+  auto part_bytes = [](const CaseDType& t) { return t.complex ? t.size / 2 : t.size; };
+  const size_t part = std::max<size_t>({part_bytes(x), part_bytes(y), 4});
+  if (x.complex || y.complex) return part == 4 ? v1::DTYPE_COMPLEX64 : v1::DTYPE_COMPLEX128;
+  return part == 4 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64;
+}
+
+// A: `t`; the diagonals: `dt`; C: their result type.
+void RunTyped(const Struct& c, const CaseDType& t, const CaseDType& dt, const std::string& target,
+              Outcome* o) {
   const int64_t rows = IntField(c, "rows", 0);
   const int64_t cols = IntField(c, "cols", 0);
   const std::string layout_name = StringField(c, "layout");
@@ -210,6 +246,9 @@ void RunTyped(const Struct& c, const CaseDType& t, const std::string& target, Ou
     options.deadline = absl::Seconds(d->number_value());
   }
   const size_t elem = t.size;
+  const size_t d_elem = dt.size;
+  const CaseDType ct = *CaseDTypeOf(CaseDTypeName(Promote(t, dt)));
+  const size_t c_elem = ct.size;
   const int64_t lines = layout == v1::LAYOUT_COL_MAJOR ? cols : rows;
   const bool shape_ok = rows >= 1 && cols >= 1;
   const int64_t matrix_bytes = shape_ok ? rows * cols * static_cast<int64_t>(elem) : 0;
@@ -218,9 +257,10 @@ void RunTyped(const Struct& c, const CaseDType& t, const std::string& target, Ou
   // What the policy plans, reported when the job fails.
   if (shape_ok) {
     o->stripes = ChooseStripes(matrix_bytes, lines, options.stripes);
-    o->mode = ChooseTransferMode(matrix_bytes + (diag_len + right_len) * static_cast<int64_t>(elem),
-                                 options.max_unary_message_bytes, options.chunk_bytes,
-                                 matrix_bytes / lines);
+    o->mode =
+        ChooseTransferMode(matrix_bytes + (diag_len + right_len) * static_cast<int64_t>(d_elem),
+                           options.max_unary_message_bytes, options.chunk_bytes,
+                           matrix_bytes / lines);
   }
   absl::StatusOr<v1::Backend> backend = ParseBackendName(StringField(c, "backend"));
   if (!backend.ok()) {
@@ -237,29 +277,30 @@ void RunTyped(const Struct& c, const CaseDType& t, const std::string& target, Ou
   std::mt19937_64 rng(static_cast<uint64_t>(IntField(c, "seed", 1)));
   std::uniform_real_distribution<double> uniform(0.5, 2.0);
   const size_t n = shape_ok ? static_cast<size_t>(rows * cols) : 1;
-  auto draw = [&](size_t count) {
-    std::vector<std::byte> v(std::max<size_t>(count, 1) * elem);
+  auto draw = [&](size_t count, const CaseDType& of) {
+    std::vector<std::byte> v(std::max<size_t>(count, 1) * of.size);
     for (size_t i = 0; i < count; ++i) {
       const double re = uniform(rng);
-      Store(t, Z(re, t.complex ? uniform(rng) : 0.0), v.data() + i * elem);
+      Store(of, Z(re, of.complex ? uniform(rng) : 0.0), v.data() + i * of.size);
     }
     return v;
   };
-  const std::vector<std::byte> a = draw(n);
-  const std::vector<std::byte> d = draw(static_cast<size_t>(std::max<int64_t>(diag_len, 0)));
-  const std::vector<std::byte> r = draw(static_cast<size_t>(right_len));
-  std::vector<std::byte> out(n * elem);
+  const std::vector<std::byte> a = draw(n, t);
+  const std::vector<std::byte> d = draw(static_cast<size_t>(std::max<int64_t>(diag_len, 0)), dt);
+  const std::vector<std::byte> r = draw(static_cast<size_t>(right_len), dt);
+  std::vector<std::byte> out(n * c_elem);
   for (size_t i = 0; i < n; ++i) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
-    Store(t, Z(nan, nan), out.data() + i * elem);
+    Store(ct, Z(nan, nan), out.data() + i * c_elem);
   }
   Job job;
   job.matrix = {a.data(), rows, cols, t.wire, layout};
   job.diagonal = d.data();
-  job.diagonal_bytes = static_cast<size_t>(std::max<int64_t>(diag_len, 0)) * elem;
+  job.diagonal_bytes = static_cast<size_t>(std::max<int64_t>(diag_len, 0)) * d_elem;
+  job.diagonal_dtype = dt.wire;
   if (side == v1::SIDE_BOTH) {
     job.right_diagonal = r.data();
-    job.right_diagonal_bytes = static_cast<size_t>(right_len) * elem;
+    job.right_diagonal_bytes = static_cast<size_t>(right_len) * d_elem;
   }
   job.side = side;
   job.backend = *backend;
@@ -274,7 +315,9 @@ void RunTyped(const Struct& c, const CaseDType& t, const std::string& target, Ou
   o->stripes = result->stripes;
   o->attempts = result->attempts;
   o->resumed = result->resumed;
-  o->placed_once = result->received_bytes == matrix_bytes;
+  // Every line once: the bytes received are C's, in its dtype.
+  o->placed_once = result->received_bytes == static_cast<int64_t>(out.size());
+  o->result_dtype = CaseDTypeName(ResultDType(job));
   // Element by element against float64 (complex128).
   bool all_ok = true;
   double worst = 0;
@@ -285,13 +328,14 @@ void RunTyped(const Struct& c, const CaseDType& t, const std::string& target, Ou
       const Z av = Load(t, a.data() + k * elem);
       Z ref;
       if (side == v1::SIDE_BOTH) {
-        ref = (Load(t, d.data() + static_cast<size_t>(i) * elem) * av) *
-              Load(t, r.data() + static_cast<size_t>(j) * elem);
+        ref = (Load(dt, d.data() + static_cast<size_t>(i) * d_elem) * av) *
+              Load(dt, r.data() + static_cast<size_t>(j) * d_elem);
       } else {
-        ref = Load(t, d.data() + static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i) * elem) * av;
+        ref = Load(dt, d.data() + static_cast<size_t>(side == v1::SIDE_RIGHT ? j : i) * d_elem) *
+              av;
       }
-      const double abs_err = std::abs(Load(t, out.data() + k * elem) - ref);
-      if (!(abs_err <= t.tolerance * std::abs(ref))) all_ok = false;  // NaN fails too
+      const double abs_err = std::abs(Load(ct, out.data() + k * c_elem) - ref);
+      if (!(abs_err <= ct.tolerance * std::abs(ref))) all_ok = false;  // NaN fails too
       if (!(abs_err <= worst)) worst = std::isnan(abs_err) ? INFINITY : abs_err;
     }
   }
@@ -313,10 +357,16 @@ int RunCase(const std::string& path, const std::string& target) {
   Outcome o;
   o.name = StringField(c, "name");
   const std::string dtype = StringField(c, "dtype");
-  if (const std::optional<CaseDType> t = CaseDTypeOf(dtype); t.has_value()) {
-    RunTyped(c, *t, target, &o);
+  // The diagonals' dtype: "diagonal_dtype", default A's.
+  std::string diagonal_dtype = StringField(c, "diagonal_dtype");
+  if (diagonal_dtype.empty()) diagonal_dtype = dtype;
+  const std::optional<CaseDType> t = CaseDTypeOf(dtype);
+  const std::optional<CaseDType> dt = CaseDTypeOf(diagonal_dtype);
+  if (t.has_value() && dt.has_value()) {
+    RunTyped(c, *t, *dt, target, &o);
   } else {
-    o.status = absl::InvalidArgumentError(absl::StrCat("dtype '", dtype, "' is not valid"));
+    o.status = absl::InvalidArgumentError(absl::StrCat("dtype '", dtype, "' or diagonal_dtype '",
+                                                       diagonal_dtype, "' is not valid"));
   }
   Print(o);
   return 0;

@@ -61,6 +61,25 @@ function halfToNumber(h) {
   return sign * (1024 + m) * 2 ** (e - 25);
 }
 
+// NumPy's result_type of two case dtypes, computed here (not by the client):
+// float16 with float32 gives float32; a real with a complex, the complex type
+// whose parts are as wide as the wider of the two; otherwise the wider.
+const RANK = { float16: 0, float32: 1, complex64: 1, float64: 2, complex128: 2 };
+function promote(x, y) {
+  if (x === y) return x;
+  const rank = Math.max(RANK[x], RANK[y], 1);
+  if (DTYPES[x].parts === 2 || DTYPES[y].parts === 2) return rank === 1 ? 'complex64' : 'complex128';
+  return rank === 1 ? 'float32' : 'float64';
+}
+
+// The case dtype of a typed array of n elements.
+function dtypeOfArray(v, n) {
+  const complex = v.length === 2 * n;
+  if (v instanceof Float64Array) return complex ? 'complex128' : 'float64';
+  if (v instanceof Float32Array) return complex ? 'complex64' : 'float32';
+  return v instanceof Uint16Array ? 'float16' : 'unknown';
+}
+
 // A finite number in float16's range to the nearest binary16 (ties to even).
 function numberToHalf(x) {
   const sign = x < 0 ? 0x8000 : 0;
@@ -80,21 +99,26 @@ async function runCase(file, target) {
   const c = JSON.parse(fs.readFileSync(file, 'utf8'));
   const opts = c.options || {};
   const out = { name: c.name, status: 'OK', mode: null, stripes: null, attempts: 0, checked: false, max_abs_err: null, message: '' };
-  const T = DTYPES[c.dtype];
-  if (!T) throw new Error(`dtype '${c.dtype}' is not valid`);
-  const { Ctor, parts } = T;
+  // A's dtype, the diagonals' (default: A's) and C's (their result type).
+  const dDtype = c.diagonal_dtype ?? c.dtype;
+  if (!DTYPES[c.dtype]) throw new Error(`dtype '${c.dtype}' is not valid`);
+  if (!DTYPES[dDtype]) throw new Error(`diagonal_dtype '${dDtype}' is not valid`);
+  const cDtype = promote(c.dtype, dDtype);
+  const T = DTYPES[cDtype];
   const { rows, cols, side, layout } = c;
   const next = random(c.seed);
-  // Values in the storage: a half type's 16-bit pattern, else the number.
-  const draw = (n) => {
+  // n values of `dtype` in its storage: a half type's 16-bit pattern, else
+  // the number (complex: interleaved parts).
+  const draw = (n, dtype) => {
+    const { Ctor, parts } = DTYPES[dtype];
     const v = new Ctor(n * parts);
     for (let i = 0; i < v.length; i++) v[i] = Ctor === Uint16Array ? numberToHalf(next()) : next();
     return v;
   };
-  const a = draw(rows * cols);
-  const d = draw(side === 'right' ? cols : rows);
-  const r = side === 'both' ? draw(cols) : null;
-  const result = new Ctor(rows * cols * parts).fill(Ctor === Uint16Array ? 0x7e00 : NaN); // Poisoned.
+  const a = draw(rows * cols, c.dtype);
+  const d = draw(side === 'right' ? cols : rows, dDtype);
+  const r = side === 'both' ? draw(cols, dDtype) : null;
+  const result = new T.Ctor(rows * cols * T.parts).fill(T.Ctor === Uint16Array ? 0x7e00 : NaN); // Poisoned.
   const client = dgmm.createClient(target, undefined, {
     loadBalancingPolicy: 'round_robin',
     retry: opts.max_attempts != null ? { maxAttempts: opts.max_attempts } : undefined,
@@ -106,6 +130,7 @@ async function runCase(file, target) {
     const done = await dgmm.multiply(client, a, rows, cols, side === 'both' ? [d, r] : d, side, {
       layout,
       dtype: c.dtype,
+      diagonalDtype: dDtype,
       backend: c.backend ?? 'auto',
       timeoutMs: opts.deadline_s != null ? opts.deadline_s * 1000 : undefined,
       stripes: opts.stripes,
@@ -120,20 +145,25 @@ async function runCase(file, target) {
       message: `group ${info.groupId || '-'}, ${info.resumed} resumed`,
       placed_once: linesPlaced === (layout === 'col' ? cols : rows) });
     if (done.result !== result) throw new Error("the result did not land in the caller's array");
+    // C's dtype as the array the client accepted and filled says (its type,
+    // and two numbers per element for complex): the client refuses an out of
+    // another dtype than the one it computes.
+    out.result_dtype = dtypeOfArray(done.result, rows * cols);
     const rtol = T.rtol;
     let maxErr = 0;
     let ok = true;
     // Element k as [re, im] (float64), and products in float64.
-    const load = (v, k) => (parts === 2 ? [v[2 * k], v[2 * k + 1]]
-      : [Ctor === Uint16Array ? halfToNumber(v[k]) : v[k], 0]);
+    const load = (v, dtype, k) => (DTYPES[dtype].parts === 2 ? [v[2 * k], v[2 * k + 1]]
+      : [DTYPES[dtype].Ctor === Uint16Array ? halfToNumber(v[k]) : v[k], 0]);
     const mul = (x, y) => [x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]];
     for (let i = 0; i < rows; i++) {
       for (let j = 0; j < cols; j++) {
         const idx = layout === 'col' ? j * rows + i : i * cols + j;
         let want;
-        if (side === 'both') want = mul(mul(load(d, i), load(a, idx)), load(r, j));
-        else want = mul(load(a, idx), load(d, side === 'right' ? j : i));
-        const got = load(result, idx);
+        const av = load(a, c.dtype, idx);
+        if (side === 'both') want = mul(mul(load(d, dDtype, i), av), load(r, dDtype, j));
+        else want = mul(av, load(d, dDtype, side === 'right' ? j : i));
+        const got = load(result, cDtype, idx);
         const err = Math.hypot(got[0] - want[0], got[1] - want[1]);
         want = Math.hypot(want[0], want[1]);
         if (!(err <= rtol * Math.abs(want))) ok = false; // NaN fails too

@@ -19,14 +19,12 @@ import sys
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 _SOURCE = os.path.join(REPO, "client", "python")
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _SOURCE]
-sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dgmm  # noqa: E402
 from dgmm import client as policy  # noqa: E402
-from dgmm_server import reference as float64_reference  # noqa: E402
 
 
 def run_vectors(path):
@@ -58,24 +56,28 @@ def run_case(path, target):
     opts = case.get("options") or {}
     out = {"name": case["name"], "status": "OK", "mode": None, "stripes": None, "attempts": 0,
            "checked": False, "max_abs_err": None, "message": ""}
-    dtype = np.dtype({"float16": "<f2", "float32": "<f4", "float64": "<f8", "complex64": "<c8",
-                      "complex128": "<c16"}[case["dtype"]])
+    dtypes = {"float16": "<f2", "float32": "<f4", "float64": "<f8", "complex64": "<c8",
+              "complex128": "<c16"}
+    dtype = np.dtype(dtypes[case["dtype"]])
+    # The diagonals' dtype (default: A's), and C's: NumPy's result_type of the two.
+    d_dtype = np.dtype(dtypes[case.get("diagonal_dtype") or case["dtype"]])
+    c_dtype = np.result_type(dtype, d_dtype)
     order = "F" if case["layout"] == "col" else "C"
     rows, cols, side = case["rows"], case["cols"], case["side"]
     rng = np.random.default_rng(case["seed"])
 
-    def draw(shape):
+    def draw(shape, of):
         x = rng.uniform(-4, 4, shape)
-        if dtype.kind == "c":
+        if of.kind == "c":
             x = x + 1j * rng.uniform(-4, 4, shape)
-        return x.astype(dtype)
+        return x.astype(of)
 
-    a = np.asarray(draw((rows, cols)), order=order)
+    a = np.asarray(draw((rows, cols), dtype), order=order)
     if side == "both":
-        d = (draw(rows), draw(cols))
+        d = (draw(rows, d_dtype), draw(cols, d_dtype))
     else:
-        d = draw(cols if side == "right" else rows)
-    c = np.full((rows, cols), np.nan, dtype=dtype, order=order)  # Poisoned.
+        d = draw(cols if side == "right" else rows, d_dtype)
+    c = np.full((rows, cols), np.nan, dtype=c_dtype, order=order)  # Poisoned.
     retry = None
     if opts.get("max_attempts") is not None:
         retry = dgmm.RetryPolicy(max_attempts=opts["max_attempts"])
@@ -90,19 +92,19 @@ def run_case(path, target):
                    message="group %s, %d resumed" % (info.group_id or "-", info.resumed))
         if result is not c:
             raise AssertionError("the result did not land in the caller's array")
+        out["result_dtype"] = result.dtype.name
         # float64 (complex128) from the inputs; per element, relative to
         # |reference| (the modulus for complex), a rounding or two of C's dtype.
-        wide = np.complex128 if dtype.kind == "c" else np.float64
+        wide = np.complex128 if c_dtype.kind == "c" else np.float64
+        a_w = a.astype(wide)
         if side == "both":
-            reference = (d[0].astype(wide)[:, None] * a.astype(wide)) * d[1].astype(wide)
-        elif dtype.kind == "c":
-            a_w, d_w = a.astype(wide), d.astype(wide)
-            reference = a_w * d_w if side == "right" else d_w[:, None] * a_w
+            reference = (d[0].astype(wide)[:, None] * a_w) * d[1].astype(wide)
         else:
-            reference = float64_reference(a, d, side)
+            d_w = d.astype(wide)
+            reference = a_w * d_w if side == "right" else d_w[:, None] * a_w
         err = np.abs(c.astype(wide) - reference)
-        tol = {2: 2e-3, 4: 1e-6, 8: 1e-6 if dtype.kind == "c" else 1e-15, 16: 4e-15}[
-            dtype.itemsize] * np.abs(reference)
+        tol = {2: 2e-3, 4: 1e-6, 8: 1e-6 if c_dtype.kind == "c" else 1e-15, 16: 4e-15}[
+            c_dtype.itemsize] * np.abs(reference)
         max_err = float(np.max(err)) if err.size else 0.0
         out["max_abs_err"] = max_err if math.isfinite(max_err) else str(max_err)
         out["checked"] = bool(np.all(np.isfinite(c)) and np.all(err <= tol))
