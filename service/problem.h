@@ -48,10 +48,10 @@ inline constexpr int64_t kPreparedDiagAlign = 256;
 // Element types: `dtype` is A's, diag_dtype() the diagonals' (as sent) and
 // out_dtype() C's, NumPy's result type of the two or wider
 // (KernelSupports). The sizes below without a prefix are A's (elem_size,
-// line_bytes, matrix_bytes); C's have out_. The service computes C in A's
-// element size today (the validator refuses out_dtype() != dtype), so the
-// in-place paths (one buffer per block) hold; code that moves C's bytes
-// uses the out_ sizes all the same.
+// line_bytes, matrix_bytes); C's have out_. C may be wider than A (a
+// promoted result): a path that computes in place (one buffer per block)
+// must hold only when out_elem_size() == elem_size(), and code that moves
+// C's bytes uses the out_ sizes.
 struct Problem {
   int64_t rows = 0;
   int64_t cols = 0;

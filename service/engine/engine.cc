@@ -274,7 +274,9 @@ absl::StatusOr<Admission::Ticket> Engine::StartBatch(
   b.jobs_.reserve(jobs.size());
   Need need;
   int gpu = -1;  // the GPU the batch's GPU jobs run on, one after another
-  int64_t largest_gpu_matrix = 0;
+  // The largest block buffers one job of the batch holds beside the
+  // request and the reply (the jobs run one after another).
+  int64_t largest_block_bytes = 0;
   int64_t matrix_bytes = 0;
   bool all_cpu = true;
   for (const JobRequest* job : jobs) {
@@ -282,16 +284,20 @@ absl::StatusOr<Admission::Ticket> Engine::StartBatch(
     if (gpu >= 0) routed.gpu = gpu;  // the batch's GPU jobs share the first one's GPU
     auto route = RouteJob(routed, JobMode::kWhole);
     if (!route.ok()) return refuse_all(0, route.status());
+    const Problem& jp = job->problem;
+    const bool wider = jp.out_elem_size() != jp.elem_size();
     if (route->pool != 0) {
       all_cpu = false;
       gpu = route->device->index();
       need.device_pool = route->pool;
       need.device_bytes = std::max(need.device_bytes, route->need.device_bytes);
       // Its block buffer of A's size, and one of C's when C is wider.
-      const Problem& jp = job->problem;
-      largest_gpu_matrix = std::max(
-          largest_gpu_matrix,
-          jp.matrix_bytes() + (jp.out_elem_size() != jp.elem_size() ? jp.out_matrix_bytes() : 0));
+      largest_block_bytes =
+          std::max(largest_block_bytes, jp.matrix_bytes() + (wider ? jp.out_matrix_bytes() : 0));
+    } else if (wider) {
+      // A CPU job with a wider C computes from a block buffer of A's size
+      // into the reply (BatchJob): held one job at a time, like a GPU job's.
+      largest_block_bytes = std::max(largest_block_bytes, jp.matrix_bytes());
     }
     need.host_bytes += route->need.host_bytes + kBatchResultOverheadBytes;
     matrix_bytes += job->problem.matrix_bytes();
@@ -299,7 +305,7 @@ absl::StatusOr<Admission::Ticket> Engine::StartBatch(
                        PrepareDiagonals(job->problem, job->diagonal, job->right_diagonal),
                        job->group});
   }
-  need.host_bytes += largest_gpu_matrix;
+  need.host_bytes += largest_block_bytes;
   if (need.host_bytes > admission_->capacity(0) ||
       (need.device_pool != 0 && need.device_bytes > admission_->capacity(need.device_pool))) {
     const bool host_short = need.host_bytes > admission_->capacity(0);

@@ -59,6 +59,9 @@ class EchoStages final : public StreamStages {
     auto job = ValidateHeader(*draft.header, engine_->options().limits, /*streamed=*/true);
     if (!job.ok()) return job.status();
     *problem = job->problem;
+    // The echo returns A's bytes as they came: C in A's dtype, whatever
+    // the diagonal (a promoted header would otherwise ask for C's size).
+    problem->result_dtype = problem->dtype;
     stage_ = std::make_shared<EchoStage>();
     return Started{.stage = stage_, .pool = &engine_->host_block_buffers(), .job_id = 0};
   }

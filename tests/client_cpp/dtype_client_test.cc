@@ -391,6 +391,44 @@ TEST_F(DTypeClientTest, RefusalsAreInvalidArgumentAndSaySo) {
 // MultiplyRegion with A, C and both diagonals in one registered region
 // (RegionRef diagonal and right_diagonal), C apart from A and in place; and
 // the refusals of refs that do not fit the side.
+// In place (out == A) is a job only where C has A's size; an out over A
+// for a wider C, or any partial overlap, is refused by the client before
+// anything is sent (a wider C would land on lines of A not yet sent).
+TEST_F(DTypeClientTest, AnOutputOverlappingTheMatrixIsRefusedUnlessExactlyInPlace) {
+  Client client(SharedServer().address(), OptionsFor(Route::kStream));
+  const int64_t rows = 40, cols = 30;
+  std::vector<double> storage(rows * cols);  // room for C in float64
+  std::vector<float> a_values(rows * cols), d32(cols);
+  std::vector<double> d64(cols);
+  for (int64_t i = 0; i < rows * cols; ++i) a_values[i] = static_cast<float>(i % 17) - 8.0f;
+  for (int64_t j = 0; j < cols; ++j) d64[j] = d32[j] = 0.5f + static_cast<float>(j % 5);
+  auto* a = reinterpret_cast<float*>(storage.data());
+  std::copy(a_values.begin(), a_values.end(), a);
+  Job job;
+  job.matrix = {a, rows, cols, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR};
+  job.diagonal = d64.data();
+  job.diagonal_bytes = d64.size() * sizeof(double);
+  job.diagonal_dtype = v1::DTYPE_FLOAT64;
+  absl::StatusOr<JobResult> r = client.Multiply(job, storage.data(), storage.size() * 8);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("is wider than it"));
+  // A float32 result one element into A: a partial overlap.
+  job.diagonal = d32.data();
+  job.diagonal_bytes = d32.size() * sizeof(float);
+  job.diagonal_dtype = v1::DTYPE_UNSPECIFIED;
+  r = client.Multiply(job, a + 1, rows * cols * sizeof(float));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("not exactly in place"));
+  // Exactly in place, C of A's size: computed (A was left as it was).
+  r = client.Multiply(job, a, rows * cols * sizeof(float));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    ASSERT_EQ(a[i], a_values[i] * d32[i % cols]) << i;
+  }
+}
+
 TEST_F(DTypeClientTest, RegionJobWithBothDiagonalsInTheRegion) {
   Client client(SharedServer().address(), OptionsFor(Route::kStagingRegion));
   using TA = Complex64;
@@ -531,6 +569,35 @@ TEST_F(DTypeClientTest, BudgetCountsAPromotedResultsWiderBytes) {
               HasSubstr("job needs 66304 bytes of host memory (unary float32 with a float64 "
                         "result 74x74"));
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("capacity is 65536 bytes"));
+}
+
+// A CPU job of a batch whose C is wider computes from a block buffer of A's
+// size into the reply, and the batch's need counts that buffer: with a 64
+// KiB host budget a 60x60 float32 job with a float64 diagonal fits (14400 A
+// + 28800 C + 480 diagonal + 256 + 14400 block = 58336), a 66x66 one does
+// not (17424 + 34848 + 528 + 256 + 17424 = 70480; 53056 without the block).
+TEST_F(DTypeClientTest, BudgetCountsABatchJobsBlockBufferForAWiderResult) {
+  ServerProcess small({"--threads=2", "--host_memory_budget=64KiB", "--backend=cpu"});
+  Client client(small.address(), OptionsFor(Route::kBatch));
+  Case<float, double, double> fits(60, 60, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1850);
+  Job job = fits.MakeJob();
+  job.backend = v1::BACKEND_CPU;
+  std::vector<BatchItem> items = {{job, fits.out.data(), fits.out_bytes()}};
+  absl::StatusOr<BatchResult> batch = client.MultiplyBatch(items);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->jobs.size(), 1u);
+  ASSERT_TRUE(batch->jobs[0].ok()) << batch->jobs[0].status();
+  EXPECT_EQ(fits.Check(), "");
+  Case<float, double, double> over(66, 66, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 1851);
+  job = over.MakeJob();
+  job.backend = v1::BACKEND_CPU;
+  items = {{job, over.out.data(), over.out_bytes()}};
+  batch = client.MultiplyBatch(items);
+  absl::Status refused = batch.ok()
+                             ? (batch->jobs.empty() ? absl::OkStatus() : batch->jobs[0].status())
+                             : batch.status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("needs 70480 bytes of host memory"));
 }
 
 // A streamed job's window counts its result blocks at C's size: with 4 KiB

@@ -177,6 +177,29 @@ TEST(Security, BenchmarkEchoNeedsTheTokenToo) {
       EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
     }
   }
+  // A promoted header (a float64 diagonal with a float32 A) is echoed as
+  // A's bytes too, not refused once the stream has begun.
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + token);
+  auto stream = echo->Echo(&ctx);
+  v1::MultiplyStreamRequest h;
+  *h.mutable_header() = job.header;
+  h.mutable_header()->set_diagonal_dtype(v1::DTYPE_FLOAT64);
+  h.mutable_header()->set_diagonal(std::string(5 * sizeof(double), '\0'));
+  stream->Write(h);
+  v1::MultiplyStreamRequest b;
+  b.mutable_block()->set_first_line(0);
+  b.mutable_block()->set_data(job.matrix);
+  stream->Write(b);
+  stream->WritesDone();
+  v1::MultiplyStreamResponse resp;
+  std::string back;
+  while (stream->Read(&resp)) {
+    if (resp.has_block()) back += resp.block().data();
+  }
+  grpc::Status s = stream->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  EXPECT_EQ(back, job.matrix);
 }
 
 TEST(Security, MisconfiguredTlsFlagsStopTheServerWithAClearMessage) {

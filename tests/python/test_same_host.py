@@ -666,6 +666,21 @@ class ArraysTest(SameHostTestCase):
                             np.testing.assert_array_equal(c.view(np.uint16),
                                                           want.astype(dtype).view(np.uint16))
 
+    def test_a_list_diagonal_gives_the_result_dtype_a_plain_array_would(self):
+        # NumPy's result_type of A and np.asarray(d): a float list is float64,
+        # a complex list complex128, with A in a dgmm array as with a plain one.
+        a = dgmm.asarray(self.random((600, 500), np.float32), client=self.client)  # 1.2 MB
+        for d, want_dtype in ((list(self.rng.uniform(-4, 4, 500)), np.float64),
+                              (list(self.rng.uniform(-4, 4, 500) + 1j), np.complex128)):
+            with self.subTest(dtype=want_dtype.__name__):
+                c = self.client.multiply(a, d)
+                plain = self.client.multiply(np.array(a), d)
+                self.assertEqual(c.dtype, np.dtype(want_dtype))
+                self.assertEqual(plain.dtype, np.dtype(want_dtype))
+                want = a.astype(np.complex128) * np.asarray(d, dtype=np.complex128)[None, :]
+                np.testing.assert_allclose(c, want, rtol=1e-14, atol=0)
+                np.testing.assert_array_equal(c, plain)
+
     def test_a_diagonal_in_a_dgmm_array_and_a_new_result_array(self):
         a = dgmm.asarray(self.random((800, 400), np.float32), client=self.client)  # 1.28 MB
         d = dgmm.asarray(self.random(400, np.float32), client=self.client)

@@ -174,6 +174,20 @@ absl::StatusOr<size_t> CheckBuffers(const Job& job, const void* out, size_t out_
                          ? ""
                          : absl::StrCat(" (", v1::DType_Name(ResultDType(job)), ")")));
   }
+  // In place (out == A) works where C has A's size: result block k lands on
+  // A's block k, sent already. A wider C would land on lines of A not yet
+  // sent (streams overlap sending and receiving, stripes run at once): any
+  // overlap of out with A is refused then, as any partial one always is.
+  const char* a = static_cast<const char*>(job.matrix.data);
+  const char* c = static_cast<const char*>(out);
+  const bool overlaps = c < a + *bytes && a < c + out_bytes;
+  if (overlaps && !(c == a && out_bytes == *bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the output buffer overlaps the matrix", c == a ? " and the result (" : " (",
+                     c == a ? absl::StrCat(v1::DType_Name(ResultDType(job)), ", ", out_bytes,
+                                           " bytes) is wider than it: give C a buffer of its own")
+                            : "not exactly in place)"));
+  }
   return bytes;
 }
 

@@ -52,7 +52,8 @@ import numpy as np
 from . import _core
 from .client import Client, DgmmError, MultiplyInfo, _Job, _enum_value, _error, _merged_stats, \
     _SIDES, backend_value, result_dtype
-from .regions import _DTYPES, SharedMemoryRegion, _find_ref, _REGISTRY, _REGISTRY_LOCK, _session
+from .regions import _DTYPES, SharedMemoryRegion, _find_ref, _np_dtype_of, _REGISTRY, \
+    _REGISTRY_LOCK, _session
 from .v1 import dgmm_pb2 as pb
 
 __all__ = ["empty", "empty_like", "zeros", "asarray", "region_of"]
@@ -343,7 +344,11 @@ def _region_arrays_job(self, a, d, side, backend, timeout, out, return_stats, re
     if side == pb.SIDE_BOTH or (isinstance(side, str) and side.lower() == "both"):
         return None  # two diagonals: the C++ client's path
     try:
-        if result_dtype(dtype, getattr(d, "dtype", dtype)) != dtype:
+        d_dtype = _np_dtype_of(d)
+    except (TypeError, ValueError):
+        return None  # a diagonal NumPy cannot take as it is: the C++ client's path
+    try:
+        if result_dtype(dtype, d_dtype) != dtype:
             return None  # C of a wider dtype than A's: the C++ client's path
     except ValueError:
         pass  # a diagonal of another dtype: converted to A's below
@@ -531,7 +536,9 @@ class _RegionJob:
         (_core.RegionCall: made on this thread without the GIL; cancel() and,
         on the main thread, Ctrl-C end it)."""
         client = self._client
-        core = client._core_for(self._timeout, None)
+        # The default core's channel whatever the timeout (RegionCall applies
+        # the deadline itself): a core per timeout would be a channel each.
+        core = client._core_for(None, None)
         call = _core.RegionCall(core)
         with self._lock:
             self._core_call = call

@@ -81,6 +81,23 @@ try:
 except ImportError:  # bfloat16 needs ml_dtypes
     pass
 _TYPESTRS = {"<f4": np.dtype("<f4"), "<f8": np.dtype("<f8")}
+
+
+def _np_dtype_of(x):
+    """The NumPy dtype of an array-like: its .dtype (a PyTorch dtype by its
+    name: torch.float32 -> float32, torch.bfloat16 -> ml_dtypes.bfloat16),
+    else np.asarray's. TypeError/ValueError for what NumPy cannot name."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return np.asarray(x).dtype
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        name = str(dtype).rpartition(".")[2]
+        for known in _DTYPES:
+            if known.name == name:
+                return known
+        return np.dtype(name)
 # A memfd's seals: its size can never change (so the server needs no SIGBUS
 # guard for it, and this process cannot shrink it under the server), and no
 # one can add or remove a seal (F_SEAL_WRITE would stop the server's writes).
@@ -707,8 +724,7 @@ class RegionMethods:
         sides = d if isinstance(d, (tuple, list)) else (d,)
         d_enum = None
         for each in sides:
-            each_dtype = getattr(each, "dtype", None)
-            each_dtype = np.asarray(each).dtype if each_dtype is None else np.dtype(each_dtype)
+            each_dtype = _np_dtype_of(each)
             if each_dtype.byteorder == ">":
                 each_dtype = each_dtype.newbyteorder("<")
             each_enum = _DTYPES.get(each_dtype, _DTYPES[dtype])
