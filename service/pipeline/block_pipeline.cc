@@ -238,6 +238,9 @@ void BlockPipeline::Compute(std::shared_ptr<Pending> block) {
     return;
   }
   const int64_t result = static_cast<int64_t>(out_bytes);
+  // A wider C was computed from A's buffer into its own (ProcessInto): both
+  // were held for that moment.
+  if (result != payload) peak_held_bytes_ = std::max(peak_held_bytes_, held_bytes_ + result);
   held_bytes_ += result - payload;
   peak_held_bytes_ = std::max(peak_held_bytes_, held_bytes_);
   bytes_in_ += payload;
