@@ -152,12 +152,14 @@ TEST(Security, BenchmarkEchoNeedsTheTokenToo) {
   auto echo = bench::v1::Echo::NewStub(
       grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
   RandomJob job = MakeJob(6, 5, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3);
-  for (bool with_token : {false, true}) {
+  // One echo of `header` and the job's matrix as one block: the call's
+  // status and the bytes that came back.
+  auto echo_once = [&](const v1::JobHeader& header, bool with_token, std::string* back) {
     grpc::ClientContext ctx;
     if (with_token) ctx.AddMetadata("authorization", "Bearer " + token);
     auto stream = echo->Echo(&ctx);
     v1::MultiplyStreamRequest h;
-    *h.mutable_header() = job.header;
+    *h.mutable_header() = header;
     stream->Write(h);
     v1::MultiplyStreamRequest b;
     b.mutable_block()->set_first_line(0);
@@ -165,11 +167,14 @@ TEST(Security, BenchmarkEchoNeedsTheTokenToo) {
     stream->Write(b);
     stream->WritesDone();
     v1::MultiplyStreamResponse resp;
-    std::string back;
     while (stream->Read(&resp)) {
-      if (resp.has_block()) back += resp.block().data();
+      if (resp.has_block()) *back += resp.block().data();
     }
-    grpc::Status s = stream->Finish();
+    return stream->Finish();
+  };
+  for (bool with_token : {false, true}) {
+    std::string back;
+    grpc::Status s = echo_once(job.header, with_token, &back);
     if (with_token) {
       EXPECT_TRUE(s.ok()) << s.error_message();
       EXPECT_EQ(back, job.matrix);  // echoed unchanged
@@ -179,25 +184,11 @@ TEST(Security, BenchmarkEchoNeedsTheTokenToo) {
   }
   // A promoted header (a float64 diagonal with a float32 A) is echoed as
   // A's bytes too, not refused once the stream has begun.
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("authorization", "Bearer " + token);
-  auto stream = echo->Echo(&ctx);
-  v1::MultiplyStreamRequest h;
-  *h.mutable_header() = job.header;
-  h.mutable_header()->set_diagonal_dtype(v1::DTYPE_FLOAT64);
-  h.mutable_header()->set_diagonal(std::string(5 * sizeof(double), '\0'));
-  stream->Write(h);
-  v1::MultiplyStreamRequest b;
-  b.mutable_block()->set_first_line(0);
-  b.mutable_block()->set_data(job.matrix);
-  stream->Write(b);
-  stream->WritesDone();
-  v1::MultiplyStreamResponse resp;
+  v1::JobHeader promoted = job.header;
+  promoted.set_diagonal_dtype(v1::DTYPE_FLOAT64);
+  promoted.set_diagonal(std::string(5 * sizeof(double), '\0'));
   std::string back;
-  while (stream->Read(&resp)) {
-    if (resp.has_block()) back += resp.block().data();
-  }
-  grpc::Status s = stream->Finish();
+  grpc::Status s = echo_once(promoted, true, &back);
   EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
   EXPECT_EQ(back, job.matrix);
 }
