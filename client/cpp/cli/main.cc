@@ -30,10 +30,11 @@ Subcommands:
   multiply  Sends A and d to the server and receives C. With --matrix/--diag, reads
             .npy files (float16 '<f2', bfloat16 as np.save writes ml_dtypes.bfloat16
             ('<V2'), float32, float64, complex64 '<c8' or complex128 '<c16'; C or
-            Fortran order; d of A's dtype or one the server promotes into it;
-            len(d) = cols for right, rows for left; --side=both takes --left
-            (rows) and --right (cols) of one dtype) and writes C to --out in A's
-            dtype and order. With --random=N, generates an N x M matrix (M =
+            Fortran order; d of any of these dtypes; len(d) = cols for right,
+            rows for left; --side=both takes --left (rows) and --right (cols) of
+            one dtype) and writes C to --out in A's order and the result dtype:
+            NumPy's result type of A and d (float32 A with a float64 d gives
+            float64) or a wider --result_dtype. With --random=N, generates an N x M matrix (M =
             --cols, default N) and its diagonal(s), values uniform in [0.5, 2). Prints
             the mode (unary or stream), the backend and device, the server's timings
             (queue wait, h2d, compute, d2h, total, in ms) and the throughput.
@@ -80,6 +81,8 @@ multiply flags:
   --random=N           Random operands with N rows instead of files.
   --cols=M             With --random: columns (default N).
   --dtype=NAME         With --random: f16, bf16, f32 (default), f64, c64 or c128.
+  --result_dtype=NAME  C's dtype, f16 ... c128: NumPy's result type of A and d
+                       (default) or a type it widens to exactly.
   --layout=row|col     With --random: C (row) or Fortran (col) order (default row).
   --seed=S             With --random: random seed (default 1).
   --check              Compare C with a float64 (complex128) reference computed here
