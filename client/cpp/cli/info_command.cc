@@ -74,6 +74,10 @@ int RunInfo() {
               FormatBytes(limits.max_unary_message_bytes()).c_str(),
               FormatBytes(limits.max_block_bytes()).c_str(),
               static_cast<long long>(limits.max_dim()), static_cast<long long>(limits.max_queue()));
+  if (limits.auto_cpu_max_bytes() > 0) {
+    std::printf("small jobs: backend auto runs jobs of up to %s on the CPU\n",
+                FormatBytes(limits.auto_cpu_max_bytes()).c_str());
+  }
   if (limits.regions_enabled()) {
     std::printf("regions: on, local socket %s, budget %s, %lld per owner, idle timeout %lld s\n",
                 limits.local_socket().c_str(),
