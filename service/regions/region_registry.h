@@ -145,6 +145,8 @@ class RegionRegistry {
   RegionRegistry(RegionOptions options, RegionMemoryOps ops);
   ~RegionRegistry();
 
+  // The options it was made with; options().enabled is the start's value:
+  // whether regions are on now is enabled() (Disable may have turned them off).
   const RegionOptions& options() const { return options_; }
   // Random, fixed for the registry's life (GetServerInfoResponse.instance_id,
   // and every hello of the local socket).
