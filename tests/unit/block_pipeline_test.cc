@@ -61,6 +61,15 @@ struct DoublingStage : BlockStage {
   int64_t bytes_in = 0, bytes_out = 0;
   bool in_process = false;
   int64_t cols = 0;
+  // A promoted job (float32 A, float64 C): C = 2 A, widened.
+  absl::Status ProcessInto(const std::byte* in, std::byte* out, int64_t, int64_t lines,
+                           const CancelFn& cancelled) override {
+    const auto* a = reinterpret_cast<const float*>(in);
+    auto* c = reinterpret_cast<double*>(out);
+    for (int64_t i = 0; i < lines * cols; ++i) c[i] = 2.0 * static_cast<double>(a[i]);
+    processed++;
+    return cancelled() ? absl::CancelledError("cancelled") : absl::OkStatus();
+  }
   absl::Status Process(std::byte* data, int64_t, int64_t lines, const CancelFn& cancelled) override {
     in_process = true;
     if (inside_process) inside_process();
@@ -81,10 +90,12 @@ struct DoublingStage : BlockStage {
 
 class BlockPipelineTest : public ::testing::Test {
  protected:
-  void Make(int64_t rows, int64_t cols, int64_t max_block_bytes) {
+  void Make(int64_t rows, int64_t cols, int64_t max_block_bytes,
+            std::optional<DType> result_dtype = std::nullopt) {
     problem_.rows = rows;
     problem_.cols = cols;
     problem_.dtype = DType::kFloat32;
+    problem_.result_dtype = result_dtype;
     problem_.layout = Layout::kRowMajor;
     problem_.side = Side::kRight;
     stage_ = std::make_shared<DoublingStage>();
@@ -243,6 +254,51 @@ TEST_F(BlockPipelineTest, HeldBlocksNeverExceedTheWindowNorHostFootprint) {
               static_cast<long long>(footprint));
   EXPECT_LE(pipeline_->peak_held_bytes(), footprint);
   EXPECT_GT(pipeline_->peak_held_bytes(), footprint / 3) << "the window was never used";
+}
+
+// A promoted stream (float32 A, float64 C): each result block carries C's
+// bytes for its lines, computed into a buffer of its own, and what the
+// pipeline held (A's and C's buffers together while one is computed
+// counted) stays within the streamed footprint, which counts C's blocks.
+TEST_F(BlockPipelineTest, APromotedStreamSendsCsBytesWithinItsFootprint) {
+  const int64_t block = 4096;
+  Make(1024, 256, block, DType::kFloat64);  // 1 KiB rows of A, 2 KiB of C
+  int64_t next = 0;
+  int steps = 0;
+  while (next < 1024 || !io_.writes.empty() || !tasks_.empty()) {
+    if (io_.reads_outstanding > 0 && next < 1024) {
+      Deliver(next, 4);
+      next += 4;
+    }
+    if (++steps % 3 == 0) RunTasks();
+    if (steps % 5 == 0 && !io_.writes.empty()) CompleteWrite();
+    if (io_.reads_outstanding == 0 && tasks_.empty() && next < 1024) {
+      if (!io_.writes.empty()) CompleteWrite();
+    }
+    ASSERT_LT(steps, 100000);
+  }
+  io_.reads_outstanding--;
+  pipeline_->OnHalfClose();
+  ASSERT_EQ(io_.finished.size(), 1u);
+  EXPECT_TRUE(io_.finished[0].ok()) << io_.finished[0];
+  int64_t lines = 0;
+  for (const auto& [first, bytes] : io_.written) {
+    ASSERT_EQ(bytes.size() % (256 * sizeof(double)), 0u);
+    const auto* c = reinterpret_cast<const double*>(bytes.data());
+    const int64_t n = static_cast<int64_t>(bytes.size() / (256 * sizeof(double)));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < 256; ++j) {
+        ASSERT_EQ(c[i * 256 + j], 2.0 * static_cast<double>((first + i) * 1000 + j));
+      }
+    }
+    lines += n;
+  }
+  EXPECT_EQ(lines, 1024);
+  EXPECT_EQ(stage_->bytes_out, 1024 * 256 * 8);
+  const int64_t footprint = HostFootprint(problem_, JobMode::kStreamed, block);
+  EXPECT_LE(pipeline_->peak_held_bytes(), footprint);
+  // At least one moment with a block of A (4 KiB) and its C (8 KiB) held.
+  EXPECT_GE(pipeline_->peak_held_bytes(), block + 2 * block);
 }
 
 TEST_F(BlockPipelineTest, AnOversizedMessageIsRefusedAsItArrives) {
