@@ -211,14 +211,21 @@ def cli_rows(cli, address, files, reps, same_host, process_memory=True, new_outp
     return times[0], statistics.median(times[1:]), mode
 
 
-def empty_rows(dgmm, address, a, d, reps):
-    """(cold ms, warm ms, mode): A and C in dgmm.empty arrays; cold is their
-    first job (the server maps the regions, and pins them from the second)."""
+def empty_arrays(dgmm, address, a):
+    """A new client, A copied into a dgmm.empty array and a NaN-filled one
+    for C."""
     client = dgmm.Client(address)
     ra = dgmm.empty(a.shape, a.dtype, client=client)
     rc = dgmm.empty(a.shape, a.dtype, client=client)
     ra[...] = a
     rc[...] = np.nan
+    return client, ra, rc
+
+
+def empty_rows(dgmm, address, a, d, reps):
+    """(cold ms, warm ms, mode): A and C in dgmm.empty arrays; cold is their
+    first job (the server maps the regions, and pins them from the second)."""
+    client, ra, rc = empty_arrays(dgmm, address, a)
     t0 = time.perf_counter()
     _, info = client.multiply(ra, d, out=rc, return_info=True)
     cold = (time.perf_counter() - t0) * 1e3
@@ -235,11 +242,7 @@ def empty_interleaved(dgmm, address, a, d, reps, duplex):
     """dgmm.empty jobs on pinned regions and the duplex floor's copies in
     turns, so that both see the same machine (the floor alone moved by up
     to 23% between runs a minute apart): (job ms, floor ms), medians."""
-    client = dgmm.Client(address)
-    ra = dgmm.empty(a.shape, a.dtype, client=client)
-    rc = dgmm.empty(a.shape, a.dtype, client=client)
-    ra[...] = a
-    rc[...] = np.nan
+    client, ra, rc = empty_arrays(dgmm, address, a)
 
     def job():
         client.multiply(ra, d, out=rc)

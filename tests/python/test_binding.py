@@ -32,7 +32,7 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
-from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402
+from dgmm_server import ServerProcess, reference, running_jobs, tolerance  # noqa: E402
 import dgmm  # noqa: E402
 import dgmm.aio  # noqa: E402
 
@@ -49,10 +49,6 @@ def setUpModule():
 def tearDownModule():
     if SERVER:
         SERVER.stop()
-
-
-def running_jobs(client):
-    return sum(d.running_jobs + d.queued_jobs for d in client.server_info().devices)
 
 
 def wait_idle(client, seconds):

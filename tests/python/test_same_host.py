@@ -43,7 +43,8 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
-from dgmm_server import ServerProcess, reference, tolerance  # noqa: E402
+from dgmm_server import (ServerProcess, completed_jobs, reference, running_jobs,  # noqa: E402
+                         tolerance)
 import dgmm  # noqa: E402
 import dgmm.aio  # noqa: E402
 from dgmm import pb  # noqa: E402
@@ -540,14 +541,6 @@ CTRL_C_ARRAYS_CHILD = textwrap.dedent("""
     c, info = client.multiply(small, np.full(20, 3.0), out=small, return_info=True)
     print("after", info.mode, bool((c == 3.0).all()), flush=True)
 """)
-
-
-def completed_jobs(client):
-    return sum(d.completed_jobs for d in client.server_info().devices)
-
-
-def running_jobs(client):
-    return sum(d.running_jobs + d.queued_jobs for d in client.server_info().devices)
 
 
 class ArraysTest(SameHostTestCase):

@@ -92,3 +92,13 @@ def tolerance(dtype):
     one product rounded to float32, or to float64."""
     import numpy as np
     return 1e-6 if np.dtype(dtype) == np.float32 else 1e-15
+
+
+def running_jobs(client):
+    """Jobs the server runs or queues now, over its devices (GetServerInfo)."""
+    return sum(d.running_jobs + d.queued_jobs for d in client.server_info().devices)
+
+
+def completed_jobs(client):
+    """Jobs the server has completed with OK, over its devices."""
+    return sum(d.completed_jobs for d in client.server_info().devices)

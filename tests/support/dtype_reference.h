@@ -254,11 +254,11 @@ template <> inline Complex128 Value<Complex128>(std::mt19937_64& rng) {
   return Complex128{Value<double>(rng), Value<double>(rng)};
 }
 
-// A diagonal value in compute type K for the result type TC: drawn from
-// TC's own values (so half results get half-representable scales).
-template <typename TC>
-Compute<TC> DiagValue(std::mt19937_64& rng) {
-  const auto k = To<typename RefCompute<TC>::type>(Value<TC>(rng));
+// A diagonal value of TD widened to TC's compute type by the reference's
+// own decoding (not the server's Widen), as the kernels take it.
+template <typename TC, typename TD>
+Compute<TC> RefWiden(TD d) {
+  const auto k = To<typename RefCompute<TC>::type>(d);
   if constexpr (std::is_same_v<decltype(k), const C64>) {
     return Complex64{k.re, k.im};
   } else if constexpr (std::is_same_v<decltype(k), const C128>) {
@@ -267,6 +267,14 @@ Compute<TC> DiagValue(std::mt19937_64& rng) {
     return k;
   }
 }
+
+// A diagonal value in compute type K for the result type TC: drawn from
+// TC's own values (so half results get half-representable scales).
+template <typename TC>
+Compute<TC> DiagValue(std::mt19937_64& rng) {
+  return RefWiden<TC>(Value<TC>(rng));
+}
+
 
 // The reference element: (l · a) · r in the reference compute type, stored
 // as TC; `l` or `r` null means that side is left out.
@@ -363,20 +371,6 @@ struct Pair {
 
 // Every (A, C) pair the kernels take: the six types with themselves, then each
 // narrower A with every wider C that NumPy's result_type can give.
-// A diagonal value of TD widened to TC's compute type by the reference's
-// own decoding (not the server's Widen), as the kernels take it.
-template <typename TC, typename TD>
-Compute<TC> RefWiden(TD d) {
-  const auto k = To<typename RefCompute<TC>::type>(d);
-  if constexpr (std::is_same_v<decltype(k), const C64>) {
-    return Complex64{k.re, k.im};
-  } else if constexpr (std::is_same_v<decltype(k), const C128>) {
-    return Complex128{k.re, k.im};
-  } else {
-    return k;
-  }
-}
-
 using AllPairs = ::testing::Types<
     Pair<Half, Half>, Pair<BFloat16, BFloat16>, Pair<float, float>, Pair<double, double>,
     Pair<Complex64, Complex64>, Pair<Complex128, Complex128>, Pair<Half, float>,

@@ -137,6 +137,30 @@ class BlockPipelineTest : public ::testing::Test {
     pipeline_->OnWriteDone(s);
   }
 
+  // Every row, 4 a message, as fast as reads are started; pending tasks run
+  // every third step and a write completes every `write_every` steps (or
+  // when nothing else can move); then the half-close, which must end OK.
+  void SendAllTakingResultsNowAndThen(int64_t rows, int write_every) {
+    int64_t next = 0;
+    int steps = 0;
+    while (next < rows || !io_.writes.empty() || !tasks_.empty()) {
+      if (io_.reads_outstanding > 0 && next < rows) {
+        Deliver(next, 4);
+        next += 4;
+      }
+      if (++steps % 3 == 0) RunTasks();
+      if (steps % write_every == 0 && !io_.writes.empty()) CompleteWrite();
+      if (io_.reads_outstanding == 0 && tasks_.empty() && next < rows) {
+        if (!io_.writes.empty()) CompleteWrite();
+      }
+      ASSERT_LT(steps, 100000);
+    }
+    io_.reads_outstanding--;
+    pipeline_->OnHalfClose();
+    ASSERT_EQ(io_.finished.size(), 1u);
+    EXPECT_TRUE(io_.finished[0].ok()) << io_.finished[0];
+  }
+
   Problem problem_;
   std::shared_ptr<HostBufferPool> pool_ = HostBufferPool::CreateMapped(int64_t{1} << 20);
   std::deque<std::function<void()>> tasks_;
@@ -229,24 +253,7 @@ TEST_F(BlockPipelineTest, HeldBlocksNeverExceedTheWindowNorHostFootprint) {
   const int64_t block = 4096;
   Make(4096, 256, block);  // 1 KiB rows, 4 rows a block
   // The client sends as fast as it may; results are taken only now and then.
-  int64_t next = 0;
-  int steps = 0;
-  while (next < 4096 || !io_.writes.empty() || !tasks_.empty()) {
-    if (io_.reads_outstanding > 0 && next < 4096) {
-      Deliver(next, 4);
-      next += 4;
-    }
-    if (++steps % 3 == 0) RunTasks();
-    if (steps % 7 == 0 && !io_.writes.empty()) CompleteWrite();
-    if (io_.reads_outstanding == 0 && tasks_.empty() && next < 4096) {
-      if (!io_.writes.empty()) CompleteWrite();
-    }
-    ASSERT_LT(steps, 100000);
-  }
-  io_.reads_outstanding--;
-  pipeline_->OnHalfClose();
-  ASSERT_EQ(io_.finished.size(), 1u);
-  EXPECT_TRUE(io_.finished[0].ok()) << io_.finished[0];
+  ASSERT_NO_FATAL_FAILURE(SendAllTakingResultsNowAndThen(4096, 7));
   EXPECT_EQ(pipeline_->peak_window(), kStreamWindowBlocks);
   const int64_t footprint = HostFootprint(problem_, JobMode::kStreamed, block);
   std::printf("peak held %lld bytes of a %lld-byte footprint\n",
@@ -263,24 +270,7 @@ TEST_F(BlockPipelineTest, HeldBlocksNeverExceedTheWindowNorHostFootprint) {
 TEST_F(BlockPipelineTest, APromotedStreamSendsCsBytesWithinItsFootprint) {
   const int64_t block = 4096;
   Make(1024, 256, block, DType::kFloat64);  // 1 KiB rows of A, 2 KiB of C
-  int64_t next = 0;
-  int steps = 0;
-  while (next < 1024 || !io_.writes.empty() || !tasks_.empty()) {
-    if (io_.reads_outstanding > 0 && next < 1024) {
-      Deliver(next, 4);
-      next += 4;
-    }
-    if (++steps % 3 == 0) RunTasks();
-    if (steps % 5 == 0 && !io_.writes.empty()) CompleteWrite();
-    if (io_.reads_outstanding == 0 && tasks_.empty() && next < 1024) {
-      if (!io_.writes.empty()) CompleteWrite();
-    }
-    ASSERT_LT(steps, 100000);
-  }
-  io_.reads_outstanding--;
-  pipeline_->OnHalfClose();
-  ASSERT_EQ(io_.finished.size(), 1u);
-  EXPECT_TRUE(io_.finished[0].ok()) << io_.finished[0];
+  ASSERT_NO_FATAL_FAILURE(SendAllTakingResultsNowAndThen(1024, 5));
   int64_t lines = 0;
   for (const auto& [first, bytes] : io_.written) {
     ASSERT_EQ(bytes.size() % (256 * sizeof(double)), 0u);

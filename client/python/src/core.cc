@@ -44,6 +44,7 @@
 #include <deque>
 #include <functional>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -64,6 +65,18 @@ namespace {
 
 constexpr char kMultiply[] = "/dgmm.v1.Dgmm/Multiply";
 constexpr char kMultiplyStream[] = "/dgmm.v1.Dgmm/MultiplyStream";
+
+// The grpc-retry-pushback-ms value of a call's trailers, if it has one.
+std::optional<int64_t> PushbackMs(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& trailers) {
+  auto it = trailers.find("grpc-retry-pushback-ms");
+  int64_t ms = 0;
+  if (it == trailers.end() ||
+      !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms)) {
+    return std::nullopt;
+  }
+  return ms;
+}
 
 // The calls of one job, to cancel them; and what the calls' trailers said.
 class JobToken {
@@ -172,12 +185,7 @@ class CancelInterceptor : public grpc::experimental::Interceptor {
         methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_STATUS)) {
       auto* trailers = methods->GetRecvTrailingMetadata();
       if (trailers != nullptr) {
-        auto it = trailers->find("grpc-retry-pushback-ms");
-        int64_t ms = 0;
-        if (it != trailers->end() &&
-            absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms)) {
-          job_->SetPushback(ms);
-        }
+        if (std::optional<int64_t> ms = PushbackMs(*trailers)) job_->SetPushback(*ms);
       }
     }
     methods->Proceed();
@@ -631,13 +639,7 @@ class RegionCall {
         if (chained) sigint::End();
         if (!status.ok()) {
           failure = dgmm::FromGrpcStatus(status);
-          const auto& trailers = context.GetServerTrailingMetadata();
-          auto it = trailers.find("grpc-retry-pushback-ms");
-          int64_t ms = 0;
-          if (it != trailers.end() &&
-              absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms)) {
-            pushback = ms;
-          }
+          pushback = PushbackMs(context.GetServerTrailingMetadata());
         }
       }
     }
