@@ -1,6 +1,6 @@
 // dtype_bench: the kernel layer of issue 27 against its ceiling, on the GPU.
 //
-//   dtype_bench [--n=10000] [--reps=30] [--out=FILE.md]
+//   dtype_bench [--n=10000] [--reps=30] [--out=FILE.md] [--only=promoted]
 //
 // For every element type (float16, bfloat16, float32, float64, complex64,
 // complex128) on an N x N matrix: a device-to-device cudaMemcpy of the same
@@ -8,8 +8,9 @@
 // position), two-sided (left per line = row-major, left per position =
 // column-major), two one-sided launches doing the same (the second in
 // place), and cuBLAS <t>dgmm for the types cuBLAS has (two-sided = two
-// calls). Then two promoted pairs (float16 -> float32, float32 -> float64)
-// against a copy moving as many bytes. Every GPU time is the median of
+// calls). Then every promoted pair the kernel has (A narrower than C),
+// two-sided, against a copy moving as many bytes, with the launch policy's
+// other vectors-per-thread choice beside it for the record. Every GPU time is the median of
 // --reps runs by CUDA events, after 3 warm-ups, on random data.
 // Targets printed MET/MISSED: every kernel >= 0.95 x the D2D copy's
 // bandwidth (copy_ms / kernel_ms); two-sided / two one-sided <= 0.55.
@@ -53,6 +54,7 @@ cudaStream_t g_s = nullptr;
 int g_sms = 0;
 cublasHandle_t g_blas = nullptr;
 int g_met = 0, g_missed = 0;
+bool g_only_promoted = false;
 
 void Line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void Line(const char* fmt, ...) {
@@ -183,18 +185,35 @@ void Promoted(const char* name) {
   CK(cudaMalloc(&c, std::max(out_bytes, same)));
   CK(cudaMalloc(&l, n * sizeof(K)));
   CK(cudaMalloc(&r, n * sizeof(K)));
-  Fill(a, in_bytes, false, 1);
-  Fill(l, n * sizeof(K), sizeof(K) == 8, 2);
-  Fill(r, n * sizeof(K), sizeof(K) == 8, 3);
+  constexpr bool kDoublesA = std::is_same_v<TA, double> || std::is_same_v<TA, Complex128>;
+  constexpr bool kDoublesK = std::is_same_v<K, double> || std::is_same_v<K, Complex128>;
+  Fill(a, in_bytes, kDoublesA, 1);
+  Fill(l, n * sizeof(K), kDoublesK, 2);
+  Fill(r, n * sizeof(K), kDoublesK, 3);
   const double copy = TimeMs([&] { CK(cudaMemcpyAsync(c, a, same, cudaMemcpyDeviceToDevice, g_s)); });
   const cuda::ScaleTile<TA, TC> both{.in = static_cast<const TA*>(a), .out = static_cast<TC*>(c),
                                      .left = static_cast<const K*>(l),
                                      .right = static_cast<const K*>(r), .left_per_line = true,
                                      .lines = n, .line_len = n};
-  const double t = TimeMs([&] { CK(cuda::LaunchScaleKernel(both, g_sms, g_s)); });
+  const cuda::LaunchPolicy chosen = cuda::ChooseScalePolicy(both, g_sms);
+  const double t = TimeMs([&] { CK(cuda::LaunchScaleKernel(both, chosen, g_s)); });
   Line("| %s | D2D cudaMemcpy of (in+out)/2 bytes | %.4f | %.0f | 1.000 | |", name, copy,
        2.0 * same / (copy * 1e6));
   Row(name, "kernel, two-sided, row-major", t, copy, same, true);
+  // The same launch with 1, 2 and 4 vectors per thread, for the record:
+  // what kFullItems was chosen from.
+  for (int items : {1, 2, 4}) {
+    cuda::LaunchPolicy other = chosen;
+    other.items_per_thread = items;
+    const int64_t per_block = int64_t{other.block_threads} * items;
+    other.grid_blocks = static_cast<int>((elems / other.vector_width + per_block - 1) / per_block);
+    const double t_other = TimeMs([&] { CK(cuda::LaunchScaleKernel(both, other, g_s)); });
+    char what[96];
+    std::snprintf(what, sizeof what, "(%d vector%s of %d per thread%s)", items,
+                  items == 1 ? "" : "s", other.vector_width,
+                  items == chosen.items_per_thread ? ", chosen" : "");
+    Row(name, what, t_other, copy, same, false);
+  }
   CK(cudaFree(a));
   CK(cudaFree(c));
   CK(cudaFree(l));
@@ -213,10 +232,12 @@ int main(int argc, char** argv) {
       g_n = std::atoll(a.c_str() + 4);
     } else if (a.rfind("--reps=", 0) == 0) {
       g_reps = std::atoi(a.c_str() + 7);
+    } else if (a == "--only=promoted") {
+      g_only_promoted = true;
     } else if (a.rfind("--out=", 0) == 0) {
       out = a.substr(6);
     } else {
-      Die("unknown flag " + a + " (flags: --n=N --reps=R --out=FILE.md)");
+      Die("unknown flag " + a + " (flags: --n=N --reps=R --out=FILE.md --only=promoted)");
     }
   }
   if (!out.empty()) g_md = std::fopen(out.c_str(), "w");
@@ -234,14 +255,27 @@ int main(int argc, char** argv) {
   Line("| dtype | what | ms | GB/s | ratio | target |");
   Line("|---|---|---:|---:|---:|---|");
   using namespace dgmm;
-  OneType<Half>("float16");
-  OneType<BFloat16>("bfloat16");
-  OneType<float>("float32");
-  OneType<double>("float64");
-  OneType<Complex64>("complex64");
-  OneType<Complex128>("complex128");
+  if (!g_only_promoted) {
+    OneType<Half>("float16");
+    OneType<BFloat16>("bfloat16");
+    OneType<float>("float32");
+    OneType<double>("float64");
+    OneType<Complex64>("complex64");
+    OneType<Complex128>("complex128");
+  }
   Promoted<Half, float>("float16->float32");
+  Promoted<Half, double>("float16->float64");
+  Promoted<Half, Complex64>("float16->complex64");
+  Promoted<Half, Complex128>("float16->complex128");
+  Promoted<BFloat16, float>("bfloat16->float32");
+  Promoted<BFloat16, double>("bfloat16->float64");
+  Promoted<BFloat16, Complex64>("bfloat16->complex64");
+  Promoted<BFloat16, Complex128>("bfloat16->complex128");
   Promoted<float, double>("float32->float64");
+  Promoted<float, Complex64>("float32->complex64");
+  Promoted<float, Complex128>("float32->complex128");
+  Promoted<double, Complex128>("float64->complex128");
+  Promoted<Complex64, Complex128>("complex64->complex128");
   Line("\n%d MET, %d MISSED", g_met, g_missed);
   if (g_md != nullptr) std::fclose(g_md);
   return 0;

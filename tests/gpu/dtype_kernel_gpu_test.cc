@@ -107,6 +107,9 @@ TYPED_TEST(ScaleKernelGpuTest, EveryLayoutSideAndPathBitExactAgainstReference) {
   using TC = typename TypeParam::TC;
   SMS_OR_SKIP(sms);
   constexpr int kFull = 16 / static_cast<int>(sizeof(TA) > sizeof(TC) ? sizeof(TA) : sizeof(TC));
+  // Two full vectors per thread for a C wider than A (the second may lie
+  // past the tile's end); scalars four.
+  constexpr int kItems = sizeof(TC) > sizeof(TA) ? 2 : 1;
   uint64_t seed = 100;
   // 13 x 29: no vector path; 24 x 64: whole vectors in both layouts.
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{13, 29}, {24, 64}}) {
@@ -124,6 +127,7 @@ TYPED_TEST(ScaleKernelGpuTest, EveryLayoutSideAndPathBitExactAgainstReference) {
             EXPECT_EQ(failures, "") << ref::CaseName(c) << " launch " << static_cast<int>(launch)
                                     << (in_place ? " in place" : "");
             EXPECT_EQ(used.vector_width, vectorizable ? kFull : 1) << ref::CaseName(c);
+            EXPECT_EQ(used.items_per_thread, vectorizable ? kItems : 4) << ref::CaseName(c);
           }
         }
       }

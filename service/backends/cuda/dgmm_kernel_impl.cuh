@@ -28,9 +28,22 @@ template <typename TA, typename TC>
 constexpr int kFullVector =
     kVectorBytes / static_cast<int>(sizeof(TA) > sizeof(TC) ? sizeof(TA) : sizeof(TC));
 
+// A C wider than A (a promoted pair) runs its full vectors two per thread
+// (one, two and four are built). Measured on an H200 (dtype_bench, N =
+// 10000, two-sided, bench/results/dtypes/h200_items_*): against a copy of
+// as many bytes, float32 -> float64 0.93 at one vector per thread, 0.98 at
+// two, 0.97 at four; float16 -> float64 0.88 / 0.97 / 0.96; float16 ->
+// complex128 0.82 / 0.95 / 0.91. Vectors of 32 bytes of C, or of 16 bytes
+// of A, were slower at every count.
+template <typename TA, typename TC>
+constexpr bool kWidening = sizeof(TC) > sizeof(TA);
+template <typename TA, typename TC>
+constexpr int kFullItems = kWidening<TA, TC> ? 2 : 1;
+
 // float and double, same type in and out: the launch-policy sweep's types,
-// which get every items_per_thread; the others get the two shapes
-// ChooseScalePolicy picks (full vectors one per thread, scalars four).
+// which get every items_per_thread; the others get the shapes
+// ChooseScalePolicy picks (full vectors one per thread, or two for a
+// promoted pair, with one, two and four built for those; scalars four).
 template <typename TA, typename TC>
 constexpr bool kEveryShape = std::is_same_v<TA, TC> &&
                              (std::is_same_v<TA, float> || std::is_same_v<TA, double>);
@@ -235,10 +248,11 @@ cudaError_t DispatchItems(const ScaleTile<TA, TC>& tile, int mode,
         return DispatchMode<TA, TC, kVec, 1>(tile, mode, policy, stream);
       break;
     case 2:
-      if constexpr (kAll) return DispatchMode<TA, TC, kVec, 2>(tile, mode, policy, stream);
+      if constexpr (kAll || (kVec == kFull && kWidening<TA, TC>))
+        return DispatchMode<TA, TC, kVec, 2>(tile, mode, policy, stream);
       break;
     case 4:
-      if constexpr (kAll || kVec == 1)
+      if constexpr (kAll || kVec == 1 || (kVec == kFull && kWidening<TA, TC>))
         return DispatchMode<TA, TC, kVec, 4>(tile, mode, policy, stream);
       break;
     default:
@@ -270,9 +284,9 @@ LaunchPolicy ChooseScalePolicy(const ScaleTile<TA, TC>& tile_in, int multiproces
   // Measured on an H200 (bench/results, launch-policy sweep): one vector per
   // thread and a grid that covers the tile in one pass beat fewer, longer-
   // lived blocks by 5-8% at N = 16384 (the block scheduler evens out the
-  // tail better than a grid-stride loop). The loop stays for tiles past the
-  // cap.
-  policy.items_per_thread = vectorizable ? 1 : 4;
+  // tail better than a grid-stride loop); promoted pairs take two (see
+  // kFullItems). The loop stays for tiles past the cap.
+  policy.items_per_thread = vectorizable ? impl::kFullItems<TA, TC> : 4;
   const int64_t vectors = tile.lines * tile.line_len / policy.vector_width;
   const int64_t per_block = int64_t{impl::kBlockThreads} * policy.items_per_thread;
   const int64_t needed = (vectors + per_block - 1) / per_block;
