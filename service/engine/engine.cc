@@ -374,8 +374,11 @@ absl::StatusOr<std::unique_ptr<ActiveJob>> AdmittedBatch::Activate(size_t i) {
 
 bool Engine::RunsHere(const Route& r, const Problem& p, JobMode mode) const {
   // The GPU path keeps its worker: Process waits on the device (copies,
-  // kernel, a sticky error), which must not hold a transport thread.
-  return r.device == cpu_.get() && mode == JobMode::kWhole &&
+  // kernel, a sticky error), which must not hold a transport thread. A host
+  // region job is one tile between the client's memory (a mapped region or
+  // the process's own, read and written with process_vm_readv/writev): as
+  // short as a whole job's copy and compute at this size.
+  return r.device == cpu_.get() && (mode == JobMode::kWhole || mode == JobMode::kHostRegion) &&
          p.matrix_bytes() <= kRunHereMaxMatrixBytes;
 }
 

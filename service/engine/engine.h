@@ -106,8 +106,9 @@ class Engine {
   // share of the queue.
   //
   // `admitted_here` (null: never): the caller offers to run the job on its
-  // own thread. When the job is small (RunsHere: on the CPU, whole, a
-  // matrix of at most kRunHereMaxMatrixBytes) and admission admits it
+  // own thread. When the job is small (RunsHere: on the CPU, whole or on
+  // host regions, a matrix of at most kRunHereMaxMatrixBytes) and admission
+  // admits it
   // within this call, Start returns with the admitted job in
   // *admitted_here and `done` never runs. The caller runs it once Start has
   // returned and it holds no lock Start might need. A job admitted later,

@@ -25,7 +25,8 @@ void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Stat
       job_.job, job_.mode,
       [self = shared_from_this()](absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
         self->Run(std::move(admitted));
-      });
+      },
+      /*run_here=*/true);
   if (!started.ok()) {
     ReleaseRegions();
     Finish(started);

@@ -9,7 +9,8 @@
 // after the client's cookie is checked once more.
 //
 //   Begin -- intake (served, header, sources, fits, payload) --> session.Start
-//                                     admitted (worker): Use regions, ProcessTile,
+//                                     admitted (worker, or the caller's thread
+//                                     for a small CPU job): Use regions, ProcessTile,
 //                                     check intact, End; the regions and the
 //                                     reservation go back; then Finish
 //

@@ -147,6 +147,64 @@ TEST(Engine, OnlyASmallCpuJobAdmittedAtOnceComesBackToTheCaller) {
   EXPECT_FALSE(done_ran);
 }
 
+// A host region job on the CPU is one tile between the client's memory: a
+// small one comes back to the caller like a small whole job (issue 26: the
+// hop to a worker and back cost more than the job); a larger one, a
+// streamed job and one on the (fake) GPU go to a worker.
+TEST(Engine, ASmallCpuRegionJobComesBackToTheCallerAndLargerOnesGoToAWorker) {
+  std::vector<std::unique_ptr<Device>> gpus;
+  gpus.push_back(std::make_unique<BrokenGpu>());
+  auto engine = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), std::move(gpus));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<float> diag = {2, 3};
+  JobRequest small = Request(diag);
+  small.backend = BackendKind::kCpu;
+  std::unique_ptr<ActiveJob> here;
+  auto ticket = (*engine)->Start(
+      small, JobMode::kHostRegion, absl::Now(), absl::InfiniteFuture(),
+      [](absl::StatusOr<std::unique_ptr<ActiveJob>>) { ADD_FAILURE() << "went to a worker"; },
+      {}, &here);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_NE(here, nullptr);
+  std::vector<float> in = {1.5f, -2, 3, 4.25f}, out = {-7, -7, -7, -7};
+  Tile t{reinterpret_cast<const std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()),
+         0, 2};
+  EXPECT_TRUE(here->Process(t, nullptr).ok());
+  EXPECT_EQ(out, (std::vector<float>{3, -6, 6, 12.75f}));
+  here->End(absl::OkStatus());
+  here.reset();
+  EXPECT_EQ((*engine)->total_reserved(), 0);
+
+  // Past kRunHereMaxMatrixBytes (a 129 x 129 float32 matrix), streamed, or
+  // on the GPU: to a worker.
+  std::vector<float> big_diag(129, 1.0f);
+  JobRequest big;
+  big.problem = Problem{129, 129, DType::kFloat32, Layout::kRowMajor, Side::kRight};
+  big.diagonal = absl::string_view(reinterpret_cast<const char*>(big_diag.data()),
+                                   big_diag.size() * sizeof(float));
+  big.backend = BackendKind::kCpu;
+  ASSERT_GT(big.problem.matrix_bytes(), Engine::kRunHereMaxMatrixBytes);
+  JobRequest on_gpu = Request(diag);  // the fake GPU is the default
+  struct Case {
+    const JobRequest* job;
+    JobMode mode;
+  };
+  for (const Case& c : {Case{&big, JobMode::kHostRegion}, Case{&small, JobMode::kStreamed},
+                        Case{&on_gpu, JobMode::kHostRegion}}) {
+    std::promise<std::thread::id> worker;
+    ticket = (*engine)->Start(
+        *c.job, c.mode, absl::Now(), absl::InfiniteFuture(),
+        [&](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
+          EXPECT_TRUE(job.ok()) << job.status();
+          worker.set_value(std::this_thread::get_id());
+        },
+        {}, &here);
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    EXPECT_EQ(here, nullptr);
+    EXPECT_NE(worker.get_future().get(), std::this_thread::get_id());
+  }
+}
+
 TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {
   auto cpu_only = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), {});
   ASSERT_TRUE(cpu_only.ok());

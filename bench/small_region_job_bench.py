@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""small_region_job_bench: the latency of a small same-host job on
+dgmm.empty arrays (Python client, MultiplyRegion on the arrays' regions),
+for one or more dgmm-server binaries in turns (an A/B of the server), on
+the CPU backend. Prints the median wall per job and the server's thread
+switches per job, per binary and round; checks every result against a
+float64 reference.
+
+    build/python-venv/bin/python bench/small_region_job_bench.py \\
+        --server-bin OLD --server-bin NEW --n 16 100 --rounds 3
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
+
+import numpy as np  # noqa: E402
+
+import dgmm  # noqa: E402
+from dgmm_server import ServerProcess  # noqa: E402
+
+
+def switches(pid):
+    total = 0
+    for t in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/status" % (pid, t)) as f:
+                total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def one(binary, n, jobs):
+    server = ServerProcess(binary=binary, flags=["--allow_regions"], backend="cpu")
+    try:
+        client = dgmm.Client(server.address)
+        rng = np.random.default_rng(n)
+        a = dgmm.empty((n, n), np.float32, client=client)
+        a[...] = rng.uniform(-4, 4, (n, n))
+        out = dgmm.empty((n, n), np.float32, client=client)
+        d = rng.uniform(-4, 4, n).astype(np.float32)
+        for _ in range(100):
+            client.multiply(a, d, out=out)
+        walls = []
+        s0 = switches(server.process.pid)
+        for _ in range(jobs):
+            out[...] = np.nan
+            t0 = time.perf_counter()
+            client.multiply(a, d, out=out)
+            walls.append(time.perf_counter() - t0)
+        per_job = (switches(server.process.pid) - s0) / jobs
+        want = a.astype(np.float64) * d
+        err = np.max(np.abs(out - want) / np.maximum(np.abs(want), 1e-30))
+        if not err <= 1e-6:
+            raise SystemExit("wrong result from %s: relative error %g" % (binary, err))
+        client.close()
+        return statistics.median(walls) * 1e6, per_job
+    finally:
+        server.stop()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server-bin", action="append",
+                   help="dgmm-server binary (repeat for an A/B; default build/service/dgmm-server)")
+    p.add_argument("--n", type=int, nargs="+", default=[16, 100])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=1500)
+    args = p.parse_args()
+    bins = args.server_bin or [os.path.join(REPO, "build", "service", "dgmm-server")]
+    print("| round | server | N | median us/job | server switches/job |")
+    print("|---|---|---|---|---|")
+    for r in range(1, args.rounds + 1):
+        for b in bins:
+            for n in args.n:
+                wall, sw = one(b, n, args.jobs)
+                print("| %d | %s | %d | %.0f | %.1f |" % (r, b, n, wall, sw), flush=True)
+
+
+if __name__ == "__main__":
+    main()
