@@ -2,9 +2,11 @@
 """small_region_job_bench: the latency of a small same-host job on
 dgmm.empty arrays (Python client, MultiplyRegion on the arrays' regions),
 for one or more dgmm-server binaries in turns (an A/B of the server), on
-the CPU backend. Prints the median wall per job and the server's thread
-switches per job, per binary and round; checks every result against a
-float64 reference.
+the CPU backend (or --backend). Prints the median wall per job, the
+server's own total (JobStats.total_ns: from the call's arrival to the job's
+end), the rest (the RPC outside the server's total and the client), and the
+server's thread switches per job, per binary and round; checks every result
+against a float64 reference.
 
     build/python-venv/bin/python bench/small_region_job_bench.py \\
         --server-bin OLD --server-bin NEW --n 16 100 --rounds 3
@@ -35,8 +37,8 @@ def switches(pid):
     return total
 
 
-def one(binary, n, jobs):
-    server = ServerProcess(binary=binary, flags=["--allow_regions"], backend="cpu")
+def one(binary, n, jobs, backend):
+    server = ServerProcess(binary=binary, flags=["--allow_regions"], backend=backend)
     try:
         client = dgmm.Client(server.address)
         rng = np.random.default_rng(n)
@@ -46,20 +48,21 @@ def one(binary, n, jobs):
         d = rng.uniform(-4, 4, n).astype(np.float32)
         for _ in range(100):
             client.multiply(a, d, out=out)
-        walls = []
+        walls, totals = [], []
         s0 = switches(server.process.pid)
         for _ in range(jobs):
             out[...] = np.nan
             t0 = time.perf_counter()
-            client.multiply(a, d, out=out)
+            _, stats = client.multiply(a, d, out=out, return_stats=True)
             walls.append(time.perf_counter() - t0)
+            totals.append(stats.total_ns / 1e3)
         per_job = (switches(server.process.pid) - s0) / jobs
         want = a.astype(np.float64) * d
         err = np.max(np.abs(out - want) / np.maximum(np.abs(want), 1e-30))
         if not err <= 1e-6:
             raise SystemExit("wrong result from %s: relative error %g" % (binary, err))
         client.close()
-        return statistics.median(walls) * 1e6, per_job
+        return statistics.median(walls) * 1e6, statistics.median(totals), per_job
     finally:
         server.stop()
 
@@ -71,15 +74,17 @@ def main():
     p.add_argument("--n", type=int, nargs="+", default=[16, 100])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--jobs", type=int, default=1500)
+    p.add_argument("--backend", default="cpu", help="the server's --backend (cpu, auto, cuda)")
     args = p.parse_args()
     bins = args.server_bin or [os.path.join(REPO, "build", "service", "dgmm-server")]
-    print("| round | server | N | median us/job | server switches/job |")
-    print("|---|---|---|---|---|")
+    print("| round | server | backend | N | median us/job | server's total (JobStats) us | outside the server's total us | server switches/job |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in range(1, args.rounds + 1):
         for b in bins:
             for n in args.n:
-                wall, sw = one(b, n, args.jobs)
-                print("| %d | %s | %d | %.0f | %.1f |" % (r, b, n, wall, sw), flush=True)
+                wall, total, sw = one(b, n, args.jobs, args.backend)
+                print("| %d | %s | %s | %d | %.0f | %.0f | %.0f | %.1f |"
+                      % (r, b, args.backend, n, wall, total, wall - total, sw), flush=True)
 
 
 if __name__ == "__main__":
