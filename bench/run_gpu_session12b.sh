@@ -5,7 +5,8 @@
 # on the GPU) and the CPU, N = 16 and 1000; then dgmm.empty at N = 10000 in
 # turns with the duplex floor (user_path_bench), with the client's region
 # call waiting as before and polling without sleeping
-# (DGMM_REGION_SPIN_MS=50, an experiment in the Python binding), in turns.
+# (DGMM_REGION_SPIN_MS=50, an experiment in the Python binding at cc32e82,
+# removed since: it changed nothing), in turns.
 # From the repository root, carry .gpu:
 #   bench/run_gpu_session12b.sh COMMIT
 set -uo pipefail

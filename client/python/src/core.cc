@@ -44,7 +44,6 @@
 #include <deque>
 #include <functional>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -635,10 +634,7 @@ class RegionCall {
         // A cancel() from now on TryCancels the context (before the call
         // starts too: gRPC cancels it as it starts).
         if (token_.Add(&context)) context.TryCancel();
-        const grpc::Status status = SpinMs() > 0
-                                        ? CallSpinning(&context, request, &response)
-                                        : client_->stub()->MultiplyRegion(&context, request,
-                                                                         &response);
+        const grpc::Status status = client_->stub()->MultiplyRegion(&context, request, &response);
         token_.Remove(&context);
         if (chained) sigint::End();
         if (!status.ok()) {
@@ -654,39 +650,6 @@ class RegionCall {
   void Cancel() { token_.Cancel(); }
 
  private:
-  // EXPERIMENT (session 12): DGMM_REGION_SPIN_MS > 0 polls the call's
-  // completion queue without sleeping for up to that long, then waits.
-  static int SpinMs() {
-    static const int ms = [] {
-      const char* v = std::getenv("DGMM_REGION_SPIN_MS");
-      int x = 0;
-      return v != nullptr && absl::SimpleAtoi(v, &x) ? x : 0;
-    }();
-    return ms;
-  }
-  grpc::Status CallSpinning(grpc::ClientContext* context,
-                            const dgmm::v1::MultiplyRegionRequest& request,
-                            dgmm::v1::MultiplyRegionResponse* response) {
-    grpc::CompletionQueue cq;
-    grpc::Status status;
-    auto call = client_->stub()->AsyncMultiplyRegion(context, request, &cq);
-    call->Finish(response, &status, &cq);
-    void* tag = nullptr;
-    bool ok = false;
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(SpinMs());
-    bool got = false;
-    while (!got && std::chrono::steady_clock::now() < spin_until) {
-      const auto r = cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now());
-      if (r == grpc::CompletionQueue::GOT_EVENT) got = true;
-      if (r == grpc::CompletionQueue::SHUTDOWN) break;
-    }
-    if (!got) got = cq.Next(&tag, &ok);
-    cq.Shutdown();
-    for (void* t; cq.Next(&t, &ok);) {
-    }
-    return status;
-  }
-
   std::shared_ptr<dgmm::Client> client_;
   JobToken token_;
   bool started_ = false;
