@@ -13,6 +13,7 @@ against a float64 reference.
 """
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -26,6 +27,27 @@ import dgmm  # noqa: E402
 from dgmm_server import ServerProcess  # noqa: E402
 
 
+PHASES = ("arrival to Begin", "intake", "admission to Run", "Run to the tile's end", "End",
+          "stage released")
+REGION_TRACE = re.compile(r"trace: region job of \d+ bytes: " + ", ".join(
+    re.escape(p) + r" ([\d.]+) ms" for p in PHASES))
+CUDA_TRACE = re.compile(r"trace: job of \d+ bytes: set-up ([\d.]+) ms, until the pipeline "
+                        r"([\d.]+) ms, pipeline ([\d.]+) ms \(\d+ pieces\), until tear-down "
+                        r"([\d.]+) ms, tear-down ([\d.]+) ms")
+
+
+def traced(log, jobs):
+    """Medians (ms) of the last `jobs` region-job trace lines, and of the
+    CUDA job contexts' (set-up, until the pipeline, pipeline, until
+    tear-down, tear-down) when there are any."""
+    out = []
+    for pattern in (REGION_TRACE, CUDA_TRACE):
+        found = [m.groups() for m in pattern.finditer(log)][-jobs:]
+        out.append([statistics.median(float(x[i]) for x in found) for i in range(len(found[0]))]
+                   if found else None)
+    return out
+
+
 def switches(pid):
     total = 0
     for t in os.listdir("/proc/%d/task" % pid):
@@ -37,7 +59,7 @@ def switches(pid):
     return total
 
 
-def one(binary, n, jobs, backend):
+def one(binary, n, jobs, backend, trace=False):
     server = ServerProcess(binary=binary, flags=["--allow_regions"], backend=backend)
     try:
         client = dgmm.Client(server.address)
@@ -62,7 +84,8 @@ def one(binary, n, jobs, backend):
         if not err <= 1e-6:
             raise SystemExit("wrong result from %s: relative error %g" % (binary, err))
         client.close()
-        return statistics.median(walls) * 1e6, statistics.median(totals), per_job
+        phases = traced(server.log(), jobs) if trace else None
+        return statistics.median(walls) * 1e6, statistics.median(totals), per_job, phases
     finally:
         server.stop()
 
@@ -75,16 +98,34 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--jobs", type=int, default=1500)
     p.add_argument("--backend", default="cpu", help="the server's --backend (cpu, auto, cuda)")
+    p.add_argument("--trace", action="store_true",
+                   help="start the servers with DGMM_TRACE_JOBS=1 and print the medians of "
+                        "their region-job (and CUDA job context) phases")
     args = p.parse_args()
     bins = args.server_bin or [os.path.join(REPO, "build", "service", "dgmm-server")]
+    if args.trace:
+        os.environ["DGMM_TRACE_JOBS"] = "1"  # the servers inherit it
+    traces = []
     print("| round | server | backend | N | median us/job | server's total (JobStats) us | outside the server's total us | server switches/job |")
     print("|---|---|---|---|---|---|---|---|")
     for r in range(1, args.rounds + 1):
         for b in bins:
             for n in args.n:
-                wall, total, sw = one(b, n, args.jobs, args.backend)
+                wall, total, sw, phases = one(b, n, args.jobs, args.backend, args.trace)
                 print("| %d | %s | %s | %d | %.0f | %.0f | %.0f | %.1f |"
                       % (r, b, args.backend, n, wall, total, wall - total, sw), flush=True)
+                if phases is not None:
+                    traces.append((r, b, n, phases))
+    if traces:
+        print("\nServer-side phases (DGMM_TRACE_JOBS=1), medians in us: the region job's, "
+              "then the CUDA job context's where there is one\n")
+        print("| round | server | N | " + " | ".join(PHASES) + " | CUDA set-up | until the "
+              "pipeline | pipeline | until tear-down | tear-down |")
+        print("|" + "---|" * (3 + len(PHASES) + 5))
+        for r, b, n, (region, cuda) in traces:
+            cells = ["%.0f" % (v * 1e3) for v in (region or [float("nan")] * len(PHASES))]
+            cells += ["%.0f" % (v * 1e3) for v in (cuda or [float("nan")] * 5)]
+            print("| %d | %s | %d | %s |" % (r, b, n, " | ".join(cells)))
 
 
 if __name__ == "__main__":

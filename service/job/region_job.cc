@@ -3,11 +3,15 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_format.h"
+#include "service/util/log.h"
+
 namespace dgmm {
 
 void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Status& decoded,
                       const std::string& owner,
                       std::shared_ptr<const ProcessMemory> process_memory) {
+  if (TraceJobs()) trace_.begin = absl::Now();
   JobDraft draft;
   draft.kind = JobKind::kRegion;
   draft.decoded = decoded;
@@ -20,6 +24,7 @@ void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Stat
     Finish(s);
     return;
   }
+  if (TraceJobs()) trace_.begun = absl::Now();
   // The job's diagonal is copied by Start; the request may go after it.
   absl::Status started = session_->Start(
       job_.job, job_.mode,
@@ -34,6 +39,7 @@ void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Stat
 }
 
 void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
+  if (TraceJobs()) trace_.run = absl::Now();
   // The regions are let go before the reply, so that a client that
   // unregisters right after it sees its memory released.
   std::shared_ptr<Region> matrix = std::move(job_.matrix);
@@ -73,9 +79,24 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
     if (s.ok() && result_use.has_value()) s = (*result_use)->CheckIntact();
   }
   const int64_t bytes = job_.job.problem.matrix_bytes();
+  if (TraceJobs()) trace_.tile = absl::Now();
   stage->End(s, s.ok() ? bytes : 0, s.ok() ? job_.job.problem.out_matrix_bytes() : 0);
   const v1::JobStats stats = stage->job().stats();
+  if (TraceJobs()) trace_.ended = absl::Now();
   stage.reset();  // the reservation goes back before the reply
+  if (TraceJobs()) {
+    trace_.released = absl::Now();
+    const absl::Time arrived = session_->call().arrived;
+    const auto ms = [](absl::Time from, absl::Time to) {
+      return absl::ToDoubleMilliseconds(to - from);
+    };
+    LogInfo(absl::StrFormat(
+        "trace: region job of %d bytes: arrival to Begin %.3f ms, intake %.3f ms, admission "
+        "to Run %.3f ms, Run to the tile's end %.3f ms, End %.3f ms, stage released %.3f ms",
+        bytes, ms(arrived, trace_.begin), ms(trace_.begin, trace_.begun),
+        ms(trace_.begun, trace_.run), ms(trace_.run, trace_.tile), ms(trace_.tile, trace_.ended),
+        ms(trace_.ended, trace_.released)));
+  }
   Finish(s, stats);
 }
 

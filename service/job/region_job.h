@@ -24,6 +24,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
 #include "service/job/intake.h"
 #include "service/job/session.h"
@@ -65,6 +67,11 @@ class RegionJob final : public std::enable_shared_from_this<RegionJob> {
   RegionRegistry* const registry_;
   // Set by Begin, owned by the job's worker after admission.
   IntakenJob job_;
+  // With DGMM_TRACE_JOBS=1: when Begin started and ended, Run started, the
+  // tile was done, the job ended and its stage (and reservation) went.
+  struct Trace {
+    absl::Time begin, begun, run, tile, ended, released;
+  } trace_;
   std::mutex mu_;
   RegionIo* io_ ABSL_GUARDED_BY(mu_);  // null once finished or detached
 };

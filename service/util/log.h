@@ -4,6 +4,7 @@
 #define DGMM_SERVICE_UTIL_LOG_H_
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,17 @@ void LogInfo(const Args&... args) {
       absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ ", absl::Now(), absl::UTCTimeZone()),
       "dgmm: ", args..., "\n");
   std::fputs(line.c_str(), stderr);
+}
+
+// DGMM_TRACE_JOBS=1 in the server's environment: a "trace:" line per job
+// with its host-side phases (the CUDA job context's; a region job's from the
+// call's arrival to its reply), read by bench/pinned_region_timeline.py.
+inline bool TraceJobs() {
+  static const bool on = [] {
+    const char* v = std::getenv("DGMM_TRACE_JOBS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
 }
 
 }  // namespace dgmm

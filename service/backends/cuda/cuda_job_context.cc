@@ -34,14 +34,6 @@ absl::Duration EventGap(cudaEvent_t from, cudaEvent_t to) {
   return absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
 }
 
-bool TraceJobs() {
-  static const bool on = [] {
-    const char* v = std::getenv("DGMM_TRACE_JOBS");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
-
 }  // namespace
 
 CudaJobContext::~CudaJobContext() {
