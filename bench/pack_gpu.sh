@@ -12,6 +12,11 @@
 # with the tracked files (~9 MiB).
 #
 #   bench/pack_gpu.sh [KEEP]     e.g. bench/pack_gpu.sh 'process_memory_gpu_test|small_job_bench'
+#
+# DGMM_PACK_XZ=1: the tree then goes into one xz tarball, .gpu/pack.tar.xz
+# (CUDA fatbins compress ~15x: every GPU test and bench, 91 MiB, packs into
+# 12 MiB); a device script unpacks it first:
+#   [[ -f .gpu/pack.tar.xz && ! -f .gpu/env.sh ]] && tar xJf .gpu/pack.tar.xz -C .gpu
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -48,3 +53,8 @@ done | sort -u | while read -r name path; do
 done
 ls .gpu/build/python/dgmm/_core*.so 2>/dev/null | sed 's/^/pack_gpu: python binding /' >&2
 du -sh .gpu | awk '{print "pack_gpu: .gpu is " $1 " (tracked files add ~9 MiB; the call carries 64 MiB)"}'
+if [[ ${DGMM_PACK_XZ:-0} == 1 ]]; then
+  tree=$(mktemp -d)
+  mv .gpu "$tree/gpu" && mkdir .gpu && tar cJf .gpu/pack.tar.xz -C "$tree/gpu" . && rm -rf "$tree"
+  du -sh .gpu/pack.tar.xz | awk '{print "pack_gpu: packed into .gpu/pack.tar.xz, " $1}'
+fi

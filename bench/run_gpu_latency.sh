@@ -5,8 +5,8 @@
 # next to the client's wall and the server's own total; the pinned-region
 # timeline at N = 10000 against the duplex floor; and small_job_bench (1x1
 # and 100x100 Multiply against an empty RPC) on a default server. Pack with
-# bench/pack_gpu.sh 'small_job_bench' and tar cJf .gpu/pack.tar.xz (see
-# run_gpu_session12.sh). From the repository root, carry .gpu:
+# DGMM_PACK_XZ=1 bench/pack_gpu.sh 'small_job_bench'. From the repository
+# root, carry .gpu:
 #   bench/run_gpu_latency.sh COMMIT
 set -uo pipefail
 if [[ -f .gpu/pack.tar.xz && ! -f .gpu/env.sh ]]; then tar xJf .gpu/pack.tar.xz -C .gpu; fi
