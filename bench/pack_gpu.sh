@@ -15,7 +15,7 @@
 #
 # DGMM_PACK_XZ=1: the tree then goes into one xz tarball, .gpu/pack.tar.xz
 # (CUDA fatbins compress ~15x: every GPU test and bench, 91 MiB, packs into
-# 12 MiB); a device script unpacks it first:
+# 12 MiB); a device script unpacks it first (bench/gpu_call_prelude.sh does):
 #   [[ -f .gpu/pack.tar.xz && ! -f .gpu/env.sh ]] && tar xJf .gpu/pack.tar.xz -C .gpu
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -8,14 +8,7 @@
 # DGMM_PACK_XZ=1 bench/pack_gpu.sh 'small_job_bench'. From the repository
 # root, carry .gpu:
 #   bench/run_gpu_latency.sh COMMIT
-set -uo pipefail
-if [[ -f .gpu/pack.tar.xz && ! -f .gpu/env.sh ]]; then tar xJf .gpu/pack.tar.xz -C .gpu; fi
-source .gpu/env.sh
-export PYTHONPATH=$PWD/build/python
-C=${1:?commit}
-R=$OUT/r
-mkdir -p $R
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit $C"; nproc; } > $R/gpu.txt
+source bench/gpu_call_prelude.sh "$@"
 timeout 120 python3 bench/small_region_job_bench.py --backend auto --n 16 1000 --rounds 2 --jobs 400 \
   --trace > $R/small_region_trace_$C.md 2>&1
 cat $R/small_region_trace_$C.md

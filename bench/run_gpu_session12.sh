@@ -5,14 +5,7 @@
 # tree, 91 MiB unpacked, 12 MiB packed, so every GPU test fits one call).
 # From the repository root, carry .gpu:
 #   bench/run_gpu_session12.sh COMMIT
-set -uo pipefail
-if [[ -f .gpu/pack.tar.xz && ! -f .gpu/env.sh ]]; then tar xJf .gpu/pack.tar.xz -C .gpu; fi
-source .gpu/env.sh
-export PYTHONPATH=$PWD/build/python
-C=${1:?commit}
-R=$OUT/r
-mkdir -p $R
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit $C"; } > $R/gpu.txt
+source bench/gpu_call_prelude.sh "$@"
 ( time ctest --test-dir build -L gpu --output-on-failure ) > $R/ctest_gpu_$C.log 2>&1
 tail -16 $R/ctest_gpu_$C.log
 for r in 1 2; do

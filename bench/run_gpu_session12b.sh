@@ -9,14 +9,7 @@
 # removed since: it changed nothing), in turns.
 # From the repository root, carry .gpu:
 #   bench/run_gpu_session12b.sh COMMIT
-set -uo pipefail
-if [[ -f .gpu/pack.tar.xz && ! -f .gpu/env.sh ]]; then tar xJf .gpu/pack.tar.xz -C .gpu; fi
-source .gpu/env.sh
-export PYTHONPATH=$PWD/build/python
-C=${1:?commit}
-R=$OUT/r
-mkdir -p $R
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit $C"; nproc; } > $R/gpu.txt
+source bench/gpu_call_prelude.sh "$@"
 for v in "auto 0" "auto 50"; do
   set -- $v
   DGMM_REGION_SPIN_MS=$2 timeout 60 python3 bench/small_region_job_bench.py --backend $1 --n 16 1000 \

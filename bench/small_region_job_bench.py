@@ -25,27 +25,24 @@ import numpy as np  # noqa: E402
 
 import dgmm  # noqa: E402
 from dgmm_server import ServerProcess  # noqa: E402
+from pinned_region_timeline import traced as cuda_traced  # noqa: E402  (this folder)
 
 
 PHASES = ("arrival to Begin", "intake", "admission to Run", "Run to the tile's end", "End",
           "stage released")
 REGION_TRACE = re.compile(r"trace: region job of \d+ bytes: " + ", ".join(
     re.escape(p) + r" ([\d.]+) ms" for p in PHASES))
-CUDA_TRACE = re.compile(r"trace: job of \d+ bytes: set-up ([\d.]+) ms, until the pipeline "
-                        r"([\d.]+) ms, pipeline ([\d.]+) ms \(\d+ pieces\), until tear-down "
-                        r"([\d.]+) ms, tear-down ([\d.]+) ms")
 
 
 def traced(log, jobs):
-    """Medians (ms) of the last `jobs` region-job trace lines, and of the
-    CUDA job contexts' (set-up, until the pipeline, pipeline, until
-    tear-down, tear-down) when there are any."""
-    out = []
-    for pattern in (REGION_TRACE, CUDA_TRACE):
-        found = [m.groups() for m in pattern.finditer(log)][-jobs:]
-        out.append([statistics.median(float(x[i]) for x in found) for i in range(len(found[0]))]
-                   if found else None)
-    return out
+    """Medians (ms) of the last `jobs` region-job trace lines, and the CUDA
+    job contexts' (pinned_region_timeline.traced: set-up, until the
+    pipeline, pipeline, pieces, until tear-down, tear-down), each None
+    without such lines."""
+    found = [m.groups() for m in REGION_TRACE.finditer(log)][-jobs:]
+    region = ([statistics.median(float(x[i]) for x in found) for i in range(len(PHASES))]
+              if found else None)
+    return region, cuda_traced(log, jobs)
 
 
 def switches(pid):
@@ -119,12 +116,14 @@ def main():
     if traces:
         print("\nServer-side phases (DGMM_TRACE_JOBS=1), medians in us: the region job's, "
               "then the CUDA job context's where there is one\n")
-        print("| round | server | N | " + " | ".join(PHASES) + " | CUDA set-up | until the "
-              "pipeline | pipeline | until tear-down | tear-down |")
-        print("|" + "---|" * (3 + len(PHASES) + 5))
+        cuda_columns = ("CUDA set-up", "until the pipeline", "pipeline", "pieces",
+                        "until tear-down", "tear-down")
+        print("| round | server | N | " + " | ".join(PHASES + cuda_columns) + " |")
+        print("|" + "---|" * (3 + len(PHASES) + len(cuda_columns)))
         for r, b, n, (region, cuda) in traces:
             cells = ["%.0f" % (v * 1e3) for v in (region or [float("nan")] * len(PHASES))]
-            cells += ["%.0f" % (v * 1e3) for v in (cuda or [float("nan")] * 5)]
+            cells += ["%.0f" % (v if i == 3 else v * 1e3)
+                      for i, v in enumerate(cuda or [float("nan")] * len(cuda_columns))]
             print("| %d | %s | %d | %s |" % (r, b, n, " | ".join(cells)))
 
 

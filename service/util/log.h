@@ -23,7 +23,8 @@ void LogInfo(const Args&... args) {
 
 // DGMM_TRACE_JOBS=1 in the server's environment: a "trace:" line per job
 // with its host-side phases (the CUDA job context's; a region job's from the
-// call's arrival to its reply), read by bench/pinned_region_timeline.py.
+// call's arrival to its reply), read by bench/pinned_region_timeline.py and
+// bench/small_region_job_bench.py.
 inline bool TraceJobs() {
   static const bool on = [] {
     const char* v = std::getenv("DGMM_TRACE_JOBS");

@@ -54,23 +54,47 @@ JobRequest Request(const std::vector<float>& diag) {
   return r;
 }
 
-TEST(Engine, StickyDeviceErrorFailsOnlyThatJobAndTurnsHealthNotServing) {
+// An engine with a one-thread CPU device and one BrokenGpu (the default).
+std::unique_ptr<Engine> EngineWithBrokenGpu() {
   std::vector<std::unique_ptr<Device>> gpus;
   gpus.push_back(std::make_unique<BrokenGpu>());
   auto engine = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), std::move(gpus));
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+// Starts `job` offering admitted_here: it does not come back, and is
+// admitted on a job worker, not on this thread.
+void ExpectRunsOnAWorker(Engine& engine, const JobRequest& job, JobMode mode) {
+  std::unique_ptr<ActiveJob> here;
+  std::promise<std::thread::id> worker;
+  auto ticket = engine.Start(
+      job, mode, absl::Now(), absl::InfiniteFuture(),
+      [&](absl::StatusOr<std::unique_ptr<ActiveJob>> admitted) {
+        EXPECT_TRUE(admitted.ok()) << admitted.status();
+        worker.set_value(std::this_thread::get_id());
+      },
+      {}, &here);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  EXPECT_EQ(here, nullptr);
+  EXPECT_NE(worker.get_future().get(), std::this_thread::get_id());
+}
+
+TEST(Engine, StickyDeviceErrorFailsOnlyThatJobAndTurnsHealthNotServing) {
+  std::unique_ptr<Engine> engine = EngineWithBrokenGpu();
+  ASSERT_NE(engine, nullptr);
   std::atomic<int> serving_changes{0};
   std::atomic<bool> last_serving{true};
-  (*engine)->set_serving_listener([&](bool s) {
+  engine->set_serving_listener([&](bool s) {
     last_serving = s;
     serving_changes++;
   });
-  EXPECT_TRUE((*engine)->serving());
+  EXPECT_TRUE(engine->serving());
 
   const std::vector<float> diag = {2, 3};
   std::vector<float> in = {1, 2, 3, 4}, out(4);
   std::promise<absl::Status> done;
-  auto ticket = (*engine)->Start(
+  auto ticket = engine->Start(
       Request(diag), JobMode::kWhole, absl::Now(), absl::InfiniteFuture(),
       [&](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
         if (!job.ok()) {
@@ -90,15 +114,15 @@ TEST(Engine, StickyDeviceErrorFailsOnlyThatJobAndTurnsHealthNotServing) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_NE(std::string(s.message()).find("illegal memory access"), std::string::npos);
 
-  EXPECT_FALSE((*engine)->serving());
+  EXPECT_FALSE(engine->serving());
   EXPECT_GE(serving_changes.load(), 1);
   EXPECT_FALSE(last_serving.load());
   // No GPU left: GPU jobs are refused with UNAVAILABLE, nothing is reserved.
-  auto refused = (*engine)->Start(Request(diag), JobMode::kWhole, absl::Now(),
-                                  absl::InfiniteFuture(), [](auto) {});
+  auto refused = engine->Start(Request(diag), JobMode::kWhole, absl::Now(), absl::InfiniteFuture(),
+                               [](auto) {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ((*engine)->total_reserved(), 0);
-  const v1::GetServerInfoResponse info = (*engine)->Info();
+  EXPECT_EQ(engine->total_reserved(), 0);
+  const v1::GetServerInfoResponse info = engine->Info();
   ASSERT_EQ(info.devices_size(), 2);
   EXPECT_FALSE(info.devices(1).in_service());
   EXPECT_EQ(info.devices(1).rejected_jobs().at("internal"), 1);
@@ -108,17 +132,15 @@ TEST(Engine, StickyDeviceErrorFailsOnlyThatJobAndTurnsHealthNotServing) {
 // comes back to the caller and `done` never runs; a job routed to a GPU,
 // however small, still goes to a job worker.
 TEST(Engine, OnlyASmallCpuJobAdmittedAtOnceComesBackToTheCaller) {
-  std::vector<std::unique_ptr<Device>> gpus;
-  gpus.push_back(std::make_unique<BrokenGpu>());
-  auto engine = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), std::move(gpus));
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::unique_ptr<Engine> engine = EngineWithBrokenGpu();
+  ASSERT_NE(engine, nullptr);
   const std::vector<float> diag = {2, 3};
 
   JobRequest cpu_job = Request(diag);
   cpu_job.backend = BackendKind::kCpu;
   std::unique_ptr<ActiveJob> here;
   bool done_ran = false;
-  auto ticket = (*engine)->Start(
+  auto ticket = engine->Start(
       cpu_job, JobMode::kWhole, absl::Now(), absl::InfiniteFuture(),
       [&](absl::StatusOr<std::unique_ptr<ActiveJob>>) { done_ran = true; }, {}, &here);
   ASSERT_TRUE(ticket.ok()) << ticket.status();
@@ -130,20 +152,10 @@ TEST(Engine, OnlyASmallCpuJobAdmittedAtOnceComesBackToTheCaller) {
   EXPECT_EQ(out, (std::vector<float>{2, 6, 6, 12}));
   here->End(absl::OkStatus());
   here.reset();
-  EXPECT_EQ((*engine)->total_reserved(), 0);
+  EXPECT_EQ(engine->total_reserved(), 0);
 
   // The same job on the (fake) GPU, the default here: to a worker.
-  std::promise<std::thread::id> worker;
-  ticket = (*engine)->Start(
-      Request(diag), JobMode::kWhole, absl::Now(), absl::InfiniteFuture(),
-      [&](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
-        EXPECT_TRUE(job.ok()) << job.status();
-        worker.set_value(std::this_thread::get_id());
-      },
-      {}, &here);
-  ASSERT_TRUE(ticket.ok()) << ticket.status();
-  EXPECT_EQ(here, nullptr);
-  EXPECT_NE(worker.get_future().get(), std::this_thread::get_id());
+  ExpectRunsOnAWorker(*engine, Request(diag), JobMode::kWhole);
   EXPECT_FALSE(done_ran);
 }
 
@@ -152,18 +164,16 @@ TEST(Engine, OnlyASmallCpuJobAdmittedAtOnceComesBackToTheCaller) {
 // hop to a worker and back cost more than the job); a larger one, a
 // streamed job and one on the (fake) GPU go to a worker.
 TEST(Engine, ASmallCpuRegionJobComesBackToTheCallerAndLargerOnesGoToAWorker) {
-  std::vector<std::unique_ptr<Device>> gpus;
-  gpus.push_back(std::make_unique<BrokenGpu>());
-  auto engine = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), std::move(gpus));
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::unique_ptr<Engine> engine = EngineWithBrokenGpu();
+  ASSERT_NE(engine, nullptr);
   const std::vector<float> diag = {2, 3};
   JobRequest small = Request(diag);
   small.backend = BackendKind::kCpu;
   std::unique_ptr<ActiveJob> here;
-  auto ticket = (*engine)->Start(
+  auto ticket = engine->Start(
       small, JobMode::kHostRegion, absl::Now(), absl::InfiniteFuture(),
-      [](absl::StatusOr<std::unique_ptr<ActiveJob>>) { ADD_FAILURE() << "went to a worker"; },
-      {}, &here);
+      [](absl::StatusOr<std::unique_ptr<ActiveJob>>) { ADD_FAILURE() << "went to a worker"; }, {},
+      &here);
   ASSERT_TRUE(ticket.ok()) << ticket.status();
   ASSERT_NE(here, nullptr);
   std::vector<float> in = {1.5f, -2, 3, 4.25f}, out = {-7, -7, -7, -7};
@@ -173,7 +183,7 @@ TEST(Engine, ASmallCpuRegionJobComesBackToTheCallerAndLargerOnesGoToAWorker) {
   EXPECT_EQ(out, (std::vector<float>{3, -6, 6, 12.75f}));
   here->End(absl::OkStatus());
   here.reset();
-  EXPECT_EQ((*engine)->total_reserved(), 0);
+  EXPECT_EQ(engine->total_reserved(), 0);
 
   // Past kRunHereMaxMatrixBytes (a 129 x 129 float32 matrix), streamed, or
   // on the GPU: to a worker.
@@ -184,25 +194,9 @@ TEST(Engine, ASmallCpuRegionJobComesBackToTheCallerAndLargerOnesGoToAWorker) {
                                    big_diag.size() * sizeof(float));
   big.backend = BackendKind::kCpu;
   ASSERT_GT(big.problem.matrix_bytes(), Engine::kRunHereMaxMatrixBytes);
-  JobRequest on_gpu = Request(diag);  // the fake GPU is the default
-  struct Case {
-    const JobRequest* job;
-    JobMode mode;
-  };
-  for (const Case& c : {Case{&big, JobMode::kHostRegion}, Case{&small, JobMode::kStreamed},
-                        Case{&on_gpu, JobMode::kHostRegion}}) {
-    std::promise<std::thread::id> worker;
-    ticket = (*engine)->Start(
-        *c.job, c.mode, absl::Now(), absl::InfiniteFuture(),
-        [&](absl::StatusOr<std::unique_ptr<ActiveJob>> job) {
-          EXPECT_TRUE(job.ok()) << job.status();
-          worker.set_value(std::this_thread::get_id());
-        },
-        {}, &here);
-    ASSERT_TRUE(ticket.ok()) << ticket.status();
-    EXPECT_EQ(here, nullptr);
-    EXPECT_NE(worker.get_future().get(), std::this_thread::get_id());
-  }
+  ExpectRunsOnAWorker(*engine, big, JobMode::kHostRegion);
+  ExpectRunsOnAWorker(*engine, small, JobMode::kStreamed);
+  ExpectRunsOnAWorker(*engine, Request(diag), JobMode::kHostRegion);  // the fake GPU's
 }
 
 TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {

@@ -29,12 +29,12 @@ constexpr int kFullVector =
     kVectorBytes / static_cast<int>(sizeof(TA) > sizeof(TC) ? sizeof(TA) : sizeof(TC));
 
 // A C wider than A (a promoted pair) runs its full vectors two per thread
-// (one, two and four are built). Measured on an H200 (dtype_bench, N =
-// 10000, two-sided, bench/results/dtypes/h200_items_*): against a copy of
-// as many bytes, float32 -> float64 0.93 at one vector per thread, 0.98 at
-// two, 0.97 at four; float16 -> float64 0.88 / 0.97 / 0.96; float16 ->
-// complex128 0.82 / 0.95 / 0.91. Vectors of 32 bytes of C, or of 16 bytes
-// of A, were slower at every count.
+// (one and two are built; dtype_bench times the other). Measured on an H200
+// (dtype_bench, N = 10000, two-sided, bench/results/dtypes/h200_items_*):
+// against a copy of as many bytes, float32 -> float64 0.93 at one vector
+// per thread, 0.98 at two, 0.97 at four; float16 -> float64 0.88 / 0.97 /
+// 0.96; float16 -> complex128 0.82 / 0.95 / 0.91. Vectors of 32 bytes of C,
+// or of 16 bytes of A, were slower at every count.
 template <typename TA, typename TC>
 constexpr bool kWidening = sizeof(TC) > sizeof(TA);
 template <typename TA, typename TC>
@@ -43,7 +43,7 @@ constexpr int kFullItems = kWidening<TA, TC> ? 2 : 1;
 // float and double, same type in and out: the launch-policy sweep's types,
 // which get every items_per_thread; the others get the shapes
 // ChooseScalePolicy picks (full vectors one per thread, or two for a
-// promoted pair, with one, two and four built for those; scalars four).
+// promoted pair, with one and two built for those; scalars four).
 template <typename TA, typename TC>
 constexpr bool kEveryShape = std::is_same_v<TA, TC> &&
                              (std::is_same_v<TA, float> || std::is_same_v<TA, double>);
@@ -252,7 +252,7 @@ cudaError_t DispatchItems(const ScaleTile<TA, TC>& tile, int mode,
         return DispatchMode<TA, TC, kVec, 2>(tile, mode, policy, stream);
       break;
     case 4:
-      if constexpr (kAll || kVec == 1 || (kVec == kFull && kWidening<TA, TC>))
+      if constexpr (kAll || kVec == 1)
         return DispatchMode<TA, TC, kVec, 4>(tile, mode, policy, stream);
       break;
     default:
