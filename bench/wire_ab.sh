@@ -8,6 +8,14 @@
 #               client tools set "poll" unless told otherwise)
 #   malloc      both sides with glibc malloc keeping freed memory
 #               (GLIBC_TUNABLES mmap_threshold 64 MiB, trim_threshold 1 GiB)
+#   frame       both sides accept HTTP/2 DATA frames of up to 16 MiB - 1
+#               (grpc.http2.max_frame_size through DGMM_GRPC_ARGS, proto/
+#               wire.h; gRPC 1.51's default is 16 KiB: 256 frames a block)
+#   cbdp0       the client without BDP probing too (its receive window then
+#               stays ~1 MiB, as the server's: smaller writes each way, so
+#               WINDOW_UPDATEs wait less behind the other direction's data)
+#   frame_cbdp0 both of the above
+#   bdp_frame   bdp and frame
 # Prints one CSV line per (setting, K): setting,N,K,...(stripe_bench's CSV).
 #
 #   bench/wire_ab.sh [--build DIR] [--n N] [--reps R] [settings...]
@@ -29,6 +37,12 @@ for s in $settings; do
   case $s in
     base) ;;
     bdp) flags=(--http2_bdp_probe=true) ;;
+    frame) senv=(DGMM_GRPC_ARGS=grpc.http2.max_frame_size=16777215); cenv=("${senv[@]}") ;;
+    cbdp0) cenv=(DGMM_GRPC_ARGS=grpc.http2.bdp_probe=0) ;;
+    frame_cbdp0) senv=(DGMM_GRPC_ARGS=grpc.http2.max_frame_size=16777215)
+                 cenv=(DGMM_GRPC_ARGS=grpc.http2.max_frame_size=16777215,grpc.http2.bdp_probe=0) ;;
+    bdp_frame) flags=(--http2_bdp_probe=true)
+               senv=(DGMM_GRPC_ARGS=grpc.http2.max_frame_size=16777215); cenv=("${senv[@]}") ;;
     epoll1) cenv=(GRPC_POLL_STRATEGY=epoll1) ;;
     malloc) senv=(GLIBC_TUNABLES=glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=1073741824)
             cenv=("${senv[@]}") ;;

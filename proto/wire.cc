@@ -4,11 +4,14 @@
 #include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace dgmm::wire {
 namespace {
@@ -628,6 +631,19 @@ absl::Status DecodeMultiplyBatchResponse(grpc::ByteBuffer* buffer, size_t jobs,
         absl::StrCat("the server returned ", i, " batch results; expected ", jobs));
   }
   return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, int>> ExtraChannelArgs() {
+  std::vector<std::pair<std::string, int>> args;
+  const char* env = std::getenv("DGMM_GRPC_ARGS");
+  if (env == nullptr) return args;
+  for (absl::string_view item : absl::StrSplit(env, ',', absl::SkipWhitespace())) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    int value = 0;
+    if (kv.first.empty() || !absl::SimpleAtoi(kv.second, &value)) continue;
+    args.emplace_back(std::string(kv.first), value);
+  }
+  return args;
 }
 
 }  // namespace dgmm::wire

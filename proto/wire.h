@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -241,6 +243,14 @@ using BatchPlacer = std::function<absl::StatusOr<void*>(size_t job, size_t size)
 absl::Status DecodeMultiplyBatchResponse(grpc::ByteBuffer* buffer, size_t jobs,
                                          const BatchPlacer& placer,
                                          std::vector<BatchResultDecoded>* results);
+
+// A measuring aid for transport A/B runs (bench/wire_ab.sh), not a
+// supported setting: the environment variable DGMM_GRPC_ARGS, a comma-
+// separated list of integer gRPC channel arguments ("grpc.http2.
+// max_frame_size=16777215,grpc.http2.bdp_probe=0"), which dgmm-server and
+// dgmm::Client add to the ones they set. Entries that do not parse are
+// skipped. Empty when the variable is unset.
+std::vector<std::pair<std::string, int>> ExtraChannelArgs();
 
 }  // namespace dgmm::wire
 

@@ -9,6 +9,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "proto/wire.h"
 #include "service/engine/server_info.h"
 #include "service/util/log.h"
 
@@ -118,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxSendMessageSize(-1);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, options.http2_bdp_probe ? 1 : 0);
+  for (const auto& [key, value] : wire::ExtraChannelArgs()) builder.AddChannelArgument(key, value);
   builder.AddChannelArgument(
       GRPC_ARG_MAX_CONNECTION_IDLE_MS,
       static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_idle)));

@@ -92,6 +92,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // same server and options share gRPC's global subchannel pool, so one lost
   // connection and one reconnect backoff serve all of them.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  for (const auto& [key, value] : wire::ExtraChannelArgs()) args.SetInt(key, value);
   // See ClientOptions: how soon a restarted server is found again.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
               ChannelArgMs(options.initial_reconnect_backoff));
