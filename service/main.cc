@@ -158,10 +158,6 @@ ABSL_FLAG(dgmm::ByteSize, cuda_tile_bytes, dgmm::ByteSize::MiB(8),
           "Pipeline tile size on the GPU: one device slot, and one pinned staging buffer "
           "(2 x --cuda_pieces_in_flight of them per GPU, allocated only if a job brings "
           "pageable memory; the RPCs receive into pinned memory and need none).");
-ABSL_FLAG(bool, cuda_zero_copy, true,
-          "A job on a pinned region (a region the server has pinned after its reuse) runs as "
-          "one kernel that reads A from and writes C to the region over PCIe, with no "
-          "staging and no copy pipeline. false: such jobs take the copy pipeline.");
 ABSL_FLAG(bool, enable_bench_echo, false,
           "Also serve dgmm.bench.v1.Echo, a benchmark-only RPC with MultiplyStream's shape that "
           "returns each block unchanged (the transport floor bench/stream_bench.sh compares "
@@ -352,7 +348,6 @@ int Main(int argc, char** argv) {
     co.streams = absl::GetFlag(FLAGS_cuda_streams);
     co.tile_bytes = absl::GetFlag(FLAGS_cuda_tile_bytes).bytes;
     co.pieces_in_flight = absl::GetFlag(FLAGS_cuda_pieces_in_flight);
-    co.zero_copy = absl::GetFlag(FLAGS_cuda_zero_copy);
     std::string why_none;
     auto found = CreateCudaDevices(co, &why_none);
     if (!found.ok() && absl::IsInvalidArgument(found.status())) {

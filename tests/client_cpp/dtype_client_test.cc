@@ -432,10 +432,9 @@ TEST_F(DTypeClientTest, AnOutputOverlappingTheMatrixIsRefusedUnlessExactlyInPlac
 }
 
 // Jobs on a region the server has pinned (after its reuse): on a GPU server
-// they run as one kernel on the region's host memory itself (no copies:
-// h2d and d2h stay zero, --cuda_zero_copy, the default), every dtype, a
-// promoted result, both layouts, every side, apart and in place; on the CPU
-// the same jobs through its own path.
+// the pipeline DMAs straight from and to the region (no staging), every
+// dtype, a promoted result, both layouts, every side, apart and in place;
+// on the CPU the same jobs through its own path.
 template <typename TA, typename TD, typename TC = TA>
 void RunOnPinnedRegion(Client& client, SharedMemoryRegion& region, uint64_t seed) {
   const std::string pair = absl::StrCat(v1::DType_Name(WireOf<TA>()), " A, ",
@@ -459,11 +458,6 @@ void RunOnPinnedRegion(Client& client, SharedMemoryRegion& region, uint64_t seed
               client, RegionJobOf(c.MakeJob(), region.Ref(0),
                                   region.Ref(static_cast<int64_t>(c_at))));
           ASSERT_TRUE(r.ok()) << what << ": " << r.status();
-#if defined(DGMM_DTYPE_GPU)
-          EXPECT_EQ(r->stats.h2d_ns(), 0) << what << ": not the zero-copy path";
-          EXPECT_EQ(r->stats.d2h_ns(), 0) << what << ": not the zero-copy path";
-          EXPECT_GT(r->stats.compute_ns(), 0) << what;
-#endif
           std::memcpy(c.out.data(), base + c_at, c.out_bytes());
           EXPECT_EQ(c.Check(), "") << what;
         }

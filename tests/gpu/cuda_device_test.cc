@@ -267,67 +267,6 @@ TEST_P(Pipeline, PinnedHostMemoryIsUsedDirectly) {
   cudaFreeHost(pin_out);
 }
 
-// A host region the server pinned (PinHostMemory, which maps it) runs as
-// one kernel on the host memory itself: no copies (h2d and d2h stay zero),
-// the float64 reference's results, apart and in place, both layouts and
-// sides; with zero_copy off, the same job takes the copy pipeline.
-TEST_P(Pipeline, PinnedRegionRunsAsOneKernelOnHostMemory) {
-  for (bool zero_copy : {true, false}) {
-    CudaOptions options = Options(64 << 10);
-    options.zero_copy = zero_copy;
-    GET_DEVICE_OR_SKIP(device, options);
-    for (DType t : {DType::kFloat32, DType::kFloat64}) {
-      for (Layout layout : {Layout::kRowMajor, Layout::kColMajor}) {
-        for (Side side : {Side::kRight, Side::kLeft}) {
-          for (bool in_place : {false, true}) {
-            const Problem p = MakeProblem(515, 259, t, layout, side);
-            const std::string what =
-                absl::StrFormat("zero_copy %d, %s, %s, %s%s", zero_copy,
-                                t == DType::kFloat32 ? "f32" : "f64",
-                                layout == Layout::kRowMajor ? "row" : "col",
-                                side == Side::kRight ? "right" : "left",
-                                in_place ? ", in place" : "");
-            const int64_t n = p.rows * p.cols;
-            const auto a = RandomElements(p.dtype, n, 31);
-            const auto d = RandomElements(p.dtype, p.diag_len(), 32);
-            const auto nan = NaNElements(p.dtype, n);
-            // A region: two page-aligned halves of one pinned mapping.
-            const size_t half = (static_cast<size_t>(p.matrix_bytes()) + 4095) / 4096 * 4096;
-            std::vector<std::byte> pages(2 * half + 4096);
-            auto* base = reinterpret_cast<std::byte*>(
-                (reinterpret_cast<uintptr_t>(pages.data()) + 4095) / 4096 * 4096);
-            auto unpin = device->PinHostMemory(base, static_cast<int64_t>(2 * half));
-            ASSERT_TRUE(unpin.ok()) << unpin.status();
-            std::byte* in = base;
-            std::byte* out = in_place ? base : base + half;
-            std::memcpy(out, nan.data(), nan.size());
-            std::memcpy(in, a.data(), a.size());
-            auto job = device->Begin(p, GetParam(), d.data(), JobMode::kHostRegion,
-                                     p.matrix_bytes());
-            ASSERT_TRUE(job.ok()) << job.status();
-            StageTimes times;
-            ASSERT_TRUE((*job)
-                            ->Process(Tile{.in = in, .out = out, .lines = p.lines()}, nullptr,
-                                      &times)
-                            .ok())
-                << what;
-            EXPECT_LE(MaxRelativeError(p, a.data(), d.data(), out), Tolerance(p.dtype)) << what;
-            if (zero_copy) {
-              EXPECT_EQ(times.h2d, absl::ZeroDuration()) << what;
-              EXPECT_EQ(times.d2h, absl::ZeroDuration()) << what;
-            } else {
-              EXPECT_GT(times.h2d, absl::ZeroDuration()) << what;
-            }
-            EXPECT_GT(times.compute, absl::ZeroDuration()) << what;
-            job->reset();
-            (*unpin)();
-          }
-        }
-      }
-    }
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Backends, Pipeline,
                          Values(BackendKind::kCudaKernel, BackendKind::kCublas),
                          [](const auto& info) {

@@ -81,7 +81,7 @@ double Tolerance(DType t) {
 cuda::CudaDevice* SharedDevice(const CudaOptions& options, std::string* why) {
   static std::mutex mu;
   static auto* cache =
-      new std::map<std::tuple<int, int64_t, int, bool, bool>, cuda::CudaDevice*>();
+      new std::map<std::tuple<int, int64_t, int, bool>, cuda::CudaDevice*>();
   static std::string* none_reason = nullptr;
   std::lock_guard<std::mutex> lock(mu);
   if (none_reason != nullptr) {
@@ -89,8 +89,8 @@ cuda::CudaDevice* SharedDevice(const CudaOptions& options, std::string* why) {
     return nullptr;
   }
   const auto key =
-      std::make_tuple(options.streams, options.tile_bytes, options.staging_buffers,
-                      options.measure_backend_order, options.zero_copy);
+      std::make_tuple(options.streams, options.tile_bytes,
+                      options.staging_buffers, options.measure_backend_order);
   if (auto it = cache->find(key); it != cache->end()) return it->second;
   std::string reason;
   auto devices = CreateCudaDevices(options, &reason);

@@ -108,8 +108,6 @@ absl::Status CudaDevice::Init(int ordinal, const CudaOptions& options) {
   name_ = prop.name;
   total_bytes_ = static_cast<int64_t>(prop.totalGlobalMem);
   multiprocessors_ = prop.multiProcessorCount;
-  can_map_host_ = prop.canMapHostMemory != 0;
-  zero_copy_ = options.zero_copy && can_map_host_;
   size_t free_bytes = 0, total = 0;
   if (auto st =
           CudaStatus(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
@@ -292,11 +290,8 @@ absl::StatusOr<std::unique_ptr<JobContext>> CudaDevice::Begin(
 absl::StatusOr<std::function<void()>> CudaDevice::PinHostMemory(void* p,
                                                                 int64_t bytes) {
   if (auto st = Enter(); !st.ok()) return st;
-  // Mapped as well, so that a job on the region can run as one kernel on
-  // the host memory itself (CudaOptions::zero_copy).
-  const unsigned flags =
-      cudaHostRegisterPortable | (can_map_host_ ? cudaHostRegisterMapped : 0u);
-  if (auto st = CudaStatus(cudaHostRegister(p, static_cast<size_t>(bytes), flags),
+  if (auto st = CudaStatus(cudaHostRegister(p, static_cast<size_t>(bytes),
+                                            cudaHostRegisterPortable),
                            "cudaHostRegister of a shared-memory region");
       !st.ok()) {
     cudaGetLastError();

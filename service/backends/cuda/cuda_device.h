@@ -128,8 +128,6 @@ class CudaDevice final : public Device {
 
   // Beyond Device, for tests and the benchmark.
   int64_t tile_bytes() const { return tile_bytes_; }
-  // Jobs on mapped pinned host memory run as one kernel on it (CudaOptions).
-  bool zero_copy() const { return zero_copy_; }
   int pieces_in_flight() const { return pieces_in_flight_; }
   // Buffers of the staging ring (allocated on first use).
   int staging_buffers() const { return staging_count_; }
@@ -170,8 +168,6 @@ class CudaDevice final : public Device {
   int multiprocessors_ = 0;
   int64_t tile_bytes_ = 0;
   int pieces_in_flight_ = 0;
-  bool can_map_host_ = false;  // cudaDevAttrCanMapHostMemory
-  bool zero_copy_ = false;
   std::vector<cudaStream_t> streams_;
   std::vector<cublasHandle_t> cublas_;   // cublas_[i] is bound to streams_[i]
   cudaStream_t setup_stream_ = nullptr;  // allocations and diagonal uploads

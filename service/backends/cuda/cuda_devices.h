@@ -31,12 +31,6 @@ struct CudaOptions {
   // Order backends() by a short timing of both kernels on a few MB at start
   // (about 50 ms per device). When false, the custom kernel comes first.
   bool measure_backend_order = true;
-  // A job whose input and output are both pinned host memory mapped into
-  // the GPU's address space (a registered region once the server has pinned
-  // it) runs as one kernel that reads A from and writes C to host memory
-  // over PCIe ("zero copy"): no staging, no device slots, no piece pipeline
-  // to fill and drain. When false, such jobs take the copy pipeline.
-  bool zero_copy = true;
 };
 
 // One Device per visible, usable GPU. An empty vector (not an error) when the

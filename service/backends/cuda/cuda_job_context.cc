@@ -12,28 +12,17 @@
 namespace dgmm::cuda {
 namespace {
 
-// Whether [p, p + bytes) is page-locked host memory. With `device`: also
-// its address in the current GPU's address space when the whole range is
-// mapped there contiguously (one registration), else null.
-bool IsPinned(const void* p, int64_t bytes, std::byte** device = nullptr) {
-  if (device != nullptr) *device = nullptr;
-  auto pinned_at = [](const void* q, void** mapped) {
+bool IsPinned(const void* p, int64_t bytes) {
+  auto pinned_at = [](const void* q) {
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, q) != cudaSuccess) {
       cudaGetLastError();
       return false;
     }
-    *mapped = attr.devicePointer;
     return attr.type == cudaMemoryTypeHost;
   };
   const auto* b = static_cast<const std::byte*>(p);
-  void *first = nullptr, *last = nullptr;
-  if (bytes <= 0 || !pinned_at(b, &first) || !pinned_at(b + bytes - 1, &last)) return false;
-  if (device != nullptr && first != nullptr &&
-      static_cast<std::byte*>(last) == static_cast<std::byte*>(first) + (bytes - 1)) {
-    *device = static_cast<std::byte*>(first);
-  }
-  return true;
+  return bytes > 0 && pinned_at(b) && pinned_at(b + bytes - 1);
 }
 
 absl::Duration EventGap(cudaEvent_t from, cudaEvent_t to) {
@@ -283,8 +272,7 @@ absl::Status CudaJobContext::AwaitCopyOut(Lane& lane, StageTimes* times) {
   return done.status;
 }
 
-absl::Status CudaJobContext::ProcessResident(const std::byte* in, std::byte* out, const Tile& tile,
-                                             StageTimes* times) {
+absl::Status CudaJobContext::ProcessResident(const Tile& tile, StageTimes* times) {
   Lane& lane = lanes_[0];
   lane.stream = static_cast<int>(device_->next_stream_.fetch_add(1) %
                                  static_cast<uint32_t>(device_->streams()));
@@ -300,9 +288,7 @@ absl::Status CudaJobContext::ProcessResident(const std::byte* in, std::byte* out
   if (auto st = device_->Check(cudaEventRecord(lane.uploaded, s), "cudaEventRecord"); !st.ok()) {
     return st;
   }
-  pipeline_start_ = absl::Now();
-  pieces_ = 1;
-  absl::Status status = LaunchOn(const_cast<std::byte*>(in), out, piece, lane.stream);
+  absl::Status status = LaunchOn(const_cast<std::byte*>(tile.in), tile.out, piece, lane.stream);
   if (status.ok()) {
     status = device_->Check(cudaEventRecord(lane.computed, s), "cudaEventRecord");
   }
@@ -314,7 +300,6 @@ absl::Status CudaJobContext::ProcessResident(const std::byte* in, std::byte* out
     cudaGetLastError();
     return status;
   }
-  pipeline_end_ = processed_ = absl::Now();
   if (times != nullptr) times->compute += EventGap(lane.uploaded, lane.computed);
   return absl::OkStatus();
 }
@@ -333,20 +318,12 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
                         device_->index(), device_->name()));
   }
   if (auto st = device_->Enter(); !st.ok()) return st;
-  if (mode_ == JobMode::kDeviceRegion) return ProcessResident(tile.in, tile.out, tile, times);
+  if (mode_ == JobMode::kDeviceRegion) return ProcessResident(tile, times);
 
   const int64_t bytes = tile.lines * p_.line_bytes();
   // Another process's memory (Tile.memory) is never ours to DMA from.
-  std::byte *mapped_in = nullptr, *mapped_out = nullptr;
-  const bool pinned_in = tile.memory == nullptr && IsPinned(tile.in, bytes, &mapped_in);
-  const bool pinned_out =
-      tile.memory == nullptr && IsPinned(tile.out, OutBytes(bytes), &mapped_out);
-  // A pinned region, mapped: one kernel on the host memory itself, which
-  // it reads and writes over PCIe (CudaOptions::zero_copy).
-  if (mode_ == JobMode::kHostRegion && device_->zero_copy() && mapped_in != nullptr &&
-      mapped_out != nullptr) {
-    return ProcessResident(mapped_in, mapped_out, tile, times);
-  }
+  const bool pinned_in = tile.memory == nullptr && IsPinned(tile.in, bytes);
+  const bool pinned_out = tile.memory == nullptr && IsPinned(tile.out, OutBytes(bytes));
   // A piece must fit one staging buffer and one device slot, in A's bytes
   // and in C's (C's element is never narrower than A's): the limit in A's
   // bytes is the whole elements of C that fit, at least one.

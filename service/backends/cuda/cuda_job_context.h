@@ -76,11 +76,8 @@ class CudaJobContext final : public JobContext {
   }
   absl::Status Launch(const Lane& lane, const Piece& piece, int lane_index);
   absl::Status LaunchOn(std::byte* in, std::byte* out, const Piece& piece, int stream);
-  // One launch over the whole tile on memory the GPU addresses directly:
-  // `in` and `out` are the tile's own pointers (kDeviceRegion: device memory
-  // of this GPU) or their mapped addresses (a pinned host region: zero copy).
-  absl::Status ProcessResident(const std::byte* in, std::byte* out, const Tile& tile,
-                               StageTimes* times);
+  // kDeviceRegion: the tile's pointers are device memory of this GPU.
+  absl::Status ProcessResident(const Tile& tile, StageTimes* times);
   absl::Status Start(Lane& lane, int lane_index, const Piece& piece, const Tile& tile,
                      bool pinned_in, bool pinned_out, StageTimes* times);
   absl::Status Finish(Lane& lane, const Tile& tile, bool pinned_out, StageTimes* times);
