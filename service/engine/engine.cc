@@ -88,9 +88,10 @@ Engine::~Engine() {
 absl::StatusOr<Engine::Route> Engine::RouteJob(const JobRequest& job, JobMode mode) const {
   const Problem& p = job.problem;
   Route r;
-  const bool small_on_cpu = options_.backend == ServerBackend::kAuto &&
-                            (mode == JobMode::kWhole || mode == JobMode::kStreamed) &&
-                            p.matrix_bytes() <= options_.auto_cpu_max_bytes;
+  const bool small_on_cpu =
+      options_.backend == ServerBackend::kAuto &&
+      (mode == JobMode::kWhole || mode == JobMode::kStreamed || mode == JobMode::kHostRegion) &&
+      p.matrix_bytes() <= options_.auto_cpu_max_bytes;
   const bool wants_gpu = job.backend.has_value()
                              ? *job.backend != BackendKind::kCpu
                              : (gpu_default_ && !small_on_cpu) || mode == JobMode::kDeviceRegion;
