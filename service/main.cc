@@ -46,11 +46,12 @@ ABSL_FLAG(dgmm::ServerBackend, backend, dgmm::ServerBackend::kAuto,
           "(cublas<t>dgmm). Clients may still ask for a specific backend per job.");
 ABSL_FLAG(dgmm::ByteSize, auto_cpu_max_bytes, dgmm::ByteSize::MiB(1),
           "With --backend=auto on a host with a GPU: BACKEND_AUTO jobs sent over the socket "
-          "(Multiply, MultiplyStream, MultiplyBatch) whose matrix is at most this size run on "
-          "the CPU backend, since a GPU job's fixed cost (device set-up, a copy each way, a "
-          "synchronization) is more than such a job. JobStats.backend says where a job ran; "
-          "GetServerInfo limits.auto_cpu_max_bytes says the value in force. 0: every "
-          "BACKEND_AUTO job on the GPU.");
+          "(Multiply, MultiplyStream, MultiplyBatch) or run on host regions (MultiplyRegion, "
+          "the same-host path) whose matrix is at most this size run on the CPU backend, since "
+          "a GPU job's fixed cost (device set-up, a copy each way, a synchronization, a thread "
+          "hop) is more than such a job. JobStats.backend says where a job ran; GetServerInfo "
+          "limits.auto_cpu_max_bytes says the value in force. 0: every BACKEND_AUTO job on the "
+          "GPU.");
 ABSL_FLAG(dgmm::ByteSize, max_unary_message_bytes, dgmm::ByteSize::MiB(16),
           "Largest Multiply request accepted (bytes, or with a unit: 64MiB). Larger matrices "
           "must use MultiplyStream, which the dgmm clients do on their own.");

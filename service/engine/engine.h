@@ -44,10 +44,11 @@ struct EngineOptions {
   // Fair share (docs/admission.md): most jobs one client may have admitted
   // and waiting at once; 0: no limit.
   ClientLimits client_limits{.max_running = 8, .max_queued = 0, .max_share_percent = 50};
-  // BACKEND_AUTO socket jobs (JobMode::kWhole and streamed ones) whose
-  // matrix has at most this many bytes run on the CPU even when AUTO means a
-  // GPU (--backend=auto with a GPU): the GPU path's fixed cost per job is
-  // more than such a job. 0: never. (Limits.auto_cpu_max_bytes.)
+  // BACKEND_AUTO socket jobs (JobMode::kWhole and streamed ones) and host
+  // region jobs whose matrix has at most this many bytes run on the CPU even
+  // when AUTO means a GPU (--backend=auto with a GPU): the GPU path's fixed
+  // cost per job is more than such a job. 0: never.
+  // (Limits.auto_cpu_max_bytes.)
   int64_t auto_cpu_max_bytes = 0;
 };
 

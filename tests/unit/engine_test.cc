@@ -211,10 +211,11 @@ TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {
 }
 
 // --auto_cpu_max_bytes: on a GPU server with --backend=auto, a BACKEND_AUTO
-// socket job whose matrix is at most that size runs on the CPU (here, on
-// the caller's thread when admitted at once); a larger one, one that names a
-// backend, a region job and a server with a pinned --backend go to the GPU.
-TEST(Engine, SmallAutoSocketJobsRunOnTheCpuOfAGpuServer) {
+// socket or host-region job whose matrix is at most that size runs on the
+// CPU (here, on the caller's thread when admitted at once); a larger one,
+// one that names a backend and a server with a pinned --backend go to the
+// GPU.
+TEST(Engine, SmallAutoJobsRunOnTheCpuOfAGpuServer) {
   const std::vector<float> diag = {2, 3, 5, 7};
   auto make = [](ServerBackend backend) {
     EngineOptions o;
@@ -262,7 +263,9 @@ TEST(Engine, SmallAutoSocketJobsRunOnTheCpuOfAGpuServer) {
   EXPECT_EQ(backend_of(*autos, small, JobMode::kStreamed), v1::BACKEND_CPU);
   EXPECT_EQ(backend_of(*autos, larger, JobMode::kWhole), v1::BACKEND_CUDA_KERNEL);
   EXPECT_EQ(backend_of(*autos, named, JobMode::kWhole), v1::BACKEND_CUDA_KERNEL);
-  EXPECT_EQ(backend_of(*autos, small, JobMode::kHostRegion), v1::BACKEND_CUDA_KERNEL);
+  EXPECT_EQ(backend_of(*autos, small, JobMode::kHostRegion), v1::BACKEND_CPU);
+  EXPECT_EQ(backend_of(*autos, larger, JobMode::kHostRegion), v1::BACKEND_CUDA_KERNEL);
+  EXPECT_EQ(backend_of(*autos, named, JobMode::kHostRegion), v1::BACKEND_CUDA_KERNEL);
 
   std::unique_ptr<Engine> pinned = make(ServerBackend::kCudaKernel);
   EXPECT_EQ(pinned->Info().limits().auto_cpu_max_bytes(), 0);
