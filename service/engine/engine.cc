@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,6 +38,7 @@ absl::Status ActiveJob::Process(const Tile& tile, const CancelFn& cancelled) {
 void ActiveJob::End(const absl::Status& status) {
   if (ended_) return;
   ended_ = true;
+  if (gpu_here_ != nullptr) gpu_here_->fetch_sub(1);
   const absl::Time now = absl::Now();
   stats_.set_queue_wait_ns(absl::ToInt64Nanoseconds(admitted_ - arrived_));
   stats_.set_h2d_ns(absl::ToInt64Nanoseconds(times_.h2d));
@@ -181,6 +183,22 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   std::shared_ptr<Here> here;
   auto done = std::make_shared<StartCallback>(std::move(done_fn));
   if (admitted_here != nullptr && RunsHere(*route, problem, mode)) here = std::make_shared<Here>();
+  // A place among the GPU jobs that run on their caller's thread, held
+  // until the job ends, or given back below if it does not run here.
+  struct GpuPlace {
+    std::atomic<int>* count = nullptr;
+    ~GpuPlace() {
+      if (count != nullptr) count->fetch_sub(1);
+    }
+  } gpu_place;
+  if (admitted_here != nullptr && here == nullptr && RunsHereOnGpu(*route, problem, mode)) {
+    if (gpu_here_.fetch_add(1) < kRunHereGpuMaxJobs) {
+      gpu_place.count = &gpu_here_;
+      here = std::make_shared<Here>();
+    } else {
+      gpu_here_.fetch_sub(1);
+    }
+  }
   thread_local const Here* submitting = nullptr;
   // The diagonals widened to C's compute type, once, for the device.
   std::string prepared = PrepareDiagonals(job.problem, job.diagonal, job.right_diagonal);
@@ -211,6 +229,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
     absl::StatusOr<std::unique_ptr<ActiveJob>> active =
         Activate(*route, problem, mode, arrived, prepared, group, std::move(*here->reservation));
     if (active.ok()) {
+      (*active)->gpu_here_ = std::exchange(gpu_place.count, nullptr);
       *admitted_here = std::move(*active);
     } else {
       // Begin failed (counted by Activate): the caller hears it as it would
@@ -381,6 +400,11 @@ bool Engine::RunsHere(const Route& r, const Problem& p, JobMode mode) const {
   // short as a whole job's copy and compute at this size.
   return r.device == cpu_.get() && (mode == JobMode::kWhole || mode == JobMode::kHostRegion) &&
          p.matrix_bytes() <= kRunHereMaxMatrixBytes;
+}
+
+bool Engine::RunsHereOnGpu(const Route& r, const Problem& p, JobMode mode) const {
+  return r.device != cpu_.get() && mode == JobMode::kHostRegion &&
+         p.matrix_bytes() <= kRunHereGpuMaxMatrixBytes;
 }
 
 void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {

@@ -73,6 +73,9 @@ class ActiveJob {
   ActiveJob() = default;
   Engine* engine_ = nullptr;
   Device* device_ = nullptr;
+  // Set for a GPU job that runs on Start's caller's thread: the count of
+  // such jobs, decremented when this one ends.
+  std::atomic<int>* gpu_here_ = nullptr;
   int pool_ = 0;
   JobMode mode_ = JobMode::kWhole;
   absl::Time arrived_;
@@ -108,7 +111,9 @@ class Engine {
   //
   // `admitted_here` (null: never): the caller offers to run the job on its
   // own thread. When the job is small (RunsHere: on the CPU, whole or on
-  // host regions, a matrix of at most kRunHereMaxMatrixBytes) and admission
+  // host regions, a matrix of at most kRunHereMaxMatrixBytes; or on a GPU,
+  // on host regions, at most kRunHereGpuMaxMatrixBytes and
+  // kRunHereGpuMaxJobs such jobs at once) and admission
   // admits it
   // within this call, Start returns with the admitted job in
   // *admitted_here and `done` never runs. The caller runs it once Start has
@@ -154,6 +159,14 @@ class Engine {
   // cpu_device.cc). Issue 26: a hop to a worker and back cost more than
   // the job itself.
   static constexpr int64_t kRunHereMaxMatrixBytes = int64_t{64} << 10;
+  // A GPU job on a host region of at most this size also runs on the
+  // caller's thread when admitted at once, one such job at a time (it
+  // waits on the device, for a few hundred us at this size, and must not
+  // hold more than one of gRPC's threads): on the H200 the hop to a worker
+  // took 124-230 us of such a job's 0.8-1 ms
+  // (bench/results/user_path/h200_latency_552b227/).
+  static constexpr int64_t kRunHereGpuMaxMatrixBytes = int64_t{16} << 20;
+  static constexpr int kRunHereGpuMaxJobs = 1;
   // The footprint check of Start alone: OK if the job could ever fit, else
   // RESOURCE_EXHAUSTED (too_large) worded as Start words it. Lets a handler
   // answer "too large" before looking at a payload.
@@ -207,6 +220,9 @@ class Engine {
   absl::StatusOr<Route> RouteJob(const JobRequest& job, JobMode mode) const;
   // Whether a routed job may run on Start's caller's thread (see Start).
   bool RunsHere(const Route& r, const Problem& p, JobMode mode) const;
+  // Whether a routed GPU job may, if one of the kRunHereGpuMaxJobs places
+  // is free (gpu_here_).
+  bool RunsHereOnGpu(const Route& r, const Problem& p, JobMode mode) const;
   // The admitted job on its device (ActiveJob and Device::Begin), or the
   // error it ended with (counted).
   absl::StatusOr<std::unique_ptr<ActiveJob>> Activate(const Route& r, const Problem& problem,
@@ -226,6 +242,7 @@ class Engine {
   std::unique_ptr<JobMetrics> metrics_;
   std::unique_ptr<ThreadPool> workers_;
   std::atomic<uint64_t> next_job_id_{1};
+  std::atomic<int> gpu_here_{0};  // GPU jobs running on a caller's thread
   std::atomic<bool> draining_{false};
   std::function<void(bool)> serving_listener_;
 };

@@ -196,7 +196,54 @@ TEST(Engine, ASmallCpuRegionJobComesBackToTheCallerAndLargerOnesGoToAWorker) {
   ASSERT_GT(big.problem.matrix_bytes(), Engine::kRunHereMaxMatrixBytes);
   ExpectRunsOnAWorker(*engine, big, JobMode::kHostRegion);
   ExpectRunsOnAWorker(*engine, small, JobMode::kStreamed);
-  ExpectRunsOnAWorker(*engine, Request(diag), JobMode::kHostRegion);  // the fake GPU's
+}
+
+// A GPU job on a host region of at most kRunHereGpuMaxMatrixBytes comes back
+// to the caller too, one at a time: while one is held, the next goes to a
+// worker; once it has ended, the next comes back again. A larger one, and a
+// whole (socket) GPU job, go to a worker.
+TEST(Engine, OneSmallGpuRegionJobAtATimeComesBackToTheCaller) {
+  // Two (fake) GPUs of one stream each, so that a second job is admitted at
+  // once while the first is held.
+  std::vector<std::unique_ptr<Device>> gpus;
+  gpus.push_back(std::make_unique<BrokenGpu>());
+  gpus.push_back(std::make_unique<BrokenGpu>());
+  auto created = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), std::move(gpus));
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Engine> engine = std::move(*created);
+  const std::vector<float> diag = {2, 3};
+  const JobRequest gpu_job = Request(diag);  // BACKEND_AUTO: the (fake) GPU
+  auto start_here = [&](std::unique_ptr<ActiveJob>* here) {
+    auto ticket = engine->Start(
+        gpu_job, JobMode::kHostRegion, absl::Now(), absl::InfiniteFuture(),
+        [](absl::StatusOr<std::unique_ptr<ActiveJob>>) { ADD_FAILURE() << "went to a worker"; },
+        {}, here);
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    ASSERT_NE(*here, nullptr);
+    EXPECT_EQ((*here)->stats().backend(), v1::BACKEND_CUDA_KERNEL);
+  };
+  std::unique_ptr<ActiveJob> first;
+  start_here(&first);
+  if (first == nullptr) return;
+  ExpectRunsOnAWorker(*engine, gpu_job, JobMode::kHostRegion);  // the place is taken
+  first->End(absl::OkStatus());
+  first.reset();
+  std::unique_ptr<ActiveJob> again;
+  start_here(&again);
+  if (again == nullptr) return;
+  again.reset();  // abandoned: ends, and gives the place back
+  std::unique_ptr<ActiveJob> third;
+  start_here(&third);
+  third.reset();
+
+  std::vector<float> big_diag(2049, 1.0f);
+  JobRequest big;  // 2049 x 2049 float32: past kRunHereGpuMaxMatrixBytes
+  big.problem = Problem{2049, 2049, DType::kFloat32, Layout::kRowMajor, Side::kRight};
+  big.diagonal = absl::string_view(reinterpret_cast<const char*>(big_diag.data()),
+                                   big_diag.size() * sizeof(float));
+  ASSERT_GT(big.problem.matrix_bytes(), Engine::kRunHereGpuMaxMatrixBytes);
+  ExpectRunsOnAWorker(*engine, big, JobMode::kHostRegion);
+  ExpectRunsOnAWorker(*engine, gpu_job, JobMode::kWhole);
 }
 
 TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {
@@ -241,7 +288,11 @@ TEST(Engine, SmallAutoJobsRunOnTheCpuOfAGpuServer) {
         {}, &here);
     EXPECT_TRUE(ticket.ok()) << ticket.status();
     if (here == nullptr) return posted.get_future().get();
-    // Admitted here: it computes on the CPU, correctly.
+    if (here->stats().backend() != v1::BACKEND_CPU) {  // a (fake) GPU region job, here
+      here->End(absl::OkStatus());
+      return here->stats().backend();
+    }
+    // Admitted here on the CPU: it computes, correctly.
     std::vector<float> in = {1, 2, 3, 4}, out(4, -1.0f);
     Tile t{reinterpret_cast<const std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()),
            0, 2};
