@@ -393,8 +393,9 @@ absl::StatusOr<std::unique_ptr<ActiveJob>> AdmittedBatch::Activate(size_t i) {
 }
 
 bool Engine::RunsHere(const Route& r, const Problem& p, JobMode mode) const {
-  // The GPU path keeps its worker: Process waits on the device (copies,
-  // kernel, a sticky error), which must not hold a transport thread. A host
+  // The GPU path keeps its worker here: Process waits on the device (copies,
+  // kernel, a sticky error), which must not hold transport threads (one
+  // small GPU region job at a time may: RunsHereOnGpu). A host
   // region job is one tile between the client's memory (a mapped region or
   // the process's own, read and written with process_vm_readv/writev): as
   // short as a whole job's copy and compute at this size.
