@@ -46,14 +46,13 @@ ABSL_FLAG(int, reps, 15, "timed runs per measurement (after 3 warm-ups); medians
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                  \
-                   cudaGetErrorString(e_));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define CHECK_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (expr);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 // A memfd of `bytes`, mapped shared (a client's region as the server maps it).
@@ -90,8 +89,8 @@ double MedianMs(int reps, const std::function<void()>& run) {
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
@@ -116,14 +115,14 @@ int main(int argc, char** argv) {
   const int reps = absl::GetFlag(FLAGS_reps);
   int sms = 0, host_ptr_ok = 0, uva = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CHECK_CUDA(
-      cudaDeviceGetAttribute(&host_ptr_ok, cudaDevAttrCanUseHostPointerForRegisteredMem, 0));
+  CHECK_CUDA(cudaDeviceGetAttribute(&host_ptr_ok, cudaDevAttrCanUseHostPointerForRegisteredMem, 0));
   CHECK_CUDA(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, 0));
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("# zero_copy_bench: %s, %d SMs, unified addressing %d, "
-              "host pointer usable for registered memory %d\n",
-              prop.name, sms, uva, host_ptr_ok);
+  std::printf(
+      "# zero_copy_bench: %s, %d SMs, unified addressing %d, "
+      "host pointer usable for registered memory %d\n",
+      prop.name, sms, uva, host_ptr_ok);
   cudaStream_t s1, s2;
   CHECK_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   CHECK_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
@@ -160,9 +159,11 @@ int main(int argc, char** argv) {
     std::printf("\nN=%lld float32 (%.1f MB each way); host pointer %s device pointer\n",
                 static_cast<long long>(n), static_cast<double>(bytes) / 1e6,
                 a_dev == a ? "==" : "!=");
-    std::printf("| run | ms | x floor | GB/s in+out | policy (threads x blocks, items) | wrong |\n");
+    std::printf(
+        "| run | ms | x floor | GB/s in+out | policy (threads x blocks, items) | wrong |\n");
     std::printf("|---|---|---|---|---|---|\n");
-    std::printf("| duplex floor (copies) | %.3f | 1.000 | %.1f | | |\n", floor_ms, gb / floor_ms * 1e3);
+    std::printf("| duplex floor (copies) | %.3f | 1.000 | %.1f | | |\n", floor_ms,
+                gb / floor_ms * 1e3);
 
     auto row = [&](const char* name, float* in, float* out, const dgmm::cuda::LaunchPolicy* pol) {
       dgmm::cuda::DeviceTile<float> tile{
@@ -194,12 +195,11 @@ int main(int argc, char** argv) {
           dgmm::cuda::LaunchPolicy p = base;
           p.items_per_thread = items;
           const int64_t vectors = static_cast<int64_t>(elems) / p.vector_width;
-          const int64_t needed = (vectors + int64_t{p.block_threads} * items - 1) /
-                                 (int64_t{p.block_threads} * items);
+          const int64_t needed =
+              (vectors + int64_t{p.block_threads} * items - 1) / (int64_t{p.block_threads} * items);
           p.grid_blocks = static_cast<int>(std::min<int64_t>(needed, int64_t{sms} * per_sm));
           char name[64];
-          std::snprintf(name, sizeof(name), "zero-copy, %d items, <= %d blocks/SM", items,
-                        per_sm);
+          std::snprintf(name, sizeof(name), "zero-copy, %d items, <= %d blocks/SM", items, per_sm);
           row(name, a, c, &p);
         }
       }

@@ -437,8 +437,8 @@ TEST_F(DTypeClientTest, AnOutputOverlappingTheMatrixIsRefusedUnlessExactlyInPlac
 // on the CPU the same jobs through its own path.
 template <typename TA, typename TD, typename TC = TA>
 void RunOnPinnedRegion(Client& client, SharedMemoryRegion& region, uint64_t seed) {
-  const std::string pair = absl::StrCat(v1::DType_Name(WireOf<TA>()), " A, ",
-                                        v1::DType_Name(WireOf<TD>()), " d");
+  const std::string pair =
+      absl::StrCat(v1::DType_Name(WireOf<TA>()), " A, ", v1::DType_Name(WireOf<TD>()), " d");
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{19, 13}, {257, 129}}) {
     for (v1::Layout layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
       for (v1::Side side : {v1::SIDE_LEFT, v1::SIDE_RIGHT, v1::SIDE_BOTH}) {
@@ -455,8 +455,8 @@ void RunOnPinnedRegion(Client& client, SharedMemoryRegion& region, uint64_t seed
           std::memset(base, 0xff, c_at + c.out_bytes());  // C poisoned (NaN)
           std::memcpy(base, c.a.data(), a_bytes);
           absl::StatusOr<JobResult> r = MultiplyRegion(
-              client, RegionJobOf(c.MakeJob(), region.Ref(0),
-                                  region.Ref(static_cast<int64_t>(c_at))));
+              client,
+              RegionJobOf(c.MakeJob(), region.Ref(0), region.Ref(static_cast<int64_t>(c_at))));
           ASSERT_TRUE(r.ok()) << what << ": " << r.status();
           std::memcpy(c.out.data(), base + c_at, c.out_bytes());
           EXPECT_EQ(c.Check(), "") << what;

@@ -216,8 +216,8 @@ TEST(Engine, OneSmallGpuRegionJobAtATimeComesBackToTheCaller) {
   auto start_here = [&](std::unique_ptr<ActiveJob>* here) {
     auto ticket = engine->Start(
         gpu_job, JobMode::kHostRegion, absl::Now(), absl::InfiniteFuture(),
-        [](absl::StatusOr<std::unique_ptr<ActiveJob>>) { ADD_FAILURE() << "went to a worker"; },
-        {}, here);
+        [](absl::StatusOr<std::unique_ptr<ActiveJob>>) { ADD_FAILURE() << "went to a worker"; }, {},
+        here);
     ASSERT_TRUE(ticket.ok()) << ticket.status();
     ASSERT_NE(*here, nullptr);
     EXPECT_EQ((*here)->stats().backend(), v1::BACKEND_CUDA_KERNEL);
