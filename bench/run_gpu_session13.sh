@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Ran at c280a24, when the server had --cuda_zero_copy (removed again after
+# these runs, bench/results/zero_copy/): at a later commit its zero-copy
+# A/B steps fail on the unknown flag. Kept as the record of the command.
 # Session 13 device call (issues 25 and 26): zero_copy_bench (dgmm's kernel
 # on pinned host memory directly, against the duplex floor); the dgmm.empty
 # rows of user_path_bench with the server's zero copy on (the default) and

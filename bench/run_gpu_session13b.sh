@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Ran at d368fdb, when the server had --cuda_zero_copy (removed again after
+# these runs, bench/results/zero_copy/): at a later commit its zero-copy
+# A/B steps fail on the unknown flag. Kept as the record of the command.
 # Session 13's second device call: zero copy at small N (zero_copy_bench,
 # and dgmm.empty jobs through the server with --cuda_zero_copy on and off
 # in turns), the zero-copy path's client tests, and bench/wire_ab.sh's
