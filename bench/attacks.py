@@ -14,7 +14,7 @@ clients. Needs Debian's python3-grpcio and python3-numpy.
 --short uses small sizes (seconds in all); ./test.sh runs it as a test and it
 exits non-zero when a target is missed:
   flood peak RSS <= budget + transport quota + 96 MiB (the documented overhead;
-  Multiply and MultiplyBatch floods),
+  Multiply, MultiplyBatch and MultiplySmall floods),
   the gzip bomb refused with peak RSS growth < 64 MiB, the listener serving
   again within 5 s of a descriptor flood, >= 95% of the second client's jobs
   OK under stalled streams, every client of a restarted server served within
@@ -310,6 +310,43 @@ def oversized_unary(args, budget):
                 outcome=" ".join("%s %d" % kv for kv in sorted(codes.items())), check=("flood", peak))
 
 
+def small_flood(args, budget):
+    """MultiplySmall calls just under its 256 KiB limit, many per connection:
+    gRPC reads each whole before the server sees it (no receive gate)."""
+    conns, per = (8, 32) if args.short else (64, 64)
+    n = 250  # 250 x 250 float32 and its diagonal: 251 KB
+    server = Server(args.server, args.flags)
+    idle = server.rss()
+    req = multiply_request(n, n)
+    w = Watcher(server)
+    chans = [channel(server.v4()) for _ in range(conns)]
+    codes = concurrent_multiply([c for c in chans for _ in range(per)], req,
+                                "/dgmm.v1.Dgmm/MultiplySmall")
+    w.stop()
+    peak = server.peak()
+    for c in chans:
+        c.close()
+    recover = wait_rss_below(server, idle + 64 * MIB)
+    server.stop()
+    return dict(attack="%d concurrent %d KB MultiplySmall calls, %d per connection"
+                % (conns * per, len(req) // 1000, per),
+                peak=peak, fds=w.max_fds, second=w.second(), recover=recover,
+                outcome=" ".join("%s %d" % kv for kv in sorted(codes.items())),
+                check=("flood", peak))
+
+
+def oversized_small(args, budget):
+    """MultiplySmall messages of 64 MiB, 256 times its limit."""
+    calls = 8 if args.short else 32
+    server = Server(args.server, args.flags)
+    req = multiply_request(4096, 4096)
+    w, peak, codes = flood(server, req, calls, "/dgmm.v1.Dgmm/MultiplySmall")
+    server.stop()
+    return dict(attack="%d concurrent 64 MiB MultiplySmall calls over its 256 KiB limit" % calls,
+                peak=peak, fds=w.max_fds, second=w.second(), recover=None,
+                outcome=" ".join("%s %d" % kv for kv in sorted(codes.items())), check=("flood", peak))
+
+
 def oversized_block(args, budget):
     """One MultiplyStream block message far over --max_block_bytes."""
     size = (64 if args.short else 1024) * MIB
@@ -581,7 +618,7 @@ def honest_drain(args, budget):
     return _honest(args, "drain")
 
 
-ATTACKS = [unary_flood, batch_flood, oversized_unary, oversized_block, gzip_bomb, descriptor_flood,
+ATTACKS = [unary_flood, batch_flood, small_flood, oversized_unary, oversized_small, oversized_block, gzip_bomb, descriptor_flood,
            stalled_streams, restart, drain, honest_mixed, honest_fair, honest_fair_proxy, honest_flood,
            honest_drain]
 

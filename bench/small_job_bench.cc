@@ -43,6 +43,9 @@ ABSL_FLAG(double, seconds, 3, "seconds per measurement (after 0.5 s of warm-up)"
 ABSL_FLAG(std::string, batch, "1,16,256",
           "jobs per MultiplyBatch call for the batched table; empty: none");
 ABSL_FLAG(int, server_pid, 0, "the server's pid, for its CPU time and switches per call");
+ABSL_FLAG(double, loop_1x1_seconds, 0,
+          "if > 0: only run 1x1 jobs on one thread for this long and print their rate (a load "
+          "to profile the server under, e.g. with perf record -p)");
 
 namespace {
 
@@ -139,6 +142,24 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   dgmm::Client client(absl::GetFlag(FLAGS_server));
   const double seconds = absl::GetFlag(FLAGS_seconds);
+  if (const double loop = absl::GetFlag(FLAGS_loop_1x1_seconds); loop > 0) {
+    float a = 1.5f, d = 2.0f, c = 0;
+    dgmm::Job job;
+    job.matrix = {&a, 1, 1, dgmm::v1::DTYPE_FLOAT32, dgmm::v1::LAYOUT_ROW_MAJOR};
+    job.diagonal = &d;
+    job.diagonal_bytes = sizeof(float);
+    int64_t n = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto end = t0 + std::chrono::duration<double>(loop);
+    while (std::chrono::steady_clock::now() < end) {
+      if (!client.Multiply(job, &c, sizeof(c)).ok() || c != 3.0f) return 1;
+      ++n;
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("1x1 jobs, one thread: %lld in %.2f s, %.0f/s\n", static_cast<long long>(n), dt,
+                static_cast<double>(n) / dt);
+    return 0;
+  }
   std::printf("| threads | empty RPC (health Check) /s | 1x1 job /s | ratio | 100x100 job /s | ratio "
               "| target 1x1 >= 0.8 x empty |\n|---|---|---|---|---|---|---|\n");
   bool all_met = true;

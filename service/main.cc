@@ -163,6 +163,11 @@ ABSL_FLAG(bool, enable_bench_echo, false,
           "Also serve dgmm.bench.v1.Echo, a benchmark-only RPC with MultiplyStream's shape that "
           "returns each block unchanged (the transport floor bench/stream_bench.sh compares "
           "jobs with). Leave off in production.");
+ABSL_FLAG(bool, multiply_small, true,
+          "Serve MultiplySmall, the cheaper unary method the dgmm clients use for small jobs "
+          "(requests of at most 256 KiB). false answers it UNIMPLEMENTED, as a server older than "
+          "the method does, and the clients send those jobs with Multiply: for comparisons and "
+          "client tests.");
 ABSL_FLAG(bool, allow_regions, true,
           "Serve the region RPCs (RegisterRegion, MultiplyRegion...) and the local socket "
           "(--local_socket): clients on this host pass the descriptors of their own memory "
@@ -406,6 +411,7 @@ int Main(int argc, char** argv) {
   so.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   so.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   so.enable_bench_echo = absl::GetFlag(FLAGS_enable_bench_echo);
+  so.multiply_small = absl::GetFlag(FLAGS_multiply_small);
   so.http2_bdp_probe = absl::GetFlag(FLAGS_http2_bdp_probe);
   for (absl::string_view p :
        absl::StrSplit(absl::GetFlag(FLAGS_trusted_proxies), ',', absl::SkipWhitespace())) {

@@ -84,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       std::make_unique<DgmmService>(s->engine_.get(), auth, options.stream_timeouts, unary_receive,
                                     options.max_waiting_unary_calls, s->regions_.get());
   s->service_->set_trusted_proxies(options.trusted_proxies);
+  s->service_->set_multiply_small(options.multiply_small);
   s->generic_ = std::make_unique<DgmmGenericService>(s->service_.get());
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -40,6 +40,8 @@ struct ServerOptions {
   std::string auth_token_file;
   // Also serve the benchmark-only dgmm.bench.v1.Echo (service/rpc/echo_service.h).
   bool enable_bench_echo = false;
+  // Serve MultiplySmall; false: UNIMPLEMENTED, as a server older than it.
+  bool multiply_small = true;
   // gRPC's own memory (receive buffers of messages being read, connection
   // state) is held to this many bytes by a grpc::ResourceQuota: past it,
   // gRPC shrinks its flow-control windows, closes idle connections and then

@@ -11,6 +11,10 @@ const protoLoader = require('@grpc/proto-loader');
 const PROTO_DIR = process.env.DGMM_PROTO_DIR || path.join(__dirname, '..', '..', 'proto');
 const LOADER_OPTIONS = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true };
 const MIB = 1 << 20;
+// MultiplySmall's limit (GetServerInfo limits.max_small_message_bytes), and
+// the mark on a connection whose server answered it UNIMPLEMENTED.
+const MAX_SMALL_MESSAGE_BYTES = 256 * 1024;
+const NO_MULTIPLY_SMALL = Symbol('dgmm.noMultiplySmall');
 // The client policy's defaults (docs/protocol.md section 9): U, the server's
 // default max_unary_message_bytes, and C, the stream chunk.
 const DEFAULT_MAX_UNARY_MESSAGE_BYTES = 16 * MIB;
@@ -655,20 +659,33 @@ class Run {
     // C's bytes of these lines (more than A's for a wider result dtype).
     const outBegin = first * job.outLineBytes;
     const outEnd = (first + count) * job.outLineBytes;
+    const matrix = bytesOf(job.a, begin, end);
+    // A small request goes with MultiplySmall (cheaper per call on the
+    // server); the bound leaves room for the header's other fields.
+    const diagonals = header.diagonal.length + (header.rightDiagonal ? header.rightDiagonal.length : 0);
+    const small = !client[NO_MULTIPLY_SMALL] && matrix.length + diagonals + 1024 <= MAX_SMALL_MESSAGE_BYTES;
     return new Promise((resolve, reject) => {
-      const call = client.Multiply({ header, matrix: bytesOf(job.a, begin, end) }, callMetadata(),
-        { deadline: callDeadline(this.deadline) },
-        (err, response) => {
-          this.calls.delete(call);
-          if (err) return reject(DgmmError.fromServiceError(err));
-          if (response.result.length !== outEnd - outBegin) {
-            return reject(final(protocolError(`result has ${response.result.length} bytes, expected ${outEnd - outBegin}`)));
-          }
-          this.outBytes.set(response.result, outBegin);
-          this.addProgress(count);
-          resolve(response.stats);
-        });
-      this.calls.add(call);
+      const send = (method) => {
+        const call = client[method]({ header, matrix }, callMetadata(),
+          { deadline: callDeadline(this.deadline) },
+          (err, response) => {
+            this.calls.delete(call);
+            if (err && method === 'MultiplySmall' && err.code === grpc.status.UNIMPLEMENTED) {
+              // A server older than MultiplySmall: Multiply, from now on.
+              client[NO_MULTIPLY_SMALL] = true;
+              return send('Multiply');
+            }
+            if (err) return reject(DgmmError.fromServiceError(err));
+            if (response.result.length !== outEnd - outBegin) {
+              return reject(final(protocolError(`result has ${response.result.length} bytes, expected ${outEnd - outBegin}`)));
+            }
+            this.outBytes.set(response.result, outBegin);
+            this.addProgress(count);
+            resolve(response.stats);
+          });
+        this.calls.add(call);
+      };
+      send(small ? 'MultiplySmall' : 'Multiply');
     });
   }
 

@@ -466,6 +466,7 @@ v1::GetServerInfoResponse Engine::Info() const {
   }
   v1::Limits* l = info.mutable_limits();
   l->set_max_unary_message_bytes(options_.limits.max_unary_message_bytes);
+  l->set_max_small_message_bytes(options_.limits.max_small_message_bytes());
   l->set_max_block_bytes(options_.limits.max_block_bytes);
   l->set_max_dim(options_.limits.max_dim);
   l->set_max_queue(options_.max_queue);

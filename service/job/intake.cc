@@ -60,6 +60,15 @@ absl::Status Intake::Check(const JobDraft& draft, IntakenJob* out) const {
 
 absl::Status Intake::Served(const JobDraft& d, IntakenJob*) const {
   const RequestLimits& limits = engine_->options().limits;
+  if (d.kind == JobKind::kUnary && d.small && d.message_bytes > limits.max_small_message_bytes()) {
+    return WithOutcome(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "MultiplySmall request of ", d.message_bytes,
+            " bytes exceeds this server's max small message of ", limits.max_small_message_bytes(),
+            " bytes; send it with ",
+            d.message_bytes > limits.max_unary_message_bytes ? "MultiplyStream" : "Multiply")),
+        Outcome::kMessageTooLarge);
+  }
   if (d.kind == JobKind::kUnary && d.message_bytes > limits.max_unary_message_bytes) {
     return WithOutcome(
         absl::ResourceExhaustedError(absl::StrCat(

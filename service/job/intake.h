@@ -46,8 +46,10 @@ struct JobDraft {
   absl::Status decoded;
   // The header, when decoded. kRegion: the request's.
   const v1::JobHeader* header = nullptr;
-  // kUnary: the request message's size and its matrix payload's.
+  // kUnary: the request message's size and its matrix payload's, and
+  // whether it came with MultiplySmall (its own message limit).
   int64_t message_bytes = 0;
+  bool small = false;
   int64_t matrix_bytes = 0;
   // kRegion: the request and the caller's key in the registry, and the
   // caller's own memory when its session was granted it (process_memory.h).

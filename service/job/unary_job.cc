@@ -32,6 +32,15 @@ void UnaryJob::Begin() {
   if (!refused.ok()) Refuse(refused);
 }
 
+void UnaryJob::BeginRead(std::unique_ptr<UnaryRequest> request) {
+  if (session_->engine().draining()) {
+    Refuse(absl::UnavailableError("server is draining; retry on another replica"));
+    return;
+  }
+  small_ = true;
+  OnRequest(std::move(request), /*call_cancelled=*/false);
+}
+
 void UnaryJob::OnGate(const absl::Status& s) {
   if (!s.ok()) {
     Finish(s);
@@ -75,13 +84,16 @@ void UnaryJob::OnRequest(std::unique_ptr<UnaryRequest> request, bool call_cancel
   {
     // Hold what the message really takes until the job is admitted.
     std::lock_guard lock(mu_);
-    const int64_t hold = std::min(gate_hold_, size);
-    gate_->Shrink(session_->call().connection_key(), gate_hold_, hold);
-    gate_hold_ = hold;
+    if (gate_hold_ > 0) {
+      const int64_t hold = std::min(gate_hold_, size);
+      gate_->Shrink(session_->call().connection_key(), gate_hold_, hold);
+      gate_hold_ = hold;
+    }
   }
   JobDraft draft;
   draft.kind = JobKind::kUnary;
   draft.message_bytes = size;
+  draft.small = small_;
   draft.decoded = request->Peek(&draft.header, &draft.matrix_bytes);
   IntakenJob intaken;
   if (absl::Status s = intake_->Check(draft, &intaken); !s.ok()) {

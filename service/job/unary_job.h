@@ -10,6 +10,10 @@
 //     draining: UNAVAILABLE                         admitted (worker): copy, Process,
 //                                                   End, Reply -- or Fail at any step
 //
+// A MultiplySmall call arrives with its request already read (gRPC reads a
+// unary method's message whole): BeginRead skips the gate and goes straight
+// to OnRequest, the intake holding the message to its own smaller limit.
+//
 // A small job (Engine::kRunHereMaxMatrixBytes, CPU) that admission admits at
 // once runs inside OnRequest, on the caller's thread (gRPC's callback
 // thread), after the session's and engine's locks are released: no hop to a
@@ -71,6 +75,8 @@ class UnaryJob final : public StreamWatchdog::Watched,
 
   // Waits at the gate (or refuses at once), then asks io for the request.
   void Begin();
+  // MultiplySmall: the request is here already; io's StartRead is not used.
+  void BeginRead(std::unique_ptr<UnaryRequest> request);
   // The request arrived (null: the call ended without one, cancelled or
   // not). May run the job and Reply before returning (see above): the
   // caller holds no lock the job or its io takes.
@@ -98,6 +104,7 @@ class UnaryJob final : public StreamWatchdog::Watched,
   UnaryIo* io_ ABSL_GUARDED_BY(mu_);  // null once finished
   std::optional<ReceiveGate::Ticket> gate_ticket_ ABSL_GUARDED_BY(mu_);  // waiting
   int64_t gate_hold_ ABSL_GUARDED_BY(mu_) = 0;  // bytes held at the gate
+  bool small_ = false;                          // BeginRead: a MultiplySmall call
   std::optional<absl::Time> reading_since_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Time> replied_at_ ABSL_GUARDED_BY(mu_);
   // Owned by the job's worker from admission on.

@@ -4,12 +4,13 @@
 #ifndef DGMM_SERVICE_JOB_VALIDATOR_H_
 #define DGMM_SERVICE_JOB_VALIDATOR_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "dgmm/v1/dgmm.pb.h"
 #include "service/problem.h"
 
@@ -25,6 +26,14 @@ struct RequestLimits {
   int64_t max_unary_message_bytes = int64_t{16} << 20;
   // Most jobs in one MultiplyBatch request (--max_batch_jobs).
   int64_t max_batch_jobs = 4096;
+
+  // Largest MultiplySmall request: gRPC reads a unary method's message whole
+  // before the server sees it, so this one is kept small (the receive gate
+  // bounds Multiply's instead).
+  static constexpr int64_t kMaxSmallMessageBytes = int64_t{256} << 10;
+  int64_t max_small_message_bytes() const {
+    return std::min(kMaxSmallMessageBytes, max_unary_message_bytes);
+  }
 };
 
 // A validated header: the problem, the diagonal (a view into the request,

@@ -24,6 +24,19 @@ StreamReactorBase* DgmmService::NewMultiply(grpc::CallbackServerContext* context
   return NewMultiplyReactor(context, &policy_, services_);
 }
 
+grpc::ServerUnaryReactor* DgmmService::MultiplySmall(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  if (!multiply_small_) {
+    return new UnaryReply(context, &policy_, [] {
+      return absl::UnimplementedError(
+          "MultiplySmall is off on this server (--multiply_small=false); send the job with "
+          "Multiply");
+    });
+  }
+  return NewMultiplySmallReactor(context, &policy_, services_, request, response);
+}
+
 StreamReactorBase* DgmmService::NewMultiplyBatch(grpc::CallbackServerContext* context) {
   return NewMultiplyBatchReactor(context, &policy_, services_);
 }
@@ -71,7 +84,9 @@ grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext
       return absl::InvalidArgumentError(
           "GetServerInfo request does not parse as a dgmm.v1.GetServerInfoRequest");
     }
-    *response = wire::EncodeMessage(DescribeServer(*services_.engine, services_.regions));
+    v1::GetServerInfoResponse info = DescribeServer(*services_.engine, services_.regions);
+    if (!multiply_small_) info.mutable_limits()->set_max_small_message_bytes(0);
+    *response = wire::EncodeMessage(info);
     return absl::OkStatus();
   });
 }

@@ -5,7 +5,8 @@
 // parse gets INVALID_ARGUMENT. Multiply (and MultiplyBatch, the same way) is
 // left to DgmmGenericService, which takes it as a stream of one message: a
 // unary method's message is read whole by gRPC before its handler runs, a
-// stream's only when the handler asks (see ReceiveGate).
+// stream's only when the handler asks (see ReceiveGate). MultiplySmall, the
+// same job for small messages, is a plain unary method: cheaper per call.
 #ifndef DGMM_SERVICE_RPC_DGMM_SERVICE_H_
 #define DGMM_SERVICE_RPC_DGMM_SERVICE_H_
 
@@ -30,14 +31,14 @@ inline constexpr char kMultiplyMethod[] = "/dgmm.v1.Dgmm/Multiply";
 inline constexpr char kMultiplyBatchMethod[] = "/dgmm.v1.Dgmm/MultiplyBatch";
 
 class DgmmService final
-    : public v1::Dgmm::WithGenericMethod_Multiply<
+    : public v1::Dgmm::WithGenericMethod_Multiply<v1::Dgmm::WithRawCallbackMethod_MultiplySmall<
           v1::Dgmm::WithGenericMethod_MultiplyBatch<v1::Dgmm::WithRawCallbackMethod_MultiplyStream<
               v1::Dgmm::WithRawCallbackMethod_GetServerInfo<
                   v1::Dgmm::WithRawCallbackMethod_RegisterRegion<
                       v1::Dgmm::WithRawCallbackMethod_UnregisterRegion<
                           v1::Dgmm::WithRawCallbackMethod_GetRegionStatus<
                               v1::Dgmm::WithRawCallbackMethod_MultiplyRegion<
-                                  v1::Dgmm::Service>>>>>>>> {
+                                  v1::Dgmm::Service>>>>>>>>> {
  public:
   // `engine` and `regions` (may be null: regions off) must outlive the
   // service. With `auth`, every RPC of this service needs the bearer token
@@ -55,8 +56,16 @@ class DgmmService final
     policy_.trusted_proxies = std::move(proxies);
   }
 
+  // Whether MultiplySmall is served (UNIMPLEMENTED otherwise, as by a server
+  // older than it; --multiply_small). Call before serving.
+  void set_multiply_small(bool on) { multiply_small_ = on; }
+
   // A Multiply call (from DgmmGenericService).
   StreamReactorBase* NewMultiply(grpc::CallbackServerContext* context);
+  // MultiplySmall: a plain unary call (its message is small; see the proto).
+  grpc::ServerUnaryReactor* MultiplySmall(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   // A MultiplyBatch call (from DgmmGenericService), served as Multiply is.
   StreamReactorBase* NewMultiplyBatch(grpc::CallbackServerContext* context);
   StreamReactorBase* MultiplyStream(grpc::CallbackServerContext* context) override;
@@ -80,6 +89,7 @@ class DgmmService final
   int64_t calls_in_progress() const { return policy_.calls.load(); }
 
  private:
+  bool multiply_small_ = true;
   CallPolicy policy_;
   Intake intake_;
   ReceiveGate gate_;

@@ -2,6 +2,11 @@
 // (dgmm_service.h): the reactor starts before the message is read, so the
 // UnaryJob reads it only once the ReceiveGate has room, and a draining
 // server refuses it unread.
+//
+// MultiplySmall: the same job as a plain unary call, its message read whole
+// by gRPC (at most Limits::max_small_message_bytes(), checked by the
+// intake): no gate to wait at, and none of the stream's extra steps (a read
+// completed as an event of its own, on another of gRPC's threads).
 #include <memory>
 
 #include "proto/wire.h"
@@ -78,7 +83,57 @@ class MultiplyReactor final : public StreamReactorBase, public UnaryIo {
   const std::shared_ptr<UnaryJob> job_;
 };
 
+class MultiplySmallReactor final : public grpc::ServerUnaryReactor, public UnaryIo {
+ public:
+  MultiplySmallReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                       const JobServices& services, const grpc::ByteBuffer* request,
+                       grpc::ByteBuffer* response)
+      : call_(context, policy), response_(response) {
+    if (!call_.auth().ok()) {
+      grpc::ServerUnaryReactor::Finish(call_.Status(call_.auth()));
+      return;
+    }
+    job_ = std::make_shared<UnaryJob>(std::make_shared<JobSession>(services.engine, call_.info()),
+                                      services.intake, services.gate, services.timeouts, this);
+    services.watchdog->Watch(job_);
+    // The request's slices are shared, not copied.
+    grpc::ByteBuffer message(*request);
+    job_->BeginRead(std::make_unique<GrpcUnaryRequest>(&message));
+  }
+
+  void OnCancel() override {
+    if (job_ != nullptr) job_->OnCancel();
+  }
+  void OnDone() override {
+    if (job_ != nullptr) job_->Detach();
+    delete this;
+  }
+
+  // UnaryIo, called under the job's lock.
+  void StartRead() override {}  // BeginRead: the request came with the call
+  void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) override {
+    *response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), stats);
+    grpc::ServerUnaryReactor::Finish(grpc::Status::OK);
+  }
+  void Fail(const absl::Status& status) override {
+    grpc::ServerUnaryReactor::Finish(call_.Status(status));
+  }
+  void CancelCall() override { call_.grpc()->TryCancel(); }
+
+ private:
+  CallContext call_;
+  grpc::ByteBuffer* const response_;
+  std::shared_ptr<UnaryJob> job_;  // null when refused at once
+};
+
 }  // namespace
+
+grpc::ServerUnaryReactor* NewMultiplySmallReactor(grpc::CallbackServerContext* context,
+                                                  CallPolicy* policy, const JobServices& services,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return new MultiplySmallReactor(context, policy, services, request, response);
+}
 
 StreamReactorBase* NewMultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                       const JobServices& services) {

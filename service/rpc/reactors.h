@@ -6,6 +6,7 @@
 // thread: compute runs on job workers, region mapping on the registry's.
 //
 //   Multiply            multiply_reactor.cc  UnaryJob
+//   MultiplySmall       multiply_reactor.cc  UnaryJob (BeginRead)
 //   MultiplyBatch       batch_reactor.cc     BatchJob
 //   MultiplyStream      stream_reactor.cc    StreamJob with ComputeStreamStages
 //   bench Echo          stream_reactor.cc    StreamJob with EchoStreamStages
@@ -70,6 +71,10 @@ class RefusedStream final : public StreamReactorBase {
 
 StreamReactorBase* NewMultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                       const JobServices& services);
+grpc::ServerUnaryReactor* NewMultiplySmallReactor(grpc::CallbackServerContext* context,
+                                                  CallPolicy* policy, const JobServices& services,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response);
 StreamReactorBase* NewMultiplyBatchReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                            const JobServices& services);
 StreamReactorBase* NewMultiplyStreamReactor(grpc::CallbackServerContext* context,

@@ -15,6 +15,8 @@
 #include "absl/time/clock.h"
 #include "dgmm/client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/support/operands.h"
 #include "tests/support/server_process.h"
@@ -369,6 +371,109 @@ TEST(ClientIntegrationTest, ServerLimitsOnMessagesAndBlocksAreReportedWithTheirC
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->mode, TransferMode::kStream);
   EXPECT_LE(ops.MaxRelativeError(c), Tolerance<float>());
+}
+
+// Multiply calls that send nothing, started on a connection of their own:
+// they fill the server's receive gate (room for 2 requests of 16 MiB under a
+// 64 MiB budget) until the header timeout (60 s).
+class SilentMultiplyCalls {
+ public:
+  explicit SilentMultiplyCalls(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetInt("dgmm.test.own_connection", 1);  // not shared with the Client's
+    generic_ = std::make_unique<grpc::GenericStub>(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    for (int i = 0; i < kCalls; ++i) {
+      contexts_.push_back(std::make_unique<grpc::ClientContext>());
+      calls_.push_back(
+          generic_->PrepareCall(contexts_.back().get(), "/dgmm.v1.Dgmm/Multiply", &cq_));
+      calls_.back()->StartCall(nullptr);
+    }
+    for (int i = 0; i < kCalls; ++i) {
+      void* tag = nullptr;
+      bool ok = false;
+      cq_.Next(&tag, &ok);
+    }
+  }
+  ~SilentMultiplyCalls() {
+    for (auto& c : contexts_) c->TryCancel();
+    std::vector<grpc::Status> statuses(calls_.size());
+    for (size_t i = 0; i < calls_.size(); ++i) calls_[i]->Finish(&statuses[i], nullptr);
+    cq_.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+ private:
+  static constexpr int kCalls = 6;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericStub> generic_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls_;
+};
+
+// Small unary jobs go with MultiplySmall, whose message gRPC has read
+// already: they do not wait behind Multiply calls holding the receive gate.
+// Against a server without the method (--multiply_small=false, as a server
+// older than it) the client sends them with Multiply: they work, and wait
+// at the gate like any Multiply.
+TEST(ClientIntegrationTest, SmallJobsUseMultiplySmallAndFallBackToMultiply) {
+  for (const bool served : {true, false}) {
+    SCOPED_TRACE(served ? "MultiplySmall served" : "--multiply_small=false");
+    ServerProcess server({"--backend=cpu", "--threads=1", "--stream_header_timeout_s=60",
+                          "--host_memory_budget=64MiB",
+                          served ? "--multiply_small=true" : "--multiply_small=false"});
+    Operands<double> ops(40, 30, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 17);  // 9.6 KB
+    {
+      // The gate is free: the job works either way.
+      Client client(server.address());
+      std::vector<double> c = ops.NanOutput();
+      absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), c.data(), c.size() * 8);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->mode, TransferMode::kUnary);
+      EXPECT_LE(ops.MaxRelativeError(c), Tolerance<double>());
+    }
+    SilentMultiplyCalls silent(server.address());
+    // The gate is full: a Multiply of this job, with a second's deadline,
+    // does not get through (the proof that this test tests something).
+    ClientOptions short_deadline;
+    short_deadline.deadline = absl::Seconds(1);
+    {
+      grpc::ChannelArguments args;
+      args.SetInt("dgmm.test.control", 1);
+      auto stub = v1::Dgmm::NewStub(
+          grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
+      v1::MultiplyRequest request;
+      v1::JobHeader* h = request.mutable_header();
+      h->set_rows(ops.rows);
+      h->set_cols(ops.cols);
+      h->set_dtype(v1::DTYPE_FLOAT64);
+      h->set_layout(ops.layout);
+      h->set_side(ops.side);
+      h->set_diagonal(ops.d.data(), ops.d.size() * sizeof(double));
+      request.set_matrix(ops.a.data(), ops.a.size() * sizeof(double));
+      v1::MultiplyResponse response;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      grpc::Status s = stub->Multiply(&ctx, request, &response);
+      EXPECT_TRUE(s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                  s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << s.error_code() << " " << s.error_message();
+    }
+    Client client(server.address(), short_deadline);
+    std::vector<double> c = ops.NanOutput();
+    absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), c.data(), c.size() * 8);
+    if (served) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_LE(ops.MaxRelativeError(c), Tolerance<double>());
+    } else {
+      EXPECT_TRUE(r.status().code() == absl::StatusCode::kDeadlineExceeded ||
+                  r.status().code() == absl::StatusCode::kResourceExhausted)
+          << r.status();
+    }
+  }
 }
 
 }  // namespace

@@ -142,6 +142,15 @@ grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyRe
   return stub->Multiply(context != nullptr ? context : &local, req, response);
 }
 
+grpc::Status SmallJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
+                      grpc::ClientContext* context) {
+  grpc::ClientContext local;
+  v1::MultiplyRequest req;
+  *req.mutable_header() = job.header;
+  req.set_matrix(job.matrix);
+  return stub->MultiplySmall(context != nullptr ? context : &local, req, response);
+}
+
 v1::GetServerInfoResponse Info(v1::Dgmm::Stub* stub) {
   grpc::ClientContext ctx;
   v1::GetServerInfoResponse info;

@@ -49,6 +49,9 @@ void WriteJob(
 
 grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
                       grpc::ClientContext* context = nullptr);
+// The same job sent with MultiplySmall.
+grpc::Status SmallJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
+                      grpc::ClientContext* context = nullptr);
 
 v1::GetServerInfoResponse Info(v1::Dgmm::Stub* stub);
 

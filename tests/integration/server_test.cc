@@ -1,11 +1,14 @@
 // The real dgmm-server over loopback: jobs, every error path with its status
 // code, health and reflection.
+#include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/integration/rpc_util.h"
 #include "tests/support/server_process.h"
@@ -36,21 +39,33 @@ void ExpectStatus(const grpc::Status& s, grpc::StatusCode code, const std::strin
       << "message: " << s.error_message() << "\nexpected to contain: " << fragment;
 }
 
+// Multiply and MultiplySmall: the same job, the same checks.
+using JobCall = grpc::Status (*)(v1::Dgmm::Stub*, const RandomJob&, v1::MultiplyResponse*,
+                                 grpc::ClientContext*);
+struct Method {
+  const char* name;
+  JobCall call;
+};
+constexpr Method kUnaryMethods[] = {{"Multiply", &UnaryJob}, {"MultiplySmall", &SmallJob}};
+
 TEST_F(ServerTest, UnaryJobsMatchReferenceForEveryDtypeLayoutAndSide) {
   uint64_t seed = 1;
-  for (auto dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64}) {
-    for (auto layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
-      for (auto side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
-        RandomJob job = MakeJob(37, 53, dtype, layout, side, seed++);
-        v1::MultiplyResponse resp;
-        grpc::Status s = UnaryJob(stub_.get(), job, &resp);
-        ASSERT_TRUE(s.ok()) << s.error_message();
-        EXPECT_LE(MaxRelError(job, resp.result()), dtype == v1::DTYPE_FLOAT32 ? 1.2e-7 : 2.3e-16);
-        EXPECT_EQ(resp.stats().backend(), v1::BACKEND_CPU);
-        EXPECT_EQ(resp.stats().device_index(), -1);
-        EXPECT_GT(resp.stats().total_ns(), 0);
-        EXPECT_GE(resp.stats().total_ns(), resp.stats().compute_ns());
-        EXPECT_EQ(resp.stats().bytes_in(), static_cast<int64_t>(job.matrix.size()));
+  for (const Method& method : kUnaryMethods) {
+    SCOPED_TRACE(method.name);
+    for (auto dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64}) {
+      for (auto layout : {v1::LAYOUT_ROW_MAJOR, v1::LAYOUT_COL_MAJOR}) {
+        for (auto side : {v1::SIDE_RIGHT, v1::SIDE_LEFT}) {
+          RandomJob job = MakeJob(37, 53, dtype, layout, side, seed++);
+          v1::MultiplyResponse resp;
+          grpc::Status s = method.call(stub_.get(), job, &resp, nullptr);
+          ASSERT_TRUE(s.ok()) << s.error_message();
+          EXPECT_LE(MaxRelError(job, resp.result()), dtype == v1::DTYPE_FLOAT32 ? 1.2e-7 : 2.3e-16);
+          EXPECT_EQ(resp.stats().backend(), v1::BACKEND_CPU);
+          EXPECT_EQ(resp.stats().device_index(), -1);
+          EXPECT_GT(resp.stats().total_ns(), 0);
+          EXPECT_GE(resp.stats().total_ns(), resp.stats().compute_ns());
+          EXPECT_EQ(resp.stats().bytes_in(), static_cast<int64_t>(job.matrix.size()));
+        }
       }
     }
   }
@@ -79,33 +94,106 @@ TEST_F(ServerTest, StreamedColumnMajorLeftJobMatchesReference) {
 }
 
 TEST_F(ServerTest, UnaryErrorsAreInvalidArgumentWithWhatWasExpected) {
-  RandomJob good = MakeJob(4, 6, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3);
+  for (const Method& method : kUnaryMethods) {
+    SCOPED_TRACE(method.name);
+    auto UnaryJob = [&](v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* resp) {
+      return method.call(stub, job, resp, nullptr);
+    };
+    RandomJob good = MakeJob(4, 6, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 3);
+    v1::MultiplyResponse resp;
+    RandomJob bad = good;
+    bad.header.set_rows(0);
+    ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+                 "rows and cols must both be >= 1");
+    bad = good;
+    bad.matrix.pop_back();
+    ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+                 "matrix payload has 95 bytes");
+    bad = good;
+    bad.header.set_side(v1::SIDE_LEFT);
+    ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+                 "needs 4 elements (one per row)");
+    bad = good;
+    bad.header.set_dtype(static_cast<v1::DType>(7));
+    ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+                 "unknown dtype 7");
+    bad = good;
+    bad.header.set_rows(int64_t{1} << 40);
+    bad.header.set_cols(int64_t{1} << 40);
+    ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+                 "overflows");
+    bad = good;
+    bad.header.set_backend(v1::BACKEND_CUBLAS);
+    ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+                 "needs a GPU but this server has none");
+  }
+}
+
+// Bytes that are no MultiplyRequest, sent with either method.
+TEST_F(ServerTest, UnaryRequestsThatDoNotParseAreInvalidArgument) {
+  grpc::GenericStub generic(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  for (const char* method : {"/dgmm.v1.Dgmm/Multiply", "/dgmm.v1.Dgmm/MultiplySmall"}) {
+    SCOPED_TRACE(method);
+    const char junk[] = "\xff\xff\xff\xff\x0f not a protobuf";
+    grpc::Slice slice(junk, sizeof(junk) - 1);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      std::lock_guard lock(mu);
+      status = std::move(s);
+      done = true;
+      cv.notify_one();
+    });
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  }
+}
+
+// MultiplySmall takes requests of at most 256 KiB (or the unary limit when
+// lower); a larger one is RESOURCE_EXHAUSTED, naming the limit and the way out.
+TEST_F(ServerTest, SmallMessageOverItsLimitIsResourceExhausted) {
   v1::MultiplyResponse resp;
-  RandomJob bad = good;
-  bad.header.set_rows(0);
-  ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
-               "rows and cols must both be >= 1");
-  bad = good;
-  bad.matrix.pop_back();
-  ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
-               "matrix payload has 95 bytes");
-  bad = good;
-  bad.header.set_side(v1::SIDE_LEFT);
-  ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
-               "needs 4 elements (one per row)");
-  bad = good;
-  bad.header.set_dtype(static_cast<v1::DType>(7));
-  ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
-               "unknown dtype 7");
-  bad = good;
-  bad.header.set_rows(int64_t{1} << 40);
-  bad.header.set_cols(int64_t{1} << 40);
-  ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
-               "overflows");
-  bad = good;
-  bad.header.set_backend(v1::BACKEND_CUBLAS);
-  ExpectStatus(UnaryJob(stub_.get(), bad, &resp), grpc::StatusCode::INVALID_ARGUMENT,
-               "needs a GPU but this server has none");
+  // 200 x 200 float64: 320000 bytes, over 262144 and under the unary 8 MiB.
+  RandomJob over = MakeJob(200, 200, v1::DTYPE_FLOAT64, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 4);
+  ExpectStatus(SmallJob(stub_.get(), over, &resp, nullptr), grpc::StatusCode::RESOURCE_EXHAUSTED,
+               "exceeds this server's max small message of 262144 bytes; send it with Multiply");
+  ASSERT_TRUE(UnaryJob(stub_.get(), over, &resp).ok());
+  EXPECT_LE(MaxRelError(over, resp.result()), 2.3e-16);
+  // Just under the limit: served.
+  RandomJob under = MakeJob(180, 180, v1::DTYPE_FLOAT64, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 5);
+  ASSERT_TRUE(SmallJob(stub_.get(), under, &resp, nullptr).ok());
+  EXPECT_LE(MaxRelError(under, resp.result()), 2.3e-16);
+  EXPECT_EQ(Info(stub_.get()).limits().max_small_message_bytes(), 262144);
+  // A unary limit under 256 KiB is MultiplySmall's too.
+  ServerProcess tight({"--backend=cpu", "--max_unary_message_bytes=64KiB"});
+  auto tight_stub = Connect(tight.address());
+  EXPECT_EQ(Info(tight_stub.get()).limits().max_small_message_bytes(), 65536);
+  RandomJob mid = MakeJob(100, 100, v1::DTYPE_FLOAT64, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 4);
+  ExpectStatus(SmallJob(tight_stub.get(), mid, &resp, nullptr),
+               grpc::StatusCode::RESOURCE_EXHAUSTED,
+               "exceeds this server's max small message of 65536 bytes; send it with "
+               "MultiplyStream");
+}
+
+// --multiply_small=false: the method answers as a server older than it.
+TEST_F(ServerTest, SmallMethodOffIsUnimplemented) {
+  ServerProcess off({"--backend=cpu", "--multiply_small=false"});
+  auto stub = Connect(off.address());
+  RandomJob job = MakeJob(3, 5, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 6);
+  v1::MultiplyResponse resp;
+  ExpectStatus(SmallJob(stub.get(), job, &resp, nullptr), grpc::StatusCode::UNIMPLEMENTED,
+               "--multiply_small=false");
+  EXPECT_EQ(Info(stub.get()).limits().max_small_message_bytes(), 0);
+  ASSERT_TRUE(UnaryJob(stub.get(), job, &resp).ok());
+  EXPECT_LE(MaxRelError(job, resp.result()), 1.2e-7);
 }
 
 TEST_F(ServerTest, ShapeOverMaxDimIsResourceExhausted) {

@@ -72,6 +72,53 @@ test('a 2000x1500 Float64Array (24 MB) goes through MultiplyStream', async () =>
   }
 });
 
+// Counts the calls of `method` made through `grpcClient` while `fn` runs.
+async function countingCalls(grpcClient, method, fn) {
+  const original = grpcClient[method];
+  let calls = 0;
+  grpcClient[method] = (...args) => { calls += 1; return original.apply(grpcClient, args); };
+  try {
+    await fn();
+  } finally {
+    grpcClient[method] = original;
+  }
+  return calls;
+}
+
+test('small unary jobs go with MultiplySmall; a server without it gets Multiply', async () => {
+  const rows = 60;
+  const cols = 40;
+  const next = random(11);
+  const a = Float64Array.from({ length: rows * cols }, next);
+  const d = Float64Array.from({ length: rows }, next);
+  const expected = reference(a, rows, cols, d, 'left', 'row');
+  let multiplyCalls = 0;
+  const smallCalls = await countingCalls(client, 'MultiplySmall', async () => {
+    multiplyCalls = await countingCalls(client, 'Multiply', async () => {
+      assertClose(await dgmm.multiply(client, a, rows, cols, d, 'left'), expected, 1e-15);
+    });
+  });
+  assert.equal(smallCalls, 1);
+  assert.equal(multiplyCalls, 0);
+  const old = await startServer(['--multiply_small=false']);
+  const oldClient = dgmm.createClient(old.address);
+  try {
+    for (const [round, expectSmall] of [[1, 1], [2, 0]]) {
+      const small = await countingCalls(oldClient, 'MultiplySmall', async () => {
+        multiplyCalls = await countingCalls(oldClient, 'Multiply', async () => {
+          assertClose(await dgmm.multiply(oldClient, a, rows, cols, d, 'left'), expected, 1e-15);
+        });
+      });
+      // The first job tries MultiplySmall once and falls back; later ones go straight to Multiply.
+      assert.equal(small, expectSmall, `round ${round}`);
+      assert.equal(multiplyCalls, 1, `round ${round}`);
+    }
+  } finally {
+    oldClient.close();
+    await stopServer(old);
+  }
+});
+
 test('a bearer token is sent on every call; without it the server answers UNAUTHENTICATED', async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dgmm-node-token-'));
   const token = `node-token-${Math.random().toString(36).slice(2)}`;

@@ -295,6 +295,29 @@ class ConstrainedServerTest(unittest.TestCase):
         self.assertIn("4096", raised.exception.details)
 
 
+class OlderServerTest(unittest.TestCase):
+    """A server without MultiplySmall (--multiply_small=false answers it as a
+    server older than the method): small jobs go with Multiply instead, one
+    attempt each."""
+
+    def test_small_jobs_fall_back_to_multiply(self):
+        server = Server("--multiply_small=false")
+        try:
+            with dgmm.Client(server.address) as client:
+                rng = np.random.default_rng(21)
+                for dtype in (np.float32, np.float64):
+                    for side in ("right", "left"):
+                        a = np.asarray(rng.uniform(-4, 4, (30, 20)), dtype=dtype)
+                        d = np.asarray(rng.uniform(-4, 4, 20 if side == "right" else 30), dtype=dtype)
+                        c, info = client.multiply(a, d, side=side, return_info=True)
+                        np.testing.assert_allclose(c, reference(a, d, side),
+                                                   rtol=tolerance(a.dtype), atol=0)
+                        self.assertEqual(info.mode, "unary")
+                        self.assertEqual(info.attempts, 1)
+        finally:
+            server.stop()
+
+
 class SecureServerTest(unittest.TestCase):
     """Mutual TLS and a bearer token, with certificates made by openssl here."""
 

@@ -42,6 +42,13 @@ const std::string& MultiplyMethod() {
   static const std::string* const method = new std::string(kMultiplyMethod);
   return *method;
 }
+// Small jobs (a request of at most kMaxSmallMessageBytes): a plain unary
+// method, cheaper per call on the server than Multiply (the proto).
+constexpr size_t kMaxSmallMessageBytes = size_t{256} << 10;
+const std::string& MultiplySmallMethod() {
+  static const std::string* const method = new std::string("/dgmm.v1.Dgmm/MultiplySmall");
+  return *method;
+}
 const std::string& MultiplyBatchMethod() {
   static const std::string* const method = new std::string("/dgmm.v1.Dgmm/MultiplyBatch");
   return *method;
@@ -867,10 +874,33 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
         wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
     grpc::Status status;
+    const bool small = request.Length() <= kMaxSmallMessageBytes &&
+                       !no_multiply_small_.load(std::memory_order_relaxed);
     run->Register(&context);
-    status = UnaryCallOnThisThread(lane->stub.get(), &context, MultiplyMethod(), request,
-                                   &response);
+    status =
+        UnaryCallOnThisThread(lane->stub.get(), &context,
+                              small ? MultiplySmallMethod() : MultiplyMethod(), request, &response);
     run->Unregister(&context);
+    if (small && status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      // A server without MultiplySmall (no dgmm job is UNIMPLEMENTED):
+      // Multiply, now and for the client's later jobs. A context serves one
+      // call only.
+      no_multiply_small_.store(true, std::memory_order_relaxed);
+      grpc::ClientContext again;
+      PrepareContext(&again, run->deadline);
+      response.Clear();
+      run->Register(&again);
+      status =
+          UnaryCallOnThisThread(lane->stub.get(), &again, MultiplyMethod(), request, &response);
+      run->Unregister(&again);
+      if (!status.ok()) {
+        attempt.origin = FailureOriginOf(again);
+        attempt.pushback = RetryPushback(again);
+      }
+    } else if (!status.ok()) {
+      attempt.origin = FailureOriginOf(context);
+      attempt.pushback = RetryPushback(context);
+    }
     request.Clear();
     if (status.ok()) {
       outcome = wire::DecodeMultiplyResponse(&response, out, out_bytes, &result.stats);
@@ -879,8 +909,6 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
       if (outcome.ok()) attempt.result_bytes = static_cast<int64_t>(out_bytes);
     } else {
       outcome = FromGrpcStatus(status);
-      attempt.origin = FailureOriginOf(context);
-      attempt.pushback = RetryPushback(context);
     }
   }
   loans.WaitUntilReturned();

@@ -64,6 +64,7 @@ namespace dgmm_py {
 namespace {
 
 constexpr char kMultiply[] = "/dgmm.v1.Dgmm/Multiply";
+constexpr char kMultiplySmall[] = "/dgmm.v1.Dgmm/MultiplySmall";
 constexpr char kMultiplyStream[] = "/dgmm.v1.Dgmm/MultiplyStream";
 
 // The grpc-retry-pushback-ms value of a call's trailers, if it has one.
@@ -151,6 +152,7 @@ class CancelInterceptor : public grpc::experimental::Interceptor {
   explicit CancelInterceptor(grpc::experimental::ClientRpcInfo* info)
       : info_(info),
         job_method_(std::string_view(info->method()) == kMultiply ||
+                    std::string_view(info->method()) == kMultiplySmall ||
                     std::string_view(info->method()) == kMultiplyStream) {}
   ~CancelInterceptor() override {
     if (job_ != nullptr) job_->Remove(info_->client_context());

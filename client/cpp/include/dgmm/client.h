@@ -37,6 +37,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -554,6 +555,9 @@ class Client {
   std::vector<std::unique_ptr<Lane>> stripe_lanes_;  // guarded by lanes_mu_
   std::mutex session_mu_;
   std::shared_ptr<LocalSession> session_;  // guarded by session_mu_
+  // Set once the server answered MultiplySmall with UNIMPLEMENTED (a server
+  // older than it): small unary jobs go with Multiply from then on.
+  std::atomic<bool> no_multiply_small_{false};
 
   // Regions this client's SharedMemoryRegions registered, by base address:
   // a job whose matrix (and output) lie in them runs there, with no copy.
