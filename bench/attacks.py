@@ -347,6 +347,30 @@ def oversized_small(args, budget):
                 outcome=" ".join("%s %d" % kv for kv in sorted(codes.items())), check=("flood", peak))
 
 
+def oversized_control(args, budget):
+    """GetServerInfo and GetRegionStatus requests of 64 MiB (their limit is
+    64 KiB): gRPC reads a unary request whole; the server must not copy it
+    again (a parse kept the bytes as unknown fields: 515-609 MiB peak before
+    the size check)."""
+    calls = 8 if args.short else 32
+    server = Server(args.server, args.flags)
+    req = multiply_request(4096, 4096)
+    w = Watcher(server)
+    codes = {}
+    for method in ("/dgmm.v1.Dgmm/GetServerInfo", "/dgmm.v1.Dgmm/GetRegionStatus"):
+        chans = [channel(server.v4()) for _ in range(calls // 2)]
+        for k, v in concurrent_multiply(chans, req, method).items():
+            codes[k] = codes.get(k, 0) + v
+        for c in chans:
+            c.close()
+    w.stop()
+    peak = server.peak()
+    server.stop()
+    return dict(attack="%d concurrent 64 MiB GetServerInfo and GetRegionStatus calls (limit 64 KiB)"
+                % calls, peak=peak, fds=w.max_fds, second=w.second(), recover=None,
+                outcome=" ".join("%s %d" % kv for kv in sorted(codes.items())), check=("flood", peak))
+
+
 def oversized_block(args, budget):
     """One MultiplyStream block message far over --max_block_bytes."""
     size = (64 if args.short else 1024) * MIB
@@ -618,7 +642,8 @@ def honest_drain(args, budget):
     return _honest(args, "drain")
 
 
-ATTACKS = [unary_flood, batch_flood, small_flood, oversized_unary, oversized_small, oversized_block, gzip_bomb, descriptor_flood,
+ATTACKS = [unary_flood, batch_flood, small_flood, oversized_unary, oversized_small, oversized_control,
+           oversized_block, gzip_bomb, descriptor_flood,
            stalled_streams, restart, drain, honest_mixed, honest_fair, honest_fair_proxy, honest_flood,
            honest_drain]
 

@@ -20,6 +20,15 @@ DgmmService::DgmmService(Engine* engine, std::optional<TokenAuth> auth, StreamTi
   policy_.auth = std::move(auth);
 }
 
+absl::Status CheckRequestSize(const grpc::ByteBuffer& request, int64_t limit,
+                              absl::string_view method) {
+  const int64_t size = static_cast<int64_t>(request.Length());
+  if (size <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(method, " request of ", size,
+                                                   " bytes exceeds the ", limit,
+                                                   " bytes this server takes for it"));
+}
+
 StreamReactorBase* DgmmService::NewMultiply(grpc::CallbackServerContext* context) {
   return NewMultiplyReactor(context, &policy_, services_);
 }
@@ -79,6 +88,10 @@ grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   return new UnaryReply(context, &policy_, [&]() -> absl::Status {
+    if (absl::Status s = CheckRequestSize(*request, kMaxControlRequestBytes, "GetServerInfo");
+        !s.ok()) {
+      return s;
+    }
     v1::GetServerInfoRequest parsed;
     if (!wire::ParseMessage(*request, &parsed)) {
       return absl::InvalidArgumentError(

@@ -16,8 +16,11 @@
 #ifndef DGMM_SERVICE_RPC_REACTORS_H_
 #define DGMM_SERVICE_RPC_REACTORS_H_
 
+#include <cstdint>
 #include <functional>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "service/engine/engine.h"
@@ -40,6 +43,16 @@ struct JobServices {
   StreamTimeouts timeouts;
   RegionRegistry* regions = nullptr;  // null: regions off
 };
+
+// gRPC reads a unary request whole, of any size, before its handler runs;
+// the handlers refuse one over its method's limit before parsing it (a
+// parse would copy it again): RESOURCE_EXHAUSTED naming the limit.
+// GetServerInfo, RegisterRegion, UnregisterRegion and GetRegionStatus
+// requests are at most kMaxControlRequestBytes; MultiplyRegion's (whose
+// header may carry a diagonal) at most --max_unary_message_bytes.
+inline constexpr int64_t kMaxControlRequestBytes = int64_t{64} << 10;
+absl::Status CheckRequestSize(const grpc::ByteBuffer& request, int64_t limit,
+                              absl::string_view method);
 
 // A unary call answered at once: UNAUTHENTICATED, or what `serve` returns
 // (having filled the response when OK).

@@ -41,6 +41,12 @@ class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public Regi
       grpc::ServerUnaryReactor::Finish(call_.Status(call_.auth()));
       return;
     }
+    if (absl::Status s = CheckRequestSize(
+            *request, services.engine->options().limits.max_unary_message_bytes, "MultiplyRegion");
+        !s.ok()) {
+      grpc::ServerUnaryReactor::Finish(call_.Status(s));
+      return;
+    }
     // Regions off is answered by the intake, like for any job.
     absl::StatusOr<RegionRegistry::Caller> caller;
     if (services.regions != nullptr && services.regions->enabled()) {
@@ -125,6 +131,18 @@ absl::Status Serve(RegionMethod method, RegionRegistry* registry,
   return absl::InternalError("unknown region method");
 }
 
+const char* MethodName(RegionMethod method) {
+  switch (method) {
+    case RegionMethod::kRegister:
+      return "RegisterRegion";
+    case RegionMethod::kUnregister:
+      return "UnregisterRegion";
+    case RegionMethod::kStatus:
+      return "GetRegionStatus";
+  }
+  return "region";
+}
+
 class RegionCallReactor final : public grpc::ServerUnaryReactor {
  public:
   RegionCallReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
@@ -133,6 +151,10 @@ class RegionCallReactor final : public grpc::ServerUnaryReactor {
       : call_(context, policy) {
     if (!call_.auth().ok()) {
       Finish(call_.Status(call_.auth()));
+    } else if (absl::Status s =
+                   CheckRequestSize(*request, kMaxControlRequestBytes, MethodName(method));
+               !s.ok()) {
+      Finish(call_.Status(s));
     } else if (auto caller = Identify(registry, call_); !caller.ok()) {
       Finish(call_.Status(caller.status()));
     } else {

@@ -1,9 +1,7 @@
 // The real dgmm-server over loopback: jobs, every error path with its status
 // code, health and reflection.
-#include <condition_variable>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <string>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -129,30 +127,35 @@ TEST_F(ServerTest, UnaryErrorsAreInvalidArgumentWithWhatWasExpected) {
   }
 }
 
+// One unary call of `method` with `bytes` as its request, as they are.
+grpc::Status RawUnary(const std::string& address, const std::string& method,
+                      const std::string& bytes) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::Slice slice(bytes.data(), bytes.size());
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::CompletionQueue cq;
+  grpc::Status status;
+  auto call = generic.PrepareUnaryCall(&ctx, method, request, &cq);
+  call->StartCall();
+  call->Finish(&response, &status, nullptr);
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
 // Bytes that are no MultiplyRequest, sent with either method.
 TEST_F(ServerTest, UnaryRequestsThatDoNotParseAreInvalidArgument) {
-  grpc::GenericStub generic(
-      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   for (const char* method : {"/dgmm.v1.Dgmm/Multiply", "/dgmm.v1.Dgmm/MultiplySmall"}) {
     SCOPED_TRACE(method);
-    const char junk[] = "\xff\xff\xff\xff\x0f not a protobuf";
-    grpc::Slice slice(junk, sizeof(junk) - 1);
-    grpc::ByteBuffer request(&slice, 1);
-    grpc::ByteBuffer response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status status;
-    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
-      std::lock_guard lock(mu);
-      status = std::move(s);
-      done = true;
-      cv.notify_one();
-    });
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done; });
+    const grpc::Status status =
+        RawUnary(server_->address(), method, "\xff\xff\xff\xff\x0f not a protobuf");
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   }
 }
@@ -181,6 +184,23 @@ TEST_F(ServerTest, SmallMessageOverItsLimitIsResourceExhausted) {
                grpc::StatusCode::RESOURCE_EXHAUSTED,
                "exceeds this server's max small message of 65536 bytes; send it with "
                "MultiplyStream");
+}
+
+// gRPC reads a unary request whole; one over its method's limit is refused
+// before it is parsed (a parse would copy it again).
+TEST_F(ServerTest, ControlRequestsOverTheirLimitAreResourceExhausted) {
+  // 100 KiB in an unknown field (1007): over the 64 KiB these requests take.
+  const std::string big = std::string("\xfa\x3e\x80\xa0\x06", 5) + std::string(100 << 10, 'x');
+  for (const char* method : {"/dgmm.v1.Dgmm/GetServerInfo", "/dgmm.v1.Dgmm/GetRegionStatus",
+                             "/dgmm.v1.Dgmm/RegisterRegion"}) {
+    SCOPED_TRACE(method);
+    ExpectStatus(RawUnary(server_->address(), method, big), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                 "exceeds the 65536 bytes this server takes for it");
+  }
+  // The same field in a small request is ignored, as protobuf does.
+  const grpc::Status s =
+      RawUnary(server_->address(), "/dgmm.v1.Dgmm/GetServerInfo", "\xfa\x3e\x03xyz");
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 // --multiply_small=false: the method answers as a server older than it.
