@@ -16,6 +16,14 @@
 #               WINDOW_UPDATEs wait less behind the other direction's data)
 #   frame_cbdp0 both of the above
 #   bdp_frame   bdp and frame
+#   look        both sides with a 16 MiB HTTP/2 stream lookahead
+#               (grpc.http2.lookahead_bytes, the window gRPC aims for)
+#   chunk       both sides read the socket in chunks of 4 MiB (1-16 MiB;
+#               grpc.experimental.tcp_*read_chunk_size; 1.51's default
+#               starts at 8 KiB and adapts)
+# Not offered: grpc.experimental.tcp_tx_zerocopy_enabled=1 -- on the 2-core
+# machine (loopback) stripe_bench then spun at 176% CPU for 10 minutes
+# without finishing an N=4000 job (2026-12-03).
 # Prints one CSV line per (setting, K): setting,N,K,...(stripe_bench's CSV).
 #
 #   bench/wire_ab.sh [--build DIR] [--n N] [--reps R] [settings...]
@@ -43,6 +51,9 @@ for s in $settings; do
                  cenv=(DGMM_GRPC_ARGS=grpc.http2.max_frame_size=16777215,grpc.http2.bdp_probe=0) ;;
     bdp_frame) flags=(--http2_bdp_probe=true)
                senv=(DGMM_GRPC_ARGS=grpc.http2.max_frame_size=16777215); cenv=("${senv[@]}") ;;
+    look) senv=(DGMM_GRPC_ARGS=grpc.http2.lookahead_bytes=16777216); cenv=("${senv[@]}") ;;
+    chunk) senv=(DGMM_GRPC_ARGS=grpc.experimental.tcp_read_chunk_size=4194304,grpc.experimental.tcp_min_read_chunk_size=1048576,grpc.experimental.tcp_max_read_chunk_size=16777216)
+           cenv=("${senv[@]}") ;;
     epoll1) cenv=(GRPC_POLL_STRATEGY=epoll1) ;;
     malloc) senv=(GLIBC_TUNABLES=glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=1073741824)
             cenv=("${senv[@]}") ;;
