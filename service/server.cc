@@ -114,8 +114,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // (message_size_filter), so it saves no memory; the handlers check each
   // message against its own limit instead (Multiply: --max_unary_message_bytes,
   // a stream block: --max_block_bytes plus framing) and count the refusal as
-  // message_too_large. What a message can hold while it arrives is bounded by
-  // the transport quota above.
+  // message_too_large (the unary control RPCs refuse theirs too, uncounted:
+  // reactors.h, CheckRequestSize). What a message can hold while it arrives
+  // is bounded by the transport quota above.
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);

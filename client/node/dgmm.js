@@ -671,8 +671,10 @@ class Run {
           (err, response) => {
             this.calls.delete(call);
             if (err && method === 'MultiplySmall' && err.code === grpc.status.UNIMPLEMENTED) {
-              // A server older than MultiplySmall: Multiply, from now on.
+              // A server older than MultiplySmall: Multiply, from now on
+              // (unless the job failed meanwhile: fail() has cancelled its calls).
               client[NO_MULTIPLY_SMALL] = true;
+              if (this.error) return reject(DgmmError.fromServiceError(err));
               return send('Multiply');
             }
             if (err) return reject(DgmmError.fromServiceError(err));

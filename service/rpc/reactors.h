@@ -49,7 +49,9 @@ struct JobServices {
 // parse would copy it again): RESOURCE_EXHAUSTED naming the limit.
 // GetServerInfo, RegisterRegion, UnregisterRegion and GetRegionStatus
 // requests are at most kMaxControlRequestBytes; MultiplyRegion's (whose
-// header may carry a diagonal) at most --max_unary_message_bytes.
+// header may carry two diagonals of --max_dim complex128 elements) at most
+// that much plus kMaxControlRequestBytes, or --max_unary_message_bytes when
+// larger. Not counted as message_too_large (no job was drafted).
 inline constexpr int64_t kMaxControlRequestBytes = int64_t{64} << 10;
 absl::Status CheckRequestSize(const grpc::ByteBuffer& request, int64_t limit,
                               absl::string_view method);

@@ -2,6 +2,7 @@
 // Unregister and GetRegionStatus over the RegionRegistry, run on the
 // registry's worker (mapping an object is a system call per page table, not
 // work for a callback thread).
+#include <algorithm>
 #include <memory>
 
 #include "proto/wire.h"
@@ -31,6 +32,14 @@ absl::StatusOr<Request> Parse(const grpc::ByteBuffer& buffer, const char* name) 
   return r;
 }
 
+// The largest valid MultiplyRegion request: its header may carry both
+// diagonals inline (a process-memory job must), each up to --max_dim
+// complex128 elements, whatever --max_unary_message_bytes says.
+int64_t MaxRegionRequestBytes(const RequestLimits& limits) {
+  return std::max(limits.max_unary_message_bytes,
+                  2 * limits.max_dim * 16 + kMaxControlRequestBytes);
+}
+
 class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public RegionIo {
  public:
   MultiplyRegionReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
@@ -42,7 +51,7 @@ class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public Regi
       return;
     }
     if (absl::Status s = CheckRequestSize(
-            *request, services.engine->options().limits.max_unary_message_bytes, "MultiplyRegion");
+            *request, MaxRegionRequestBytes(services.engine->options().limits), "MultiplyRegion");
         !s.ok()) {
       grpc::ServerUnaryReactor::Finish(call_.Status(s));
       return;

@@ -436,32 +436,35 @@ TEST(ClientIntegrationTest, SmallJobsUseMultiplySmallAndFallBackToMultiply) {
       EXPECT_LE(ops.MaxRelativeError(c), Tolerance<double>());
     }
     SilentMultiplyCalls silent(server.address());
-    // The gate is full: a Multiply of this job, with a second's deadline,
-    // does not get through (the proof that this test tests something).
-    ClientOptions short_deadline;
-    short_deadline.deadline = absl::Seconds(1);
-    {
-      grpc::ChannelArguments args;
-      args.SetInt("dgmm.test.control", 1);
-      auto stub = v1::Dgmm::NewStub(
-          grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
-      v1::MultiplyRequest request;
-      v1::JobHeader* h = request.mutable_header();
-      h->set_rows(ops.rows);
-      h->set_cols(ops.cols);
-      h->set_dtype(v1::DTYPE_FLOAT64);
-      h->set_layout(ops.layout);
-      h->set_side(ops.side);
-      h->set_diagonal(ops.d.data(), ops.d.size() * sizeof(double));
-      request.set_matrix(ops.a.data(), ops.a.size() * sizeof(double));
+    // Wait until the gate is full: a Multiply of this job, with a second's
+    // deadline, does not get through (the silent calls reach the server on a
+    // connection of their own; once they hold the gate they hold it for
+    // 60 s). This is also the proof that the test tests something.
+    grpc::ChannelArguments args;
+    args.SetInt("dgmm.test.control", 1);
+    auto stub = v1::Dgmm::NewStub(
+        grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
+    v1::MultiplyRequest request;
+    v1::JobHeader* h = request.mutable_header();
+    h->set_rows(ops.rows);
+    h->set_cols(ops.cols);
+    h->set_dtype(v1::DTYPE_FLOAT64);
+    h->set_layout(ops.layout);
+    h->set_side(ops.side);
+    h->set_diagonal(ops.d.data(), ops.d.size() * sizeof(double));
+    request.set_matrix(ops.a.data(), ops.a.size() * sizeof(double));
+    bool gate_full = false;
+    for (int i = 0; i < 20 && !gate_full; ++i) {
       v1::MultiplyResponse response;
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-      grpc::Status s = stub->Multiply(&ctx, request, &response);
-      EXPECT_TRUE(s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                  s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
-          << s.error_code() << " " << s.error_message();
+      const grpc::Status s = stub->Multiply(&ctx, request, &response);
+      gate_full = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                  s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     }
+    ASSERT_TRUE(gate_full) << "the silent calls never filled the gate: this test proves nothing";
+    ClientOptions short_deadline;
+    short_deadline.deadline = absl::Seconds(3);
     Client client(server.address(), short_deadline);
     std::vector<double> c = ops.NanOutput();
     absl::StatusOr<JobResult> r = client.Multiply(ops.MakeJob(), c.data(), c.size() * 8);
