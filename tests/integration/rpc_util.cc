@@ -133,22 +133,25 @@ void WriteJob(
   stream->WritesDone();
 }
 
-grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
-                      grpc::ClientContext* context) {
-  grpc::ClientContext local;
+namespace {
+v1::MultiplyRequest RequestOf(const RandomJob& job) {
   v1::MultiplyRequest req;
   *req.mutable_header() = job.header;
   req.set_matrix(job.matrix);
-  return stub->Multiply(context != nullptr ? context : &local, req, response);
+  return req;
+}
+}  // namespace
+
+grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
+                      grpc::ClientContext* context) {
+  grpc::ClientContext local;
+  return stub->Multiply(context != nullptr ? context : &local, RequestOf(job), response);
 }
 
 grpc::Status SmallJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
                       grpc::ClientContext* context) {
   grpc::ClientContext local;
-  v1::MultiplyRequest req;
-  *req.mutable_header() = job.header;
-  req.set_matrix(job.matrix);
-  return stub->MultiplySmall(context != nullptr ? context : &local, req, response);
+  return stub->MultiplySmall(context != nullptr ? context : &local, RequestOf(job), response);
 }
 
 v1::GetServerInfoResponse Info(v1::Dgmm::Stub* stub) {
