@@ -864,42 +864,37 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
   // Declared first so that it outlives the context and buffers holding its slices.
   wire::SliceLoans loans;
   {
-    grpc::ClientContext context;
-    // Fail-fast, retried attempts too: a retried one has already waited for
-    // its connection (AwaitConnection, bounded by max_reconnect_wait), and a
-    // connection lost since then must end it now, not hold it until the
-    // deadline (issue 22: calls sent into a server's drain waited their 60 s).
-    PrepareContext(&context, run->deadline);
     grpc::ByteBuffer request =
         wire::EncodeMultiplyRequest(header, job.matrix.data, matrix_bytes, &loans);
     grpc::ByteBuffer response;
-    grpc::Status status;
+    // One call of `method`, on a context of its own (a context serves one
+    // call); a failure's origin and pushback go into the attempt.
+    const auto call = [&](const std::string& method) {
+      grpc::ClientContext context;
+      // Fail-fast, retried attempts too: a retried one has already waited for
+      // its connection (AwaitConnection, bounded by max_reconnect_wait), and a
+      // connection lost since then must end it now, not hold it until the
+      // deadline (issue 22: calls sent into a server's drain waited their 60 s).
+      PrepareContext(&context, run->deadline);
+      run->Register(&context);
+      grpc::Status s =
+          UnaryCallOnThisThread(lane->stub.get(), &context, method, request, &response);
+      run->Unregister(&context);
+      if (!s.ok()) {
+        attempt.origin = FailureOriginOf(context);
+        attempt.pushback = RetryPushback(context);
+      }
+      return s;
+    };
     const bool small = request.Length() <= kMaxSmallMessageBytes &&
                        !no_multiply_small_.load(std::memory_order_relaxed);
-    run->Register(&context);
-    status =
-        UnaryCallOnThisThread(lane->stub.get(), &context,
-                              small ? MultiplySmallMethod() : MultiplyMethod(), request, &response);
-    run->Unregister(&context);
+    grpc::Status status = call(small ? MultiplySmallMethod() : MultiplyMethod());
     if (small && status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
       // A server without MultiplySmall (no dgmm job is UNIMPLEMENTED):
-      // Multiply, now and for the client's later jobs. A context serves one
-      // call only.
+      // Multiply, now and for the client's later jobs.
       no_multiply_small_.store(true, std::memory_order_relaxed);
-      grpc::ClientContext again;
-      PrepareContext(&again, run->deadline);
       response.Clear();
-      run->Register(&again);
-      status =
-          UnaryCallOnThisThread(lane->stub.get(), &again, MultiplyMethod(), request, &response);
-      run->Unregister(&again);
-      if (!status.ok()) {
-        attempt.origin = FailureOriginOf(again);
-        attempt.pushback = RetryPushback(again);
-      }
-    } else if (!status.ok()) {
-      attempt.origin = FailureOriginOf(context);
-      attempt.pushback = RetryPushback(context);
+      status = call(MultiplyMethod());
     }
     request.Clear();
     if (status.ok()) {
