@@ -75,7 +75,10 @@ class MultiplyBatchReactor final : public StreamReactorBase, public BatchIo {
   }
 
   // BatchIo, called under the job's lock.
-  void StartRead() override { StreamReactorBase::StartRead(&request_); }
+  void StartRead() override {
+    GrpcOpScope op;
+    StreamReactorBase::StartRead(&request_);
+  }
   void Reply(BatchReply reply) override {
     std::vector<wire::BatchResultView> results(reply.jobs.size());
     for (size_t i = 0; i < reply.jobs.size(); ++i) {
@@ -98,10 +101,17 @@ class MultiplyBatchReactor final : public StreamReactorBase, public BatchIo {
             ? grpc::Slice()
             : ToSlice(std::move(reply.results), static_cast<size_t>(reply.results_bytes));
     response_ = wire::EncodeMultiplyBatchResponse(results, data);
+    GrpcOpScope op;
     StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
   }
-  void Fail(const absl::Status& status) override { Finish(call_.Status(status)); }
-  void CancelCall() override { call_.grpc()->TryCancel(); }
+  void Fail(const absl::Status& status) override {
+    GrpcOpScope op;
+    Finish(call_.Status(status));
+  }
+  void CancelCall() override {
+    GrpcOpScope op;
+    call_.grpc()->TryCancel();
+  }
 
  private:
   CallContext call_;

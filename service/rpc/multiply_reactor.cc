@@ -67,14 +67,24 @@ class MultiplyReactor final : public StreamReactorBase, public UnaryIo {
   }
 
   // UnaryIo, called under the job's lock.
-  void StartRead() override { StreamReactorBase::StartRead(&request_); }
+  void StartRead() override {
+    GrpcOpScope op;
+    StreamReactorBase::StartRead(&request_);
+  }
   void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) override {
     // The result goes out from the buffer it was computed in.
     response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), stats);
+    GrpcOpScope op;
     StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
   }
-  void Fail(const absl::Status& status) override { Finish(call_.Status(status)); }
-  void CancelCall() override { call_.grpc()->TryCancel(); }
+  void Fail(const absl::Status& status) override {
+    GrpcOpScope op;
+    Finish(call_.Status(status));
+  }
+  void CancelCall() override {
+    GrpcOpScope op;
+    call_.grpc()->TryCancel();
+  }
 
  private:
   CallContext call_;
@@ -83,7 +93,7 @@ class MultiplyReactor final : public StreamReactorBase, public UnaryIo {
   const std::shared_ptr<UnaryJob> job_;
 };
 
-class MultiplySmallReactor final : public grpc::ServerUnaryReactor, public UnaryIo {
+class MultiplySmallReactor final : public InlineUnaryReactor, public UnaryIo {
  public:
   MultiplySmallReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                        const JobServices& services, const grpc::ByteBuffer* request,
@@ -113,12 +123,17 @@ class MultiplySmallReactor final : public grpc::ServerUnaryReactor, public Unary
   void StartRead() override {}  // BeginRead: the request came with the call
   void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) override {
     *response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), stats);
+    GrpcOpScope op;
     grpc::ServerUnaryReactor::Finish(grpc::Status::OK);
   }
   void Fail(const absl::Status& status) override {
+    GrpcOpScope op;
     grpc::ServerUnaryReactor::Finish(call_.Status(status));
   }
-  void CancelCall() override { call_.grpc()->TryCancel(); }
+  void CancelCall() override {
+    GrpcOpScope op;
+    call_.grpc()->TryCancel();
+  }
 
  private:
   CallContext call_;

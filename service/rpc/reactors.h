@@ -56,9 +56,40 @@ inline constexpr int64_t kMaxControlRequestBytes = int64_t{64} << 10;
 absl::Status CheckRequestSize(const grpc::ByteBuffer& request, int64_t limit,
                               absl::string_view method);
 
+// Where a unary reactor's OnDone and OnCancel run. gRPC 1.51 hands them to
+// an executor thread, one more thread wake-up for every call, unless the
+// reactor's InternalInlineable() lets them run on the thread where the call
+// completed (gRPC's own DefaultReactor does: the health Check's). On the
+// H200 that hop was the one thread switch a 1x1 MultiplySmall job took
+// beyond an empty RPC (bench/results/small_jobs/). dgmm's unary reactors
+// (InlineUnaryReactor) let them run inline except on a thread inside a gRPC
+// operation that a job started (GrpcOpScope): a job starts them under its
+// locks (UnaryJob replies under its lock, the watchdog cancels under the
+// job's live lock), from its own threads, where gRPC may complete the call
+// before the operation returns and would run the reaction right there, in
+// those locks, which OnDone takes again. Elsewhere gRPC runs inline
+// reactions from its own outermost frame (its callback exec context's
+// flush), with no frame of ours below. Bidi reactors gRPC never inlines.
+class GrpcOpScope {
+ public:
+  GrpcOpScope() { ++depth_; }
+  ~GrpcOpScope() { --depth_; }
+  GrpcOpScope(const GrpcOpScope&) = delete;
+  GrpcOpScope& operator=(const GrpcOpScope&) = delete;
+  static bool inside() { return depth_ > 0; }
+
+ private:
+  static inline thread_local int depth_ = 0;
+};
+
+class InlineUnaryReactor : public grpc::ServerUnaryReactor {
+ public:
+  bool InternalInlineable() override { return !GrpcOpScope::inside(); }
+};
+
 // A unary call answered at once: UNAUTHENTICATED, or what `serve` returns
 // (having filled the response when OK).
-class UnaryReply final : public grpc::ServerUnaryReactor {
+class UnaryReply final : public InlineUnaryReactor {
  public:
   UnaryReply(grpc::CallbackServerContext* context, CallPolicy* policy,
              const std::function<absl::Status()>& serve)

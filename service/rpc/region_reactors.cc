@@ -40,7 +40,7 @@ int64_t MaxRegionRequestBytes(const RequestLimits& limits) {
                   2 * limits.max_dim * 16 + kMaxControlRequestBytes);
 }
 
-class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public RegionIo {
+class MultiplyRegionReactor final : public InlineUnaryReactor, public RegionIo {
  public:
   MultiplyRegionReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                         const JobServices& services, const grpc::ByteBuffer* request,
@@ -91,6 +91,7 @@ class MultiplyRegionReactor final : public grpc::ServerUnaryReactor, public Regi
       *reply.mutable_stats() = stats;
       *response_ = wire::EncodeMessage(reply);
     }
+    GrpcOpScope op;
     grpc::ServerUnaryReactor::Finish(call_.Status(status));
   }
 
@@ -152,7 +153,7 @@ const char* MethodName(RegionMethod method) {
   return "region";
 }
 
-class RegionCallReactor final : public grpc::ServerUnaryReactor {
+class RegionCallReactor final : public InlineUnaryReactor {
  public:
   RegionCallReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                     RegionRegistry* registry, RegionMethod method,
@@ -170,7 +171,10 @@ class RegionCallReactor final : public grpc::ServerUnaryReactor {
       // gRPC keeps the request and response alive until Finish; the reactor
       // lives until OnDone, which comes after it.
       registry->Post([this, registry, method, request, response, caller = *std::move(caller)] {
-        Finish(call_.Status(Serve(method, registry, caller, *request, response)));
+        const grpc::Status status =
+            call_.Status(Serve(method, registry, caller, *request, response));
+        GrpcOpScope op;  // on the registry's worker
+        Finish(status);
       });
     }
   }

@@ -77,11 +77,15 @@ class StreamReactor final : public StreamReactorBase, public StreamIo {
   }
 
   // StreamIo, called under the job's (or its pipeline's) lock.
-  void StartRead() override { StreamReactorBase::StartRead(&request_); }
+  void StartRead() override {
+    GrpcOpScope op;
+    StreamReactorBase::StartRead(&request_);
+  }
   void WriteAccepted(const v1::StreamAccepted& accepted) override {
     v1::MultiplyStreamResponse message;
     *message.mutable_accepted() = accepted;
     control_write_ = wire::EncodeMessage(message);
+    GrpcOpScope op;
     StartWrite(&control_write_);
   }
   void WriteBlock(OutBlock block) override {
@@ -89,9 +93,11 @@ class StreamReactor final : public StreamReactorBase, public StreamIo {
     // returns to its pool when gRPC has sent it.
     block_write_ =
         wire::EncodeStreamBlock(block.first_line, ToSlice(std::move(block.buffer), block.bytes));
+    GrpcOpScope op;
     StartWrite(&block_write_);
   }
   void Finish(const absl::Status& status, const v1::JobStats& stats) override {
+    GrpcOpScope op;
     if (!status.ok()) {
       StreamReactorBase::Finish(call_.Status(status));
       return;
@@ -101,7 +107,10 @@ class StreamReactor final : public StreamReactorBase, public StreamIo {
     control_write_ = wire::EncodeMessage(message);
     StartWriteAndFinish(&control_write_, grpc::WriteOptions(), grpc::Status::OK);
   }
-  void CancelCall() override { call_.grpc()->TryCancel(); }
+  void CancelCall() override {
+    GrpcOpScope op;
+    call_.grpc()->TryCancel();
+  }
 
  private:
   using StreamReactorBase::Finish;

@@ -303,6 +303,77 @@ TEST(Hardening, AStreamWhoseClientStopsReadingGivesItsReservationBack) {
   stream->Finish();
 }
 
+// The same for MultiplySmall calls whose client never reads the reply
+// (each larger than the client's 16 KiB flow-control window for a stream, so
+// it cannot leave). The watchdog cancels each call from its own thread, holding the
+// job's lock for its call, and gRPC may end the call inside that cancel:
+// the reactor's OnDone, which runs inline where gRPC allows it
+// (InlineUnaryReactor, service/rpc/reactors.h), takes that lock again and
+// must not run there. The reservations go back and the server goes on
+// serving.
+TEST(Hardening, SmallJobsWhoseClientStopsReadingGiveTheirReservationsBack) {
+  ServerProcess server({"--backend=cpu", "--stream_idle_timeout_s=1"});
+  // A client whose streams take at most 16 KiB unread (no BDP probing to
+  // grow that).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 10);
+  auto stub = v1::Dgmm::NewStub(
+      grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
+  auto observer = v1::Dgmm::NewStub(OwnConnection(server.address()));
+  // 250 x 250 float32: 250000 bytes each way, under MultiplySmall's 262144.
+  RandomJob job = MakeJob(250, 250, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 6);
+  v1::MultiplyRequest request;
+  *request.mutable_header() = job.header;
+  request.set_matrix(job.matrix);
+  constexpr int kCalls = 4;
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<v1::MultiplyResponse>>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    calls.push_back(stub->AsyncMultiplySmall(contexts.back().get(), request, &cq));
+    // Asks for the reply's headers, which come before its message; no
+    // Finish, so nothing asks for the message.
+    calls.back()->ReadInitialMetadata(reinterpret_cast<void*>(static_cast<intptr_t>(i + 1)));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_TRUE(ok);
+  }
+  ASSERT_GT(Reserved(observer.get()), 0) << "the replies left: this test proves nothing";
+  const auto start = Clock::now();
+  EXPECT_TRUE(WaitUntil([&] { return Reserved(observer.get()) == 0; }, 15000))
+      << "small jobs whose client stopped reading kept their reservations";
+  std::printf("reservations returned %.1f s after the jobs were sent\n",
+              std::chrono::duration<double>(Clock::now() - start).count());
+  // The server still serves: a job on another connection, checked.
+  v1::MultiplyResponse resp;
+  ASSERT_TRUE(SmallJob(observer.get(), job, &resp).ok());
+  EXPECT_LE(MaxRelError(job, resp.result()), 1.2e-7);
+  // The calls were cancelled by the server.
+  std::vector<v1::MultiplyResponse> replies(kCalls);
+  std::vector<grpc::Status> statuses(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    calls[i]->Finish(&replies[i], &statuses[i],
+                     reinterpret_cast<void*>(static_cast<intptr_t>(i + 1)));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+  }
+  for (const grpc::Status& st : statuses) EXPECT_FALSE(st.ok());
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
 // Multiply calls that never send their request hold the room they were
 // given at the receive gate only until the header timeout; a real job then
 // gets through.
