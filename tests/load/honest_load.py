@@ -544,6 +544,8 @@ def flood(env, short):
                     dict(d_rejected), counted, peak // MIB))
             if details:
                 lines.append("    refusals: " + "; ".join("%d x %s" % (n, d) for d, n in details.most_common(4)))
+            if other:
+                lines.append("    other: " + "; ".join("%d x %s" % (n, d) for d, n in other.most_common(4)))
             outcomes.append("%d %s: OK %d RE %d (transport %s) counted %d" % (
                 calls, via, ok, len(re_), transport if via == "raw" else "?", counted))
     row = dict(attack="unary flood of 15 MiB calls at %s in flight from honest clients (raw, then the Python "
