@@ -11,6 +11,7 @@
 #include "grpcpp/resource_quota.h"
 #include "proto/wire.h"
 #include "service/engine/server_info.h"
+#include "service/rpc/inline_reactions.h"
 #include "service/util/log.h"
 
 namespace dgmm {
@@ -220,6 +221,7 @@ Server::~Server() {
 void Server::SetServing(bool serving) {
   std::lock_guard lock(serving_mu_);
   if (health_ == nullptr) return;
+  GrpcOpScope op;  // may write to health Watch calls (inline_reactions.h)
   health_->SetServingStatus(serving);
   health_->SetServingStatus("dgmm.v1.Dgmm", serving);
 }

@@ -262,8 +262,9 @@ void StreamJob::CheckIdle(absl::Time now) {
 }
 
 // Cancels the call at the transport: a write that the client never takes
-// then fails, and the call ends. Callers hold no lock: the cancel may run
-// OnCancel inline, which takes mu_ and the pipeline's lock. cancel_mu_ is
+// then fails, and the call ends. Callers hold no lock: OnCancel takes mu_
+// and the pipeline's lock (gRPC 1.51 runs a bidi reactor's OnCancel on its
+// executor, but nothing here relies on that). cancel_mu_ is
 // taken by Detach too, so io is never used after the call is done.
 void StreamJob::CancelCall() {
   std::lock_guard lock(cancel_mu_);

@@ -184,11 +184,16 @@ void UnaryJob::Detach() {
     live_io_ = nullptr;
   }
   ReleaseGate();
-  std::lock_guard lock(mu_);
-  io_ = nullptr;
-  reading_since_.reset();
-  replied_at_.reset();
-  stage_.reset();
+  std::shared_ptr<ComputeStage> stage;
+  {
+    std::lock_guard lock(mu_);
+    io_ = nullptr;
+    reading_since_.reset();
+    replied_at_.reset();
+    stage = std::move(stage_);
+  }
+  // Its reservation goes back (and a GPU job's context is freed) outside mu_.
+  stage.reset();
 }
 
 void UnaryJob::CheckIdle(absl::Time now) {

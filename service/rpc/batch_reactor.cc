@@ -104,14 +104,8 @@ class MultiplyBatchReactor final : public StreamReactorBase, public BatchIo {
     GrpcOpScope op;
     StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
   }
-  void Fail(const absl::Status& status) override {
-    GrpcOpScope op;
-    Finish(call_.Status(status));
-  }
-  void CancelCall() override {
-    GrpcOpScope op;
-    call_.grpc()->TryCancel();
-  }
+  void Fail(const absl::Status& status) override { FailFromJob(this, call_, status); }
+  void CancelCall() override { CancelFromJob(call_); }
 
  private:
   CallContext call_;

@@ -77,14 +77,8 @@ class MultiplyReactor final : public StreamReactorBase, public UnaryIo {
     GrpcOpScope op;
     StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
   }
-  void Fail(const absl::Status& status) override {
-    GrpcOpScope op;
-    Finish(call_.Status(status));
-  }
-  void CancelCall() override {
-    GrpcOpScope op;
-    call_.grpc()->TryCancel();
-  }
+  void Fail(const absl::Status& status) override { FailFromJob(this, call_, status); }
+  void CancelCall() override { CancelFromJob(call_); }
 
  private:
   CallContext call_;
@@ -127,13 +121,9 @@ class MultiplySmallReactor final : public InlineUnaryReactor, public UnaryIo {
     grpc::ServerUnaryReactor::Finish(grpc::Status::OK);
   }
   void Fail(const absl::Status& status) override {
-    GrpcOpScope op;
-    grpc::ServerUnaryReactor::Finish(call_.Status(status));
+    FailFromJob<grpc::ServerUnaryReactor>(this, call_, status);
   }
-  void CancelCall() override {
-    GrpcOpScope op;
-    call_.grpc()->TryCancel();
-  }
+  void CancelCall() override { CancelFromJob(call_); }
 
  private:
   CallContext call_;

@@ -29,6 +29,7 @@
 #include "service/job/watchdog.h"
 #include "service/regions/region_registry.h"
 #include "service/rpc/call_context.h"
+#include "service/rpc/inline_reactions.h"
 
 namespace dgmm {
 
@@ -56,36 +57,18 @@ inline constexpr int64_t kMaxControlRequestBytes = int64_t{64} << 10;
 absl::Status CheckRequestSize(const grpc::ByteBuffer& request, int64_t limit,
                               absl::string_view method);
 
-// Where a unary reactor's OnDone and OnCancel run. gRPC 1.51 hands them to
-// an executor thread, one more thread wake-up for every call, unless the
-// reactor's InternalInlineable() lets them run on the thread where the call
-// completed (gRPC's own DefaultReactor does: the health Check's). On the
-// H200 that hop was the one thread switch a 1x1 MultiplySmall job took
-// beyond an empty RPC (bench/results/small_jobs/). dgmm's unary reactors
-// (InlineUnaryReactor) let them run inline except on a thread inside a gRPC
-// operation that a job started (GrpcOpScope): a job starts them under its
-// locks (UnaryJob replies under its lock, the watchdog cancels under the
-// job's live lock), from its own threads, where gRPC may complete the call
-// before the operation returns and would run the reaction right there, in
-// those locks, which OnDone takes again. Elsewhere gRPC runs inline
-// reactions from its own outermost frame (its callback exec context's
-// flush), with no frame of ours below. Bidi reactors gRPC never inlines.
-class GrpcOpScope {
- public:
-  GrpcOpScope() { ++depth_; }
-  ~GrpcOpScope() { --depth_; }
-  GrpcOpScope(const GrpcOpScope&) = delete;
-  GrpcOpScope& operator=(const GrpcOpScope&) = delete;
-  static bool inside() { return depth_ > 0; }
-
- private:
-  static inline thread_local int depth_ = 0;
-};
-
-class InlineUnaryReactor : public grpc::ServerUnaryReactor {
- public:
-  bool InternalInlineable() override { return !GrpcOpScope::inside(); }
-};
+// What every job reactor's Io does to fail or cancel its call, inside a
+// GrpcOpScope: ends `reactor`'s call with `status` (as a gRPC status, its
+// pushback in the trailers), or cancels it at the transport.
+template <typename Reactor>
+void FailFromJob(Reactor* reactor, const CallContext& call, const absl::Status& status) {
+  GrpcOpScope op;
+  reactor->Finish(call.Status(status));
+}
+inline void CancelFromJob(const CallContext& call) {
+  GrpcOpScope op;
+  call.grpc()->TryCancel();
+}
 
 // A unary call answered at once: UNAUTHENTICATED, or what `serve` returns
 // (having filled the response when OK).

@@ -107,10 +107,7 @@ class StreamReactor final : public StreamReactorBase, public StreamIo {
     control_write_ = wire::EncodeMessage(message);
     StartWriteAndFinish(&control_write_, grpc::WriteOptions(), grpc::Status::OK);
   }
-  void CancelCall() override {
-    GrpcOpScope op;
-    call_.grpc()->TryCancel();
-  }
+  void CancelCall() override { CancelFromJob(call_); }
 
  private:
   using StreamReactorBase::Finish;

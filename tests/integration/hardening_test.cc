@@ -305,12 +305,10 @@ TEST(Hardening, AStreamWhoseClientStopsReadingGivesItsReservationBack) {
 
 // The same for MultiplySmall calls whose client never reads the reply
 // (each larger than the client's 16 KiB flow-control window for a stream, so
-// it cannot leave). The watchdog cancels each call from its own thread, holding the
-// job's lock for its call, and gRPC may end the call inside that cancel:
-// the reactor's OnDone, which runs inline where gRPC allows it
-// (InlineUnaryReactor, service/rpc/reactors.h), takes that lock again and
-// must not run there. The reservations go back and the server goes on
-// serving.
+// it cannot leave). The watchdog cancels each call from its own thread,
+// holding the job's lock for its call; the reactor's OnDone, which may run
+// inline (service/rpc/inline_reactions.h), takes that lock again. The
+// reservations go back and the server goes on serving.
 TEST(Hardening, SmallJobsWhoseClientStopsReadingGiveTheirReservationsBack) {
   ServerProcess server({"--backend=cpu", "--stream_idle_timeout_s=1"});
   // A client whose streams take at most 16 KiB unread (no BDP probing to

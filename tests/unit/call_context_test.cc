@@ -2,7 +2,10 @@
 // and x-forwarded-for from trusted proxies only (--trusted_proxies).
 #include "service/rpc/call_context.h"
 
+#include <thread>
+
 #include "gtest/gtest.h"
+#include "service/rpc/inline_reactions.h"
 
 namespace dgmm {
 namespace {
@@ -47,6 +50,35 @@ TEST(ClientKeysTest, ForwardedForCountsOnlyFromATrustedProxy) {
   EXPECT_EQ(Keys("ipv4:127.0.0.1:3000", 0, trusted, " , x").client, "127.0.0.1");
   EXPECT_EQ(Keys("ipv4:127.0.0.1:3000", 0, trusted, std::string(65, 'a')).client, "127.0.0.1");
   EXPECT_EQ(Keys("ipv4:127.0.0.1:3000", 0, trusted).client, "127.0.0.1");
+}
+
+// Where unary reactors' OnDone may run (inline_reactions.h): gRPC asks
+// InternalInlineable() on the thread that would run it. A plain gRPC unary
+// reactor says no (the executor hop dgmm's reactors avoid); dgmm's say yes,
+// but not on a thread inside a GrpcOpScope, however nested, and a scope on
+// one thread does not reach another.
+TEST(InlineReactionsTest, InlineExceptInsideAGrpcOperationOfOurs) {
+  struct Plain : grpc::ServerUnaryReactor {
+    void OnDone() override {}
+  } plain;
+  struct Ours : InlineUnaryReactor {
+    void OnDone() override {}
+  } ours;
+  EXPECT_FALSE(plain.InternalInlineable());
+  EXPECT_TRUE(ours.InternalInlineable());
+  {
+    GrpcOpScope op;
+    EXPECT_FALSE(ours.InternalInlineable());
+    {
+      GrpcOpScope nested;
+      EXPECT_FALSE(ours.InternalInlineable());
+    }
+    EXPECT_FALSE(ours.InternalInlineable());
+    bool elsewhere = false;
+    std::thread([&] { elsewhere = ours.InternalInlineable(); }).join();
+    EXPECT_TRUE(elsewhere);
+  }
+  EXPECT_TRUE(ours.InternalInlineable());
 }
 
 }  // namespace
