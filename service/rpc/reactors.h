@@ -3,7 +3,9 @@
 // detaches the job (gRPC-free, service/job) and deletes the reactor, the one
 // lifetime scheme for every RPC: the job is shared with the workers that run
 // it and uses the reactor only until OnDone. No reactor blocks a callback
-// thread: compute runs on job workers, region mapping on the registry's.
+// thread: compute runs on job workers (but for a small job admitted at once,
+// docs/architecture.md), region mapping on the registry's. The unary
+// reactors' OnDone runs where the call ended (inline_reactions.h).
 //
 //   Multiply            multiply_reactor.cc  UnaryJob
 //   MultiplySmall       multiply_reactor.cc  UnaryJob (BeginRead)
