@@ -120,9 +120,7 @@ class MultiplySmallReactor final : public InlineUnaryReactor, public UnaryIo {
     GrpcOpScope op;
     grpc::ServerUnaryReactor::Finish(grpc::Status::OK);
   }
-  void Fail(const absl::Status& status) override {
-    FailFromJob<grpc::ServerUnaryReactor>(this, call_, status);
-  }
+  void Fail(const absl::Status& status) override { FailFromJob(this, call_, status); }
   void CancelCall() override { CancelFromJob(call_); }
 
  private:

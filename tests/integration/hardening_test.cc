@@ -322,9 +322,7 @@ TEST(Hardening, SmallJobsWhoseClientStopsReadingGiveTheirReservationsBack) {
   auto observer = v1::Dgmm::NewStub(OwnConnection(server.address()));
   // 250 x 250 float32: 250000 bytes each way, under MultiplySmall's 262144.
   RandomJob job = MakeJob(250, 250, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 6);
-  v1::MultiplyRequest request;
-  *request.mutable_header() = job.header;
-  request.set_matrix(job.matrix);
+  const v1::MultiplyRequest request = RequestOf(job);
   constexpr int kCalls = 4;
   grpc::CompletionQueue cq;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;

@@ -133,14 +133,12 @@ void WriteJob(
   stream->WritesDone();
 }
 
-namespace {
 v1::MultiplyRequest RequestOf(const RandomJob& job) {
   v1::MultiplyRequest req;
   *req.mutable_header() = job.header;
   req.set_matrix(job.matrix);
   return req;
 }
-}  // namespace
 
 grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
                       grpc::ClientContext* context) {

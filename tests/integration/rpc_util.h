@@ -47,6 +47,9 @@ void WriteJob(
     grpc::ClientReaderWriter<v1::MultiplyStreamRequest, v1::MultiplyStreamResponse>* stream,
     const RandomJob& job, int64_t block_lines);
 
+// `job` as one MultiplyRequest message (Multiply and MultiplySmall).
+v1::MultiplyRequest RequestOf(const RandomJob& job);
+
 grpc::Status UnaryJob(v1::Dgmm::Stub* stub, const RandomJob& job, v1::MultiplyResponse* response,
                       grpc::ClientContext* context = nullptr);
 // The same job sent with MultiplySmall.
