@@ -5,7 +5,9 @@
 --rounds times. Every result is checked against a float64 NumPy reference.
 
 --via=raw: grpcio, one attempt per call, no retry, so that each refusal is
-  seen once and can be matched with the server's counters; a failure is
+  seen once and can be matched with the server's counters (but for a call
+  that met a GOAWAY before the server saw it: sent again, up to 3 times,
+  and counted in `goaway`); a failure is
   classified by its trailers: "dgmm" when it carries `dgmm-origin: server`
   (dgmm's own refusal), else "transport" (gRPC's: the transport quota's
   "Buffers full" / RST_STREAM code 11, a reset); and whether it carried
@@ -14,7 +16,7 @@
   its default retry policy, --deadline): the final outcome an honest user sees.
 
 Writes one JSON record per call to --report:
-  {status, origin, pushback, details, correct, attempts}
+  {status, origin, pushback, details, correct, attempts[, goaway]}
 """
 import argparse
 import json
@@ -71,18 +73,34 @@ def main():
     if args.start_at:
         time.sleep(max(0.0, args.start_at - time.time()))
 
+    def raw_attempt(i):
+        try:
+            reply, call = calls[i].with_call(request, timeout=args.deadline)
+            out = np.frombuffer(pb.MultiplyResponse.FromString(reply).result, dtype=np.float32)
+            return dict(status="OK", origin="", pushback=False, details="",
+                        correct=correct(out) if out.size == n * n else False)
+        except grpc.RpcError as e:
+            trailers = dict(e.trailing_metadata() or ())
+            return dict(status=e.code().name, origin=trailers.get("dgmm-origin", ""),
+                        pushback="grpc-retry-pushback-ms" in trailers, details=e.details() or "",
+                        correct=None)
+
     def one(i):
         if args.via == "raw":
-            try:
-                reply, call = calls[i].with_call(request, timeout=args.deadline)
-                out = np.frombuffer(pb.MultiplyResponse.FromString(reply).result, dtype=np.float32)
-                rec = dict(status="OK", origin="", pushback=False, details="",
-                           correct=correct(out) if out.size == n * n else False, attempts=1)
-            except grpc.RpcError as e:
-                trailers = dict(e.trailing_metadata() or ())
-                rec = dict(status=e.code().name, origin=trailers.get("dgmm-origin", ""),
-                           pushback="grpc-retry-pushback-ms" in trailers, details=e.details() or "",
-                           correct=None, attempts=1)
+            rec = raw_attempt(i)
+            attempts, goaway = 1, 0
+            # A call that meets a GOAWAY before the server saw its stream (its
+            # id above the GOAWAY's last stream id: gRPC ends it UNAVAILABLE
+            # "GOAWAY received") never reached the server, which cannot count
+            # it. gRPC's memory reclaimer sends such GOAWAYs to idle
+            # connections when its quota runs dry. A well-behaved client
+            # sends the call again; so does this one, and says how often.
+            while (rec["status"] == "UNAVAILABLE" and rec["details"] == "GOAWAY received"
+                   and not rec["origin"] and attempts < 4):
+                rec = raw_attempt(i)
+                attempts += 1
+                goaway += 1
+            rec.update(attempts=attempts, goaway=goaway)
         else:
             out = np.full((n, n), np.nan, dtype=np.float32)
             try:

@@ -22,7 +22,8 @@ result against a float64 NumPy reference, and asserts what the issue asks:
             honest) through a TCP proxy (tests/load/tcp_proxy.py).
   flood     unary floods of ~15 MiB Multiply calls at 64 and 128 in flight, one
             connection each, from 4 processes: first raw (grpcio, one attempt
-            per call) to count what ends as the transport quota's
+            per call, but a call that met a GOAWAY before the server saw it
+            is sent again and reported) to count what ends as the transport quota's
             RESOURCE_EXHAUSTED ("Buffers full", no dgmm-origin trailer) against
             dgmm's own refusals, and whether the server's rejected_jobs account
             for every refusal; then the same flood through the Python binding
@@ -534,14 +535,18 @@ def flood(env, short):
                 if re_:
                     fails.append("%s: refused after retries %d of %d" % (tag, len(re_), total))
             attempts = sum(r.get("attempts") or 0 for r in records)
+            # Raw calls sent again because a GOAWAY met them before the server
+            # saw them (flood_client.py): gRPC's reclaimer closing idle connections.
+            goaway = sum(r.get("goaway") or 0 for r in records)
             details = collections.Counter(r["details"][:60] for r in re_)
             lines.append(
                 "flood %s: %d calls of %.1f MiB (%d rounds, %d processes): OK %d, wrong %d, "
-                "RESOURCE_EXHAUSTED %d (transport %d, dgmm %d, without pushback %d), other %d; attempts %d; "
+                "RESOURCE_EXHAUSTED %d (transport %d, dgmm %d, without pushback %d), other %d; attempts %d "
+                "(%d after a GOAWAY the server sent before it saw the call); "
                 "server completed %d, rejected %s (%d counted); peak RSS %d MiB" % (
                     tag, total, 15.0, rounds, procs, ok, wrong, len(re_), transport if via == "raw" else -1,
-                    dgmm_ref if via == "raw" else -1, no_push, sum(other.values()), attempts, d_completed,
-                    dict(d_rejected), counted, peak // MIB))
+                    dgmm_ref if via == "raw" else -1, no_push, sum(other.values()), attempts, goaway,
+                    d_completed, dict(d_rejected), counted, peak // MIB))
             if details:
                 lines.append("    refusals: " + "; ".join("%d x %s" % (n, d) for d, n in details.most_common(4)))
             if other:
