@@ -87,9 +87,15 @@ def stream_block(first_line, data):
     return _field(2, _field(1, value=first_line) + _field(2, data))
 
 
-def channel(target, own=True):
-    opts = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
-            ("grpc.enable_retries", 0)]
+def channel(target, own=True, transparent_retries=False):
+    """An attacker's channel: no retries at all, so each refusal is seen once.
+    transparent_retries=True keeps gRPC's default instead (retries on, no
+    retry policy): gRPC then sends again only a call the server never saw,
+    such as one that met a GOAWAY of gRPC's memory reclaimer on an idle
+    connection (docs/operations.md section 12); what an ordinary client gets."""
+    opts = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    if not transparent_retries:
+        opts.append(("grpc.enable_retries", 0))
     if own:
         opts.append(("grpc.use_local_subchannel_pool", 1))
     return grpc.insecure_channel(target, options=opts)
@@ -182,8 +188,10 @@ class Watcher:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._sample, daemon=True)]
         if second_client:
-            # The second client is connected before the attack starts.
-            self._ch = channel(self.server.v6())
+            # The second client is connected before the attack starts, with
+            # gRPC's default channel settings (an ordinary client); a call it
+            # loses is counted with its code and message.
+            self._ch = channel(self.server.v6(), transparent_retries=True)
             grpc.channel_ready_future(self._ch).result(timeout=10)
             self._threads.append(threading.Thread(target=self._client, daemon=True))
         for t in self._threads:
@@ -208,7 +216,8 @@ class Watcher:
                 self.ok += 1 if len(reply) > 64 * 64 * 4 else 0
             except grpc.RpcError as e:
                 self.failed += 1
-                self.codes[e.code().name] = self.codes.get(e.code().name, 0) + 1
+                key = "%s %s" % (e.code().name, (e.details() or "")[:40])
+                self.codes[key] = self.codes.get(key, 0) + 1
             time.sleep(0.05)
         ch.close()
 
@@ -224,7 +233,9 @@ class Watcher:
         lat = sorted(self.latencies)
         p50 = lat[len(lat) // 2] * 1e3 if lat else float("nan")
         p99 = lat[min(len(lat) - 1, len(lat) * 99 // 100)] * 1e3 if lat else float("nan")
-        return "%d/%d (%.0f%%)" % (self.ok, n, 100.0 * self.ok / n), "p50 %.1f / p99 %.1f ms" % (p50, p99)
+        failures = "".join("; %d x %s" % (v, k) for k, v in sorted(self.codes.items()))
+        return ("%d/%d (%.0f%%%s)" % (self.ok, n, 100.0 * self.ok / n, failures),
+                "p50 %.1f / p99 %.1f ms" % (p50, p99))
 
 
 def wait_rss_below(server, limit, timeout=20):
