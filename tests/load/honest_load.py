@@ -625,6 +625,8 @@ def drain(env, short):
                             percentile(durations, 0.5), max(durations or [float("nan")]), limit),
         "  server exit code %s" % server_rc,
     ]
+    if codes_before:
+        lines.append("  before SIGTERM: " + describe_failures(codes_before, 6))
     if codes_after:
         lines.append("  after SIGTERM: " + describe_failures(codes_after, 6))
     row = dict(attack="honest calls through SIGTERM: %d processes, calls started in the drain window and after" % clients,
