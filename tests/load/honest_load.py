@@ -536,7 +536,8 @@ def flood(env, short):
                     fails.append("%s: refused after retries %d of %d" % (tag, len(re_), total))
             attempts = sum(r.get("attempts") or 0 for r in records)
             # Raw calls sent again because a GOAWAY met them before the server
-            # saw them (flood_client.py): gRPC's reclaimer closing idle connections.
+            # saw them (flood_client.py): gRPC's reclaimer closing idle
+            # connections. The binding does not report it (-1, as for transport).
             goaway = sum(r.get("goaway") or 0 for r in records)
             details = collections.Counter(r["details"][:60] for r in re_)
             lines.append(
@@ -545,7 +546,7 @@ def flood(env, short):
                 "(%d after a GOAWAY the server sent before it saw the call); "
                 "server completed %d, rejected %s (%d counted); peak RSS %d MiB" % (
                     tag, total, 15.0, rounds, procs, ok, wrong, len(re_), transport if via == "raw" else -1,
-                    dgmm_ref if via == "raw" else -1, no_push, sum(other.values()), attempts, goaway,
+                    dgmm_ref if via == "raw" else -1, no_push, sum(other.values()), attempts, goaway if via == "raw" else -1,
                     d_completed, dict(d_rejected), counted, peak // MIB))
             if details:
                 lines.append("    refusals: " + "; ".join("%d x %s" % (n, d) for d, n in details.most_common(4)))
