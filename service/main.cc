@@ -214,6 +214,10 @@ ABSL_FLAG(std::string, region_pin, "reuse",
 ABSL_FLAG(int, max_regions_per_client, 64,
           "Most regions one owner (a uid, with its bearer token when the server has several) "
           "may have registered at once.");
+ABSL_FLAG(int, max_region_share_percent, 50,
+          "Most of --region_memory_budget one uid's regions may hold, in percent (1-100): so "
+          "that no local user can register the whole budget (a sparse memfd costs nothing) "
+          "and shut the others out of regions.");
 ABSL_FLAG(int, region_idle_timeout_s, 600,
           "A region no job has used for this many seconds is unregistered by the server; 0 = "
           "never. A region is also unregistered when the local-socket connection it was "
@@ -253,6 +257,8 @@ absl::Status CheckFlagRanges() {
                      1 << 20),
       CheckFlagRange("max_regions_per_client", absl::GetFlag(FLAGS_max_regions_per_client), 1,
                      1024),
+      CheckFlagRange("max_region_share_percent", absl::GetFlag(FLAGS_max_region_share_percent),
+                     1, 100),
       CheckFlagRange("region_idle_timeout_s", absl::GetFlag(FLAGS_region_idle_timeout_s), 0,
                      kMaxSeconds),
       CheckFlagRange("handshake_timeout_s", absl::GetFlag(FLAGS_handshake_timeout_s), 1, 3600),
@@ -423,6 +429,7 @@ int Main(int argc, char** argv) {
   so.pin_regions_on_register = absl::GetFlag(FLAGS_region_pin) == "register";
   so.region_memory_budget = absl::GetFlag(FLAGS_region_memory_budget);
   so.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
+  so.max_region_share_percent = absl::GetFlag(FLAGS_max_region_share_percent);
   so.region_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_region_idle_timeout_s));
   so.local_socket = absl::GetFlag(FLAGS_local_socket);
   {

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   region_options.budget_bytes =
       options.region_memory_budget.Of(s->engine_->cpu().free_memory_at_start_bytes());
   region_options.max_per_client = options.max_regions_per_client;
+  region_options.max_uid_share_percent = options.max_region_share_percent;
   region_options.idle_timeout = options.region_idle_timeout;
   region_options.pin_on_register = options.pin_regions_on_register;
   s->regions_ = std::make_unique<RegionRegistry>(region_options, GpuRegionOps(*s->engine_));

@@ -73,6 +73,8 @@ struct ServerOptions {
   // of the host's free memory at start.
   Budget region_memory_budget = Budget::Percent(25);
   int max_regions_per_client = 64;
+  // --max_region_share_percent: most of the region budget one uid may hold.
+  int max_region_share_percent = 50;
   // Pin host regions at registration, else on reuse (--region_pin).
   bool pin_regions_on_register = false;
   // A region no job used for this long is dropped; zero: never.

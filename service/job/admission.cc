@@ -279,13 +279,19 @@ void Admission::PumpLocked(Fired* fired) {
     }
   }
   // Work-conserving: when no job within its share waits for room, the jobs
-  // over their share take what fits, in the same order.
+  // over their share take what fits, in the same order and under the same
+  // head rule: a job behind an over-share head that does not fit passes it
+  // only while that head is younger than max_head_wait_.
   if (blocked_head != nullptr) return;
+  const Waiter* over_head = nullptr;
   for (const Entry* e : over_share) {
+    if (over_head != nullptr && now - over_head->enqueued >= max_head_wait_) break;
     Waiter& w = *e->it;
     if (FitsLocked(w.need)) {
       fired->emplace_back(std::move(w.cb), TakeLocked(w));
       EraseLocked(e->it);
+    } else if (over_head == nullptr) {
+      over_head = &w;
     }
   }
 }

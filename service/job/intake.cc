@@ -123,6 +123,9 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
   if (!matrix.ok()) return matrix.status();
   auto result = regions_->Find(d.owner, r.result().name());
   if (!result.ok()) return result.status();
+  for (const Region* r : {matrix->get(), result->get()}) {
+    if (absl::Status usable = r->Usable(); !usable.ok()) return usable;
+  }
   const Region& m = **matrix;
   const absl::Status mixed = absl::InvalidArgumentError(
       "the matrix, result and diagonal regions of one job must be of one kind (and, for "
@@ -135,6 +138,7 @@ absl::Status Intake::Sources(const JobDraft& d, IntakenJob* out) const {
     if (!has) continue;
     auto diagonal = regions_->Find(d.owner, ref->name());
     if (!diagonal.ok()) return diagonal.status();
+    if (absl::Status usable = (*diagonal)->Usable(); !usable.ok()) return usable;
     *place = *diagonal;
     if ((*diagonal)->kind() != v1::REGION_KIND_SYSTEM_SHM) {
       return absl::InvalidArgumentError(

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -115,15 +116,47 @@ absl::Status CheckMemoryFd(int fd, PassedMemory* out) {
   return absl::OkStatus();
 }
 
+absl::Status CheckVmmFd(int fd, bool server_has_gpu) {
+  if (!server_has_gpu) {
+    return absl::FailedPreconditionError(
+        "this server has no GPU in use, so it cannot import CUDA VMM memory; use host memory "
+        "or stream the job");
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot fstat the descriptor passed: ", ErrnoText(errno)));
+  }
+  // The driver's export is a descriptor of its own (neither a file, a pipe,
+  // a socket nor a directory); anything a path or pipe() can give is not one.
+  const mode_t type = st.st_mode & S_IFMT;
+  if (type == S_IFREG || type == S_IFDIR || type == S_IFIFO || type == S_IFSOCK ||
+      type == S_IFBLK || type == S_IFLNK) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the descriptor passed as CUDA VMM memory is ",
+        type == S_IFREG ? "a regular file or memfd" : FileType(st.st_mode), " (", Describe(fd),
+        "), not a CUDA allocation: pass the descriptor cuMemExportToShareableHandle gives "
+        "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)"));
+  }
+  return absl::OkStatus();
+}
+
 // ------------------------------------------------------------------ a peer
 
 struct LocalSocket::Conn {
   OwnedFd fd;
+  uid_t connected_uid = 0;  // SO_PEERCRED: what the per-uid bound counts
   LocalPeer peer;
   std::string session;  // empty until hello
   absl::Time hello_by;
   std::string in;
+  // Who wrote the bytes in `in` (SCM_CREDENTIALS: the kernel's word for the
+  // sending process at the time it sent them, not the one that connected).
+  std::optional<ucred> in_from;
   std::deque<OwnedFd> fds;  // received, not yet claimed by a pass_fd
+  // Descriptors beyond the one a pass_fd may carry, closed on arrival: the
+  // pass_fd they came with is refused, naming how many there were.
+  int extra_fds = 0;
 };
 
 LocalSocket::LocalSocket(LocalSocketOptions options, SessionClosed on_closed)
@@ -169,6 +202,13 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(LocalSocketOptio
   if (bound != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot bind --local_socket ", path, ": ", ErrnoText(bind_errno)));
+  }
+  // Every message then carries its sender's credentials (SCM_CREDENTIALS);
+  // accepted connections inherit the option, and bytes sent before the
+  // accept carry them too.
+  const int on = 1;
+  if (setsockopt(s->listen_fd_, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0) {
+    return absl::InternalError(absl::StrCat("SO_PASSCRED: ", ErrnoText(errno)));
   }
   if (chmod(path.c_str(), s->options_.mode) != 0 || listen(s->listen_fd_, 128) != 0) {
     const int err = errno;
@@ -277,14 +317,17 @@ void LocalSocket::Accept() {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) continue;
+    const int on = 1;
+    if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0) continue;
     int of_uid = 0;
-    for (const auto& [f, other] : conns_) of_uid += other->peer.uid == cred.uid ? 1 : 0;
+    for (const auto& [f, other] : conns_) of_uid += other->connected_uid == cred.uid ? 1 : 0;
     if (static_cast<int>(conns_.size()) >= options_.max_connections ||
         of_uid >= options_.max_connections_per_uid) {
       LogInfo("local socket: connection of uid ", cred.uid, " pid ", cred.pid, " refused: ",
               conns_.size(), " open, ", of_uid, " of this uid");
       continue;  // closed: the client sees its connection end before a hello reply
     }
+    c->connected_uid = cred.uid;
     c->peer.uid = cred.uid;
     c->peer.gid = cred.gid;
     c->peer.pid = cred.pid;
@@ -337,7 +380,8 @@ void LocalSocket::Expire(absl::Time now) {
 
 bool LocalSocket::Serve(Conn& c) {
   char buf[kMaxFrame + 4];
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPendingFds)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred)) +
+                                 CMSG_SPACE(sizeof(int) * kMaxPendingFds)];
   iovec iov{buf, sizeof buf};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -348,7 +392,16 @@ bool LocalSocket::Serve(Conn& c) {
   if (n < 0) return errno == EAGAIN || errno == EINTR;
   // Descriptors first, so that every one received is owned (and closed).
   bool bad_control = (msg.msg_flags & MSG_CTRUNC) != 0;
+  std::optional<ucred> from;
+  std::vector<OwnedFd> received;
   for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h != nullptr; h = CMSG_NXTHDR(&msg, h)) {
+    if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_CREDENTIALS &&
+        h->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+      ucred cred;
+      std::memcpy(&cred, CMSG_DATA(h), sizeof cred);
+      from = cred;
+      continue;
+    }
     if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) {
       bad_control = true;
       continue;
@@ -357,10 +410,27 @@ bool LocalSocket::Serve(Conn& c) {
     for (size_t i = 0; i < count; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
-      c.fds.emplace_back(fd);
+      received.emplace_back(fd);
     }
   }
-  if (n == 0 || bad_control || c.fds.size() > kMaxPendingFds) return false;
+  if (n == 0 || bad_control) return false;
+  // One descriptor travels with one pass_fd's bytes: more in one message are
+  // closed here, and the pass_fd they came with is refused with the count.
+  if (received.size() > 1) {
+    c.extra_fds = static_cast<int>(received.size());
+    received.clear();
+  }
+  for (OwnedFd& fd : received) c.fds.push_back(std::move(fd));
+  if (c.fds.size() > kMaxPendingFds) return false;
+  // A frame's bytes come from one process: the kernel never joins the
+  // writes of two in one read, so a frame that another process completes
+  // breaks the protocol.
+  const auto same = [](const std::optional<ucred>& a, const std::optional<ucred>& b) {
+    return a.has_value() == b.has_value() &&
+           (!a.has_value() || (a->pid == b->pid && a->uid == b->uid && a->gid == b->gid));
+  };
+  if (!c.in.empty() && !same(c.in_from, from)) return false;
+  c.in_from = from;
   c.in.append(buf, static_cast<size_t>(n));
   while (c.in.size() >= 4) {
     uint32_t len = 0;
@@ -372,13 +442,21 @@ bool LocalSocket::Serve(Conn& c) {
     c.in.erase(0, 4 + len);
     if (!parsed) return false;
     OwnedFd fd;
-    if (request.has_pass_fd()) {
-      if (c.fds.empty()) return false;  // a pass_fd without its descriptor
-      fd = std::move(c.fds.front());
-      c.fds.pop_front();
-    }
     v1::LocalResponse response;
-    if (!Handle(c, request, std::move(fd), &response)) return false;
+    if (request.has_pass_fd() && c.extra_fds > 0) {
+      Reply(&response, absl::StatusCode::kInvalidArgument,
+            absl::StrFormat("a pass_fd carries exactly one descriptor; %d came with this one "
+                            "(all closed, no ticket)",
+                            c.extra_fds));
+      c.extra_fds = 0;
+    } else {
+      if (request.has_pass_fd()) {
+        if (c.fds.empty()) return false;  // a pass_fd without its descriptor
+        fd = std::move(c.fds.front());
+        c.fds.pop_front();
+      }
+      if (!Handle(c, request, std::move(fd), &response)) return false;
+    }
     const std::string body = response.SerializeAsString();
     std::string frame(4, '\0');
     for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
@@ -392,13 +470,20 @@ bool LocalSocket::Serve(Conn& c) {
   }
   // A descriptor may arrive with the first bytes of its frame; one that no
   // frame under way can claim breaks the protocol.
-  return c.fds.empty() || !c.in.empty();
+  return (c.fds.empty() && c.extra_fds == 0) || !c.in.empty();
 }
 
 bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
                          v1::LocalResponse* out) {
   if (request.has_hello()) {
     if (!c.session.empty()) return false;
+    // The session is the hello's sender's, whoever connected: a process that
+    // connected and then forked, or changed its uid, gets what the process
+    // that says hello may have.
+    if (!c.in_from.has_value()) return false;  // the kernel always sends them
+    c.peer.uid = c.in_from->uid;
+    c.peer.gid = c.in_from->gid;
+    c.peer.pid = c.in_from->pid;
     c.session = RandomHex(32);
     std::string refused;
     if (const v1::LocalHello& h = request.hello(); h.process_memory()) {
@@ -445,6 +530,10 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
       if (p.device() < 0 || p.allocation_bytes() <= 0) {
         Reply(out, absl::StatusCode::kInvalidArgument,
               "a CUDA VMM descriptor needs its device (>= 0) and allocation_bytes (> 0)");
+        return true;
+      }
+      if (absl::Status st = CheckVmmFd(fd.get(), options_.cuda_vmm); !st.ok()) {
+        Reply(out, st);
         return true;
       }
       memory.device = p.device();

@@ -5,8 +5,9 @@
 //
 // gRPC cannot do this part: HTTP/2 carries no descriptors, and gRPC 1.51's
 // auth context for local (unix:) connections names only the security type,
-// not the peer's uid. Here the kernel tells the server who connected
-// (SO_PEERCRED: uid, gid, pid), and a client can only pass memory it opened
+// not the peer's uid. Here the kernel tells the server who sent each message
+// (SCM_CREDENTIALS: uid, gid, pid; a session is its hello's sender's, not
+// the connecting process's), and a client can only pass memory it opened
 // itself, so the server never opens anything with its own rights for a
 // client (LocalOpenShm, for clients that cannot pass descriptors, opens an
 // object only when the connection's uid owns it and nobody else may write
@@ -86,6 +87,12 @@ struct PassedMemory {
 // INVALID_ARGUMENT, naming what the descriptor is, otherwise.
 absl::Status CheckMemoryFd(int fd, PassedMemory* out);
 
+// Checks, as far as can be told without a CUDA call, that `fd` could be a
+// CUDA VMM export: FAILED_PRECONDITION on a server with no GPU in use;
+// INVALID_ARGUMENT, naming what it is, for a file, memfd, pipe, socket,
+// directory or block device.
+absl::Status CheckVmmFd(int fd, bool server_has_gpu);
+
 // Who is on the other end of a session.
 struct LocalPeer {
   uint64_t session_id = 0;
@@ -117,6 +124,9 @@ struct LocalSocketOptions {
   std::string instance_id;
   // Whether a hello may ask for process memory (--process_memory).
   bool process_memory = true;
+  // Whether this server can import CUDA VMM descriptors (it has a GPU in
+  // use): without, a pass_fd of that kind is refused at once.
+  bool cuda_vmm = false;
 };
 
 class LocalSocket {

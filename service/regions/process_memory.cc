@@ -1,8 +1,12 @@
 #include "service/regions/process_memory.h"
 
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
 
 #include <cerrno>
 #include <csignal>
@@ -100,6 +104,52 @@ absl::Status ProcessMemory::Check() const {
       "process memory: the cookie of the session's hello is no longer readable in process ", pid_,
       err != 0 ? absl::StrCat(" (", std::strerror(err), ")") : std::string(" (changed)"),
       "; the session must keep it in place while it lasts"));
+}
+
+absl::Status ProcessMemory::CheckMapped(uint64_t at, int64_t bytes, char access) const {
+  if (bytes <= 0) return absl::OkStatus();
+  const uint64_t end = at + static_cast<uint64_t>(bytes);
+  const std::string path = absl::StrCat("/proc/", pid_, "/maps");
+  FILE* maps = std::fopen(path.c_str(), "re");
+  if (maps == nullptr) {
+    if (!PidfdAlive(pidfd_)) {
+      return absl::CancelledError(absl::StrCat("the client process ", pid_, " has exited"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("process memory: cannot read ", path, ": ", std::strerror(errno)));
+  }
+  // Mappings come in address order: walk them while they cover the range
+  // without a gap.
+  uint64_t covered = at;
+  bool allowed = true;
+  char line[512];
+  while (covered < end && std::fgets(line, sizeof line, maps) != nullptr) {
+    uint64_t lo = 0, hi = 0;
+    char perms[5] = {};
+    const bool whole = std::strchr(line, '\n') != nullptr;
+    if (std::sscanf(line, "%" SCNx64 "-%" SCNx64 " %4s", &lo, &hi, perms) == 3 &&
+        hi > covered) {
+      if (lo > covered) break;  // a gap: nothing mapped at `covered`
+      if (perms[access == 'w' ? 1 : 0] != access) {
+        allowed = false;
+        break;
+      }
+      covered = hi;
+    }
+    // A line longer than the buffer (a long path): skip its rest.
+    while (!whole && std::fgets(line, sizeof line, maps) != nullptr &&
+           std::strchr(line, '\n') == nullptr) {
+    }
+  }
+  std::fclose(maps);
+  if (covered >= end) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "process memory: bytes [%#x, %#x) of client process %d cannot be %s (%s at %#x); the "
+      "job stopped before touching any of its memory",
+      at, end, pid_, access == 'w' ? "written" : "read",
+      allowed ? "nothing is mapped" : (access == 'w' ? "a mapping without write access"
+                                                    : "a mapping without read access"),
+      covered));
 }
 
 absl::Status ProcessMemory::Read(std::byte* dst, const std::byte* src, int64_t bytes) const {

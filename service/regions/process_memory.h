@@ -57,6 +57,13 @@ class ProcessMemory final : public TileMemory {
   // still where it said); CANCELLED once it has exited.
   absl::Status Check() const;
 
+  // Before a job touches anything: OK when [at, at + bytes) lies in
+  // mappings of the process that allow `access` ('r' to read, 'w' to
+  // write), from its /proc/<pid>/maps; else INVALID_ARGUMENT naming the
+  // first byte that does not, so that a job fails before it writes any of
+  // its result rather than after part of it.
+  absl::Status CheckMapped(uint64_t at, int64_t bytes, char access) const;
+
   // TileMemory. A range the process cannot read (or write) is
   // INVALID_ARGUMENT, naming it; a process gone is CANCELLED.
   absl::Status Read(std::byte* dst, const std::byte* src, int64_t bytes) const override;

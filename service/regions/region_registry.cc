@@ -50,22 +50,44 @@ Region::~Region() {
   if (fd_ >= 0) close(fd_);
   if (close_ipc_) close_ipc_();
   if (registered_bytes_) registered_bytes_->fetch_sub(byte_size_);
+  if (uid_bytes_) uid_bytes_->Add(owner_uid_, -byte_size_);
 }
 
 absl::Status Region::CheckIntact() const {
   if (kind_ != v1::REGION_KIND_SYSTEM_SHM) return absl::OkStatus();
-  // A sealed object cannot shrink (F_SEAL_SHRINK): nothing to check.
-  if (sealed_ && !SigbusGuard::poisoned(guard_slot_)) return absl::OkStatus();
-  struct stat st;
+  if (failed_.load()) return Usable();
   const bool poisoned = SigbusGuard::poisoned(guard_slot_);
-  if (poisoned || fstat(fd_, &st) != 0 || st.st_size < offset_ + byte_size_) {
+  // A sealed object cannot shrink (F_SEAL_SHRINK): nothing to check.
+  if (sealed_ && !poisoned) return absl::OkStatus();
+  struct stat st;
+  const bool stat_ok = fstat(fd_, &st) == 0;
+  const bool shrank = !stat_ok || st.st_size < offset_ + byte_size_;
+  if (!poisoned && !shrank) return absl::OkStatus();
+  failed_.store(true);
+  if (shrank) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "region '%s': the memory passed (%s) shrank below the registered range [%d, %d) "
-        "while the server had it mapped; the job's data is lost. Unregister the region, "
-        "restore the object's size and register it again",
+        "while the server had it mapped; the job's data is lost. The region stays unusable: "
+        "unregister it, restore the object's size and register it again",
         name_, key_, offset_, offset_ + byte_size_));
   }
-  return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "region '%s': the filesystem that holds the memory passed (%s) is full: a page of the "
+      "registered range [%d, %d) could not be allocated when the server touched it (SIGBUS with "
+      "the object's size intact: ENOSPC, a tmpfs at its size limit or no free huge pages); the "
+      "job's data is lost. The region stays unusable: free room, unregister it and register it "
+      "again",
+      name_, key_, offset_, offset_ + byte_size_));
+}
+
+absl::Status Region::Usable() const {
+  if (kind_ != v1::REGION_KIND_SYSTEM_SHM) return absl::OkStatus();
+  if (!failed_.load() && !SigbusGuard::poisoned(guard_slot_)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "region '%s' (%s) failed in an earlier job (its memory shrank, or its filesystem was "
+      "full) and stays unusable until it is registered again: unregister it and register it "
+      "again",
+      name_, key_));
 }
 
 v1::RegionStatus Region::Describe() const {
@@ -395,7 +417,22 @@ absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(const Caller& caller,
           "yet or not); unregister regions or stream the job",
           bytes, now, options_.budget_bytes));
     }
+    // One uid's share: a local user cannot hold the whole budget (a sparse
+    // memfd costs it nothing) and shut the others out.
+    const int64_t share = options_.budget_bytes / 100 * options_.max_uid_share_percent +
+                          options_.budget_bytes % 100 * options_.max_uid_share_percent / 100;
+    const int64_t of_uid = uid_bytes_->Of(caller.peer.uid);
+    if (bytes > share - of_uid) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "registering %d bytes would exceed uid %d's share of the region budget: its regions "
+          "hold %d of the %d bytes one uid may (--max_region_share_percent=%d of "
+          "--region_memory_budget's %d; registered ranges count whether their pages exist or "
+          "not); unregister regions or stream the job",
+          bytes, caller.peer.uid, of_uid, share, options_.max_uid_share_percent,
+          options_.budget_bytes));
+    }
     registered_bytes_->fetch_add(bytes);  // held while mapping
+    uid_bytes_->Add(caller.peer.uid, bytes);
   }
   // 4. Map, import or open.
   const absl::Time t0 = absl::Now();
@@ -406,6 +443,7 @@ absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(const Caller& caller,
           : MapHost(std::move(*memory), request.local_fd());
   if (!r.ok()) {
     registered_bytes_->fetch_sub(bytes);
+    uid_bytes_->Add(caller.peer.uid, -bytes);
     return r.status();
   }
   (*r)->name_ = request.name();
@@ -414,6 +452,7 @@ absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(const Caller& caller,
   (*r)->session_id_ = caller.peer.session_id;
   (*r)->register_time_ = absl::Now() - t0;
   (*r)->registered_bytes_ = registered_bytes_;  // the Region gives the bytes back now
+  (*r)->uid_bytes_ = uid_bytes_;
   (*r)->last_used_ns_.store(absl::ToUnixNanos(absl::Now()));
   std::lock_guard lock(mu_);
   auto& mine = regions_[caller.owner];
@@ -430,6 +469,7 @@ absl::StatusOr<v1::RegionStatus> RegionRegistry::Register(const Caller& caller,
 }
 
 absl::Status RegionRegistry::StartLocalSocket(LocalSocketOptions options) {
+  options.cuda_vmm = static_cast<bool>(ops_.open_vmm);
   auto socket = LocalSocket::Start(std::move(options),
                                    [this](uint64_t session_id) { DropSession(session_id); });
   if (!socket.ok()) return socket.status();

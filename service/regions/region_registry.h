@@ -37,6 +37,9 @@ struct RegionOptions {
   int64_t budget_bytes = 0;
   // --max_regions_per_client.
   int max_per_client = 64;
+  // --max_region_share_percent: the most of budget_bytes the regions of one
+  // uid may hold, so that no local user can shut the others out.
+  int max_uid_share_percent = 50;
   // --region_idle_timeout_s: a region no job used for this long is dropped;
   // zero: never.
   absl::Duration idle_timeout = absl::Seconds(600);
@@ -64,6 +67,25 @@ struct RegionMemoryOps {
   std::function<absl::StatusOr<IpcMemory>(int device, int fd, int64_t allocation_bytes)> open_vmm;
 };
 
+// The bytes each uid's regions hold (--max_region_share_percent), shared by
+// the registry and its regions: a region gives its bytes back when it dies.
+class UidBytes {
+ public:
+  int64_t Of(int64_t uid) const {
+    std::lock_guard lock(mu_);
+    auto it = bytes_.find(uid);
+    return it == bytes_.end() ? 0 : it->second;
+  }
+  void Add(int64_t uid, int64_t bytes) {
+    std::lock_guard lock(mu_);
+    if ((bytes_[uid] += bytes) == 0) bytes_.erase(uid);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int64_t, int64_t> bytes_;
+};
+
 // One registered region's memory. Jobs hold a shared_ptr while they use it,
 // so unregistering never frees memory under a job.
 class Region {
@@ -86,8 +108,14 @@ class Region {
   int64_t object_offset() const { return object_offset_; }
   // OK while the memory is as registered; FAILED_PRECONDITION once the
   // client shrank its shared-memory object below the region (a SIGBUS
-  // absorbed, or the object's size now short).
+  // absorbed, or the object's size now short), or its filesystem could not
+  // provide a page (a SIGBUS with the size intact: ENOSPC). Once it has
+  // failed, a region stays failed until it is registered again, whatever
+  // its object's size becomes.
   absl::Status CheckIntact() const;
+  // Before a job: FAILED_PRECONDITION when an earlier job found the region
+  // failed (CheckIntact), or a SIGBUS has hit it since; no system call.
+  absl::Status Usable() const;
   v1::RegionStatus Describe() const;
 
   // A job's use of the region (RAII): counted in jobs_in_use.
@@ -132,9 +160,12 @@ class Region {
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   int guard_slot_ = -1;
+  // Set by the first CheckIntact that finds the memory broken; never reset.
+  mutable std::atomic<bool> failed_{false};
   std::function<void()> unpin_;
   std::function<void()> close_ipc_;
   std::shared_ptr<std::atomic<int64_t>> registered_bytes_;
+  std::shared_ptr<UidBytes> uid_bytes_;  // given back under owner_uid_
   std::atomic<int64_t> jobs_in_use_{0};
   std::atomic<int64_t> jobs_total_{0};
   std::atomic<int64_t> last_used_ns_{0};  // absl::ToUnixNanos
@@ -233,6 +264,7 @@ class RegionRegistry {
   std::atomic<bool> enabled_;
   const RegionMemoryOps ops_;
   const std::string instance_id_;
+  const std::shared_ptr<UidBytes> uid_bytes_ = std::make_shared<UidBytes>();
   std::shared_ptr<std::atomic<int64_t>> registered_bytes_ =
       std::make_shared<std::atomic<int64_t>>(0);
   mutable std::mutex mu_;

@@ -314,6 +314,37 @@ TEST(SameHostTest, HostVectorBuffersGoThroughProcessMemory) {
   }
 }
 
+// A caller that starts the connections (Connect) and then works for longer
+// than an attempt may take, with no gRPC call of its own meanwhile (dgmm-cli
+// making a large random A): the job still takes the same-host path, with no
+// transport reason to fall back. gRPC 1.51 advances a connection only while a
+// thread waits on it and abandons an attempt after min_reconnect_backoff, so
+// without a waiter the channel is in TRANSIENT_FAILURE when the job comes
+// ("tcp handshaker shutdown"). One stripe (the probe is the client's own
+// channel) and two (the probe is another one).
+TEST(SameHostTest, ConnectThenWorkKeepsTheSameHostPath) {
+  for (int stripes : {1, 2}) {
+    SCOPED_TRACE(stripes);
+    ClientOptions options;
+    options.stripes = stripes;
+    options.min_reconnect_backoff = absl::Milliseconds(200);
+    Client client(RegionsServer().address(), options);
+    client.Connect(stripes);
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));  // busy elsewhere
+    for (int job_number = 0; job_number < 2; ++job_number) {
+      Operands<float> ops(700, 600, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 91 + job_number);
+      std::vector<float> c(ops.a.size(), std::numeric_limits<float>::quiet_NaN());
+      absl::StatusOr<JobResult> r =
+          client.Multiply(ops.MakeJob(), c.data(), c.size() * sizeof(float));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->mode, TransferMode::kRegion) << r->socket_reason;
+      EXPECT_TRUE(r->process_memory);
+      EXPECT_EQ(r->socket_reason, "");
+      EXPECT_LE(ops.MaxRelativeError(c), std::numeric_limits<float>::epsilon());
+    }
+  }
+}
+
 // By default the server reads and writes the caller's own buffers (process
 // memory: no staging region, no copy); with ClientOptions.process_memory
 // off, a staging region carries the job (copies in and out).

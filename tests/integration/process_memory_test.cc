@@ -258,6 +258,46 @@ TEST_F(ProcessMemoryTest, ABadJobGetsItsCodeAndTheServerServesOn) {
   EXPECT_LE(MaxRelError(job, c), Tolerance(v1::DTYPE_FLOAT32));
 }
 
+// A result whose first part is writable and whose tail is read-only, and a
+// matrix whose tail is not mapped: refused before anything is written, so
+// the writable part keeps its poison.
+TEST_F(ProcessMemoryTest, AJobThatCannotFinishWritesNoneOfItsResult) {
+  Session s = Hello(SocketPath(Stub()), cookie_);
+  ASSERT_TRUE(s.hello.process_memory()) << s.hello.process_memory_refused();
+  const RandomJob job =
+      MakeJob(512, 384, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT, 13);
+  const size_t bytes = job.matrix.size();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t span = (bytes / page + 2) * page;
+  auto* area = static_cast<char*>(
+      mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(area, MAP_FAILED);
+  // C ends a page into the read-only part: all but its last page is writable.
+  char* c = area + span - page - bytes + page;
+  const std::string poison = Poisoned(bytes, v1::DTYPE_FLOAT32);
+  std::memcpy(c, poison.data(), bytes);
+  ASSERT_EQ(mprotect(area + span - page, page, PROT_READ), 0);
+  grpc::Status st = Multiply(s, job.header, At(job.matrix.data()), At(c));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("cannot be written"));
+  EXPECT_EQ(std::memcmp(c, poison.data(), bytes), 0) << "part of C was written: " << st.error_message();
+  // A matrix whose tail is not mapped, with a result that is all writable.
+  ASSERT_EQ(mprotect(area + span - page, page, PROT_READ | PROT_WRITE), 0);
+  ASSERT_EQ(munmap(area + span - page, page), 0);
+  char* a = area + span - page - bytes + 64;  // its last 64 bytes are unmapped
+  std::memcpy(a, job.matrix.data(), bytes - 64);
+  std::string out = poison;
+  st = Multiply(s, job.header, At(a), At(out.data()));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("cannot be read"));
+  EXPECT_EQ(out, poison) << "part of C was written";
+  munmap(area, span - page);
+  // The session serves on.
+  st = Multiply(s, job.header, At(job.matrix.data()), At(out.data()));
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_LE(MaxRelError(job, out), Tolerance(v1::DTYPE_FLOAT32));
+}
+
 TEST_F(ProcessMemoryTest, ACookieChangedAfterTheHelloFailsTheJob) {
   std::string cookie = RandomCookie();
   Session s = Hello(SocketPath(Stub()), cookie);
@@ -317,6 +357,49 @@ TEST(ProcessMemoryServerTest, AnotherUidIsRefused) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_THAT(said, HasSubstr("refused"));
   EXPECT_THAT(said, HasSubstr("uid 65534 is not the server's"));
+}
+
+// The grant is checked against the process that sends the hello, not the
+// one that connected: a root process connects, forks, and its child drops to
+// another uid and says hello with a cookie that both of them hold (the same
+// address after the fork). It must be refused, not granted the parent's
+// memory.
+TEST(ProcessMemoryServerTest, AChildOfAnotherUidOnItsParentsConnectionIsRefused) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root: the child drops to another uid";
+  const std::string path = SocketPath(Stub());
+  const std::string cookie = RandomCookie();
+  SocketPeer peer(path);  // connected by root
+  ASSERT_TRUE(peer.connected());
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    if (setresgid(65533, 65533, 65533) != 0 || setresuid(65533, 65533, 65533) != 0) _exit(126);
+    v1::LocalRequest r;
+    r.mutable_hello()->set_process_memory(true);
+    r.mutable_hello()->set_cookie(cookie);
+    r.mutable_hello()->set_cookie_address(reinterpret_cast<uint64_t>(cookie.data()));
+    std::optional<v1::LocalResponse> reply = peer.Call(r);
+    std::string said = !reply.has_value() ? "no reply"
+                       : reply->hello().process_memory()
+                           ? "granted"
+                           : "refused: " + reply->hello().process_memory_refused();
+    said += " uid " + std::to_string(reply.has_value() ? reply->hello().uid() : -1);
+    if (write(pipe_fds[1], said.data(), said.size()) < 0) _exit(125);
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) said.append(buf, n);
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_THAT(said, HasSubstr("refused"));
+  EXPECT_THAT(said, HasSubstr("uid 65533 is not the server's"));
+  EXPECT_THAT(said, HasSubstr("uid 65533"));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 // ClientThatExitsWithoutUnregistering).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,10 +64,12 @@ std::string TokenFile() {
 }
 
 // One server for the file: CPU backend, regions on, two tokens, a small
-// region budget and regions-per-client limit so that both can be reached.
+// region budget and regions-per-client limit so that both can be reached
+// (by one uid: the whole budget is its share here).
 ServerProcess& Server() {
   static ServerProcess server({"--backend=cpu", "--threads=2", "--allow_regions",
                                "--region_memory_budget=" + std::to_string(kBudget),
+                               "--max_region_share_percent=100",
                                "--max_regions_per_client=" + std::to_string(kMaxRegions),
                                "--auth_token_file=" + TokenFile()});
   return server;
@@ -712,6 +715,96 @@ TEST_F(RegionsTest, ShrunkObjectFailsTheJobNotTheServer) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_LE(MaxRelError(job, response.result()), 1e-6);
   ASSERT_TRUE(Unregister("shrinking").ok());
+}
+
+// A shrink that the after-job size check finds (no SIGBUS: the object keeps
+// part of its last page, so every access still lands) fails the job, and the
+// region stays failed when the object grows back, until it is registered
+// again.
+TEST_F(RegionsTest, AFailedRegionStaysFailedUntilRegisteredAgain) {
+  const RandomJob job = MakeJob(256, 256, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR,
+                                v1::SIDE_RIGHT, 37);
+  const int64_t bytes = static_cast<int64_t>(job.matrix.size());
+  ShmObject shm(2 * bytes);
+  std::memcpy(shm.data(), job.matrix.data(), bytes);
+  ASSERT_TRUE(RegisterShm("size-checked", shm).ok());
+  ASSERT_TRUE(MultiplyRegion(RegionRequest(job, "size-checked", 0, bytes)).ok());
+  ASSERT_EQ(ftruncate(shm.fd(), 2 * bytes - 8), 0);
+  grpc::Status status = MultiplyRegion(RegionRequest(job, "size-checked", 0, bytes));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_NE(status.error_message().find("shrank below"), std::string::npos)
+      << status.error_message();
+  // Back to size: the region is still failed, before the job runs.
+  ASSERT_EQ(ftruncate(shm.fd(), 2 * bytes), 0);
+  std::memcpy(shm.data(), job.matrix.data(), bytes);
+  const std::vector<char> poison(static_cast<size_t>(bytes), '\x7f');
+  std::memcpy(shm.data() + bytes, poison.data(), poison.size());
+  for (int i = 0; i < 2; ++i) {
+    status = MultiplyRegion(RegionRequest(job, "size-checked", 0, bytes));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << i << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find("registered again"), std::string::npos)
+        << status.error_message();
+  }
+  EXPECT_EQ(std::memcmp(shm.data() + bytes, poison.data(), poison.size()), 0)
+      << "a failed region's job wrote its result";
+  // Registered again, it works.
+  ASSERT_TRUE(Unregister("size-checked").ok());
+  ASSERT_TRUE(RegisterShm("size-checked", shm).ok());
+  ASSERT_TRUE(MultiplyRegion(RegionRequest(job, "size-checked", 0, bytes)).ok());
+  EXPECT_LE(MaxRelError(job, std::string(shm.data() + bytes, static_cast<size_t>(bytes))), 1e-6);
+  ASSERT_TRUE(Unregister("size-checked").ok());
+}
+
+// A region on a tmpfs with no room left: the server's first write to a
+// page that does not exist yet raises SIGBUS with the object's size intact.
+// The job fails saying the filesystem is full (not that it shrank).
+TEST_F(RegionsTest, AFullFilesystemIsNamedAsSuch) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root: mounts a small tmpfs";
+  char dir[] = "/tmp/dgmm-full-tmpfs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  if (mount("tmpfs", dir, "tmpfs", 0, "size=1m") != 0) {
+    rmdir(dir);
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  const RandomJob job = MakeJob(256, 256, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR,
+                                v1::SIDE_LEFT, 41);
+  const int64_t bytes = static_cast<int64_t>(job.matrix.size());  // 256 KiB
+  const std::string region_path = std::string(dir) + "/region";
+  const std::string filler_path = std::string(dir) + "/filler";
+  const int fd = open(region_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 2 * bytes), 0);  // sparse: A is written, C is not
+  ASSERT_EQ(pwrite(fd, job.matrix.data(), job.matrix.size(), 0), bytes);
+  // Fill what is left of the tmpfs.
+  const int filler = open(filler_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_GE(filler, 0);
+  const std::vector<char> chunk(4096, 'f');
+  while (write(filler, chunk.data(), chunk.size()) > 0) {
+  }
+  EXPECT_EQ(errno, ENOSPC);
+  ASSERT_TRUE(Register(FdRequest("full", fd, 0, 2 * bytes)).ok());
+  grpc::Status status = MultiplyRegion(RegionRequest(job, "full", 0, bytes));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_NE(status.error_message().find("is full"), std::string::npos) << status.error_message();
+  EXPECT_EQ(status.error_message().find("shrank"), std::string::npos) << status.error_message();
+  // Room again does not revive it: registered again, it works.
+  close(filler);
+  unlink(filler_path.c_str());
+  status = MultiplyRegion(RegionRequest(job, "full", 0, bytes));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  ASSERT_TRUE(Unregister("full").ok());
+  ASSERT_TRUE(Register(FdRequest("full", fd, 0, 2 * bytes)).ok());
+  ASSERT_TRUE(MultiplyRegion(RegionRequest(job, "full", 0, bytes)).ok());
+  std::string c(static_cast<size_t>(bytes), '\0');
+  ASSERT_EQ(pread(fd, c.data(), c.size(), bytes), bytes);
+  EXPECT_LE(MaxRelError(job, c), 1e-6);
+  ASSERT_TRUE(Unregister("full").ok());
+  close(fd);
+  ASSERT_EQ(waitpid(Server().pid(), nullptr, WNOHANG), 0) << "the server died";
+  EXPECT_TRUE(WaitUntil([] { return RegisteredBytes() == 0; }, 5000));
+  umount2(dir, MNT_DETACH);
+  rmdir(dir);
 }
 
 TEST_F(RegionsTest, ClientThatExitsWithoutUnregisteringIsDropped) {

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,7 +63,7 @@ SERVER = None
 def setUpModule():
     global SERVER
     SERVER = Server("--allow_regions", "--region_memory_budget=64MiB",
-                    "--max_regions_per_client=6")
+                    "--max_regions_per_client=6", "--max_region_share_percent=100")
 
 
 def tearDownModule():
@@ -492,10 +493,26 @@ class SessionTest(RegionTestCase):
         if os.getuid() != 0:
             self.skipTest("needs root, to run a client as another uid")
         shm = self.shm(2 * 48 * 40 * 8, "roots")
+        # The child drops to uid 65534, which may not read this checkout or
+        # its build (a clone in a private folder): it imports a copy of the
+        # installed package, made where every uid can read it.
+        shared = tempfile.mkdtemp(prefix="dgmm-other-uid-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, shared, True)
+        os.chmod(shared, 0o755)
+        shutil.copytree(os.path.dirname(dgmm.__file__), os.path.join(shared, "dgmm"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for folder, dirs, files in os.walk(shared):
+            for name in dirs:
+                os.chmod(os.path.join(folder, name), 0o755)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o644)
         child = subprocess.run([sys.executable, "-c", (
             "import os, sys\n"
             "os.setgid(65534); os.setuid(65534)\n"
+            "sys.path.insert(0, sys.argv[2])\n"
+            "sys.dont_write_bytecode = True\n"
             "import dgmm, grpc, numpy as np\n"
+            "assert dgmm.__file__.startswith(sys.argv[2]), dgmm.__file__\n"
             "from dgmm import pb\n"
             "client = dgmm.Client(sys.argv[1])\n"
             "s = client.local_session()\n"
@@ -509,7 +526,7 @@ class SessionTest(RegionTestCase):
             "except dgmm.DgmmError as e:\n"
             "    print('job', e.code.name)\n"
             "mine = dgmm.SharedMemoryRegion(4096).register(client, 'roots')\n"
-            "print('own', mine.status.owner_uid)\n"), SERVER.address],
+            "print('own', mine.status.owner_uid)\n"), SERVER.address, shared],
             capture_output=True, text=True, timeout=60, cwd="/")
         if child.returncode != 0 and "Permission denied" in child.stderr:
             self.skipTest("uid 65534 cannot read the client package: %s" % child.stderr[-300:])

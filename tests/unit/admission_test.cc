@@ -315,6 +315,33 @@ TEST(AdmissionFairShare, HostShareIsACeilingOverItsConnections) {
   EXPECT_EQ(a.total_reserved(), 0);
 }
 
+TEST(AdmissionFairShare, NothingPassesAnOldHeadOverItsShare) {
+  // One host's three jobs hold the whole budget (over its 50% share); its
+  // next job waits at the head for room. Another job of the same connection
+  // that fits what is free passes that head only while it is young.
+  for (const bool old_head : {false, true}) {
+    SCOPED_TRACE(old_head ? "head older than max_head_wait" : "young head");
+    Admission a({{"cpu", 100}}, 16, old_head ? absl::ZeroDuration() : absl::Seconds(10),
+                Limits(8, 50));
+    const ClientId h("h:1", "h");
+    Slot r1, r2, r3, head, small;
+    for (Slot* r : {&r1, &r2, &r3}) {
+      ASSERT_TRUE(a.Submit({.host_bytes = 30}, absl::InfiniteFuture(), r->Callback(), h).ok());
+      ASSERT_TRUE(r->admitted());
+    }
+    ASSERT_TRUE(a.Submit({.host_bytes = 50}, absl::InfiniteFuture(), head.Callback(), h).ok());
+    EXPECT_FALSE(head.done());
+    ASSERT_TRUE(a.Submit({.host_bytes = 10}, absl::InfiniteFuture(), small.Callback(), h).ok());
+    EXPECT_EQ(small.done(), !old_head) << "backfill past the head only while it is young";
+    r1.Release();
+    r2.Release();
+    EXPECT_TRUE(head.admitted());
+    EXPECT_TRUE(small.admitted());
+    for (Slot* r : {&r3, &head, &small}) r->Release();
+    EXPECT_EQ(a.total_reserved(), 0);
+  }
+}
+
 TEST(AdmissionFairShare, FullQueueRefusesTheNewestJobOfTheClientWithTheMostWaiting) {
   Admission a({{"cpu", 10}}, 3, absl::Seconds(10), Limits(0));
   Slot running, hog[3], honest, hog_again;

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -96,6 +97,100 @@ TEST_F(LocalSocketTest, HelloGivesASessionWithTheKernelsCredentials) {
   EXPECT_EQ(last_closed_.load(), found->session_id);
   EXPECT_EQ(socket_->FindSession(hello->hello().session()).status().code(),
             absl::StatusCode::kUnauthenticated);
+}
+
+// The session is the process's that says hello, not the one that
+// connected: a child that says hello on its parent's connection gets its own
+// pid (and so, with process memory, its own memory).
+TEST_F(LocalSocketTest, TheHelloSendersCredentialsNotTheConnectors) {
+  Start();
+  Peer peer(options_.path);
+  ASSERT_TRUE(peer.connected());
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(pipe_fds[0]);
+    auto hello = peer.Hello();
+    const std::string said = hello.has_value() ? hello->SerializeAsString() : std::string();
+    const bool sent = write(pipe_fds[1], said.data(), said.size()) ==
+                      static_cast<ssize_t>(said.size());
+    _exit(sent ? 0 : 1);
+  }
+  close(pipe_fds[1]);
+  std::string said;
+  char buf[1024];
+  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) said.append(buf, n);
+  close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  v1::LocalResponse hello;
+  ASSERT_TRUE(!said.empty() && hello.ParseFromString(said));
+  EXPECT_EQ(hello.hello().pid(), child) << "the connector's pid is " << getpid();
+  auto found = socket_->FindSession(hello.hello().session());
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->pid, child);
+}
+
+TEST_F(LocalSocketTest, APassFdWithTwoDescriptorsIsRefusedAtOnce) {
+  Start();
+  Peer peer(options_.path);
+  ASSERT_TRUE(peer.Hello().has_value());
+  const int a = Memory(4096), b = Memory(4096);
+  v1::LocalRequest r;
+  r.mutable_pass_fd()->set_kind(v1::LOCAL_FD_KIND_MEMORY);
+  auto reply = peer.Call(r, {a, b});
+  ASSERT_TRUE(reply.has_value()) << "refused with a reply, not a closed connection";
+  EXPECT_EQ(reply->code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(reply->message().find("exactly one descriptor; 2 came"), std::string::npos)
+      << reply->message();
+  EXPECT_FALSE(reply->has_ticket());
+  EXPECT_EQ(socket_->tickets(), 0);
+  // The connection serves on.
+  reply = peer.Pass(a);
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->code(), 0) << reply->message();
+  close(a);
+  close(b);
+}
+
+TEST_F(LocalSocketTest, ACudaVmmPassFdIsRefusedAtOnceForWhatCannotBeOne) {
+  const auto pass_vmm = [](Peer& peer, int fd) {
+    v1::LocalRequest r;
+    r.mutable_pass_fd()->set_kind(v1::LOCAL_FD_KIND_CUDA_VMM);
+    r.mutable_pass_fd()->set_device(0);
+    r.mutable_pass_fd()->set_allocation_bytes(2 << 20);
+    return peer.Call(r, {fd});
+  };
+  const int mem = Memory(2 << 20);
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  {  // a server with no GPU in use
+    Start();
+    Peer peer(options_.path);
+    ASSERT_TRUE(peer.Hello().has_value());
+    auto reply = pass_vmm(peer, mem);
+    ASSERT_TRUE(reply.has_value());
+    EXPECT_EQ(reply->code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    EXPECT_NE(reply->message().find("no GPU"), std::string::npos) << reply->message();
+    socket_.reset();
+  }
+  options_.cuda_vmm = true;  // a GPU server: the descriptor's type is checked
+  Start();
+  Peer peer(options_.path);
+  ASSERT_TRUE(peer.Hello().has_value());
+  for (const auto& [fd, what] : {std::pair{mem, "memfd"}, std::pair{p[0], "a pipe"}}) {
+    auto reply = pass_vmm(peer, fd);
+    ASSERT_TRUE(reply.has_value());
+    EXPECT_EQ(reply->code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(reply->message().find(what), std::string::npos) << reply->message();
+    EXPECT_NE(reply->message().find("not a CUDA allocation"), std::string::npos);
+  }
+  EXPECT_EQ(socket_->tickets(), 0);
+  close(mem);
+  close(p[0]);
+  close(p[1]);
 }
 
 TEST_F(LocalSocketTest, ATicketIsUsedOnceBySessionThatGotIt) {

@@ -58,19 +58,20 @@ v1::RegisterRegionRequest Local(const std::string& name, int64_t offset, int64_t
   return r;
 }
 
-RegionRegistry::Caller CallerOf(const std::string& owner, uint64_t session = 1) {
+RegionRegistry::Caller CallerOf(const std::string& owner, uint64_t session = 1,
+                                uid_t uid = 1000) {
   RegionRegistry::Caller c;
   c.owner = owner;
   c.peer.session_id = session;
-  c.peer.uid = 1000;
+  c.peer.uid = uid;
   return c;
 }
 
 // Registers `fd`'s memory, as if its ticket had been passed.
 absl::StatusOr<v1::RegionStatus> Register(RegionRegistry& reg, const std::string& owner,
                                           const v1::RegisterRegionRequest& request, int fd,
-                                          uint64_t session = 1) {
-  return reg.Register(CallerOf(owner, session), request,
+                                          uint64_t session = 1, uid_t uid = 1000) {
+  return reg.Register(CallerOf(owner, session, uid), request,
                       [fd](absl::string_view) -> absl::StatusOr<PassedMemory> {
                         return Passed(fd);
                       });
@@ -204,7 +205,55 @@ TEST(RegionRegistryTest, ShrinkSeenBySizeEvenWithoutAFault) {
   RegionRegistry reg(Enabled(), {});
   ASSERT_TRUE(Register(reg, "c", Local("a", 0, 8192), mem.fd()).ok());
   ASSERT_EQ(mem.Truncate(4096), 0);
-  EXPECT_EQ((*reg.Find("c", "a"))->CheckIntact().code(), absl::StatusCode::kFailedPrecondition);
+  auto r = reg.Find("c", "a");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->CheckIntact().code(), absl::StatusCode::kFailedPrecondition);
+  // Back to its size, the region stays failed until it is registered again.
+  ASSERT_EQ(mem.Truncate(8192), 0);
+  EXPECT_EQ((*r)->CheckIntact().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::Status usable = (*r)->Usable();
+  EXPECT_EQ(usable.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(usable.message().find("registered again"), std::string::npos) << usable;
+  ASSERT_EQ(*reg.Unregister("c", "a"), 1);
+  ASSERT_TRUE(Register(reg, "c", Local("a", 0, 8192), mem.fd()).ok());
+  r = reg.Find("c", "a");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE((*r)->Usable().ok());
+  EXPECT_TRUE((*r)->CheckIntact().ok());
+}
+
+// No uid can hold the whole budget: a sparse memfd of the budget's size
+// from one uid is refused beyond its share, and another uid's small region
+// still fits.
+TEST(RegionRegistryTest, OneUidsRegionsDoNotShutAnotherOut) {
+  Memfd sparse(10000);
+  Memfd small(4096);
+  RegionOptions options = Enabled(10000);
+  options.max_uid_share_percent = 50;
+  {
+    RegionRegistry reg(options, {});
+    auto whole = Register(reg, "a", Local("whole", 0, 10000), sparse.fd(), 1, 1000);
+    EXPECT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_NE(whole.status().message().find("uid 1000's share"), std::string::npos)
+        << whole.status();
+    ASSERT_TRUE(Register(reg, "a", Local("half", 0, 5000), sparse.fd(), 1, 1000).ok());
+    // The same uid under another owner (another bearer token) shares the cap.
+    EXPECT_EQ(Register(reg, "a2", Local("more", 0, 16), sparse.fd(), 2, 1000).status().code(),
+              absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(Register(reg, "b", Local("small", 0, 4096), small.fd(), 3, 1001).ok());
+    EXPECT_EQ(reg.registered_bytes(), 5000 + 4096);
+    // Its bytes come back to the uid when its regions go.
+    EXPECT_EQ(*reg.Unregister("a", ""), 1);
+    EXPECT_TRUE(Register(reg, "a", Local("again", 0, 5000), sparse.fd(), 1, 1000).ok());
+  }
+  {  // --max_region_share_percent=100: one uid may take it all, and then
+     // nobody else has room (what the share prevents).
+    options.max_uid_share_percent = 100;
+    RegionRegistry reg(options, {});
+    ASSERT_TRUE(Register(reg, "a", Local("whole", 0, 10000), sparse.fd(), 1, 1000).ok());
+    EXPECT_EQ(Register(reg, "b", Local("small", 0, 4096), small.fd(), 3, 1001).status().code(),
+              absl::StatusCode::kResourceExhausted);
+  }
 }
 
 TEST(RegionRegistryTest, SealedMemoryCannotShrinkUnderTheServer) {

@@ -258,14 +258,18 @@ absl::StatusOr<Operands> RandomOperands(v1::Side side) {
   Operands ops;
   ops.matrix.emplace(header);
   ops.diagonal.emplace(diag_header);
-  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
-  FillUniform(header.dtype, ops.matrix->data(), header.num_elements(), &rng);
-  FillUniform(header.dtype, ops.diagonal->data(), diag_header.num_elements(), &rng);
+  // On every core; each operand from its own seed, so the values depend on
+  // --seed alone.
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  FillUniform(header.dtype, ops.matrix->data(), header.num_elements(), seed);
+  FillUniform(header.dtype, ops.diagonal->data(), diag_header.num_elements(),
+              seed + 0x100000001ULL);
   if (side == v1::SIDE_BOTH) {
     NpyHeader right_header = diag_header;
     right_header.shape = {cols};
     ops.right.emplace(right_header);
-    FillUniform(header.dtype, ops.right->data(), right_header.num_elements(), &rng);
+    FillUniform(header.dtype, ops.right->data(), right_header.num_elements(),
+                seed + 0x200000002ULL);
   }
   return ops;
 }

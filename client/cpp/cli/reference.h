@@ -4,7 +4,6 @@
 #define DGMM_CLIENT_CPP_CLI_REFERENCE_H_
 
 #include <cstdint>
-#include <random>
 
 #include "dgmm/client.h"
 
@@ -13,8 +12,10 @@ namespace dgmm::cli {
 // Fills `count` elements of `dtype` at `data` with values uniform in
 // [0.5, 2) (for the complex types, both parts; for float16 and bfloat16,
 // uniform over the patterns of that range): non-zero, so relative errors are
-// well defined.
-void FillUniform(v1::DType dtype, void* data, int64_t count, std::mt19937_64* rng);
+// well defined. The values depend on `seed` alone, not on the machine: the
+// array is cut into fixed pieces, each drawn from its own generator seeded
+// from `seed` and the piece's index, on every core.
+void FillUniform(v1::DType dtype, void* data, int64_t count, uint64_t seed);
 
 // The largest |c - ref| / |ref| over all elements (|.| the complex modulus
 // for the complex types), where ref is A·diag(d) (SIDE_RIGHT), diag(d)·A
@@ -23,7 +24,7 @@ void FillUniform(v1::DType dtype, void* data, int64_t count, std::mt19937_64* rn
 // complex, from the job's inputs (A of job.matrix.dtype, the diagonals of
 // job.diagonal_dtype or A's), and c is `result` (A's shape and layout, of
 // ResultDType(job)). Where ref is 0 the absolute error counts. NaN in the result gives
-// infinity.
+// infinity. Runs on every core.
 double MaxRelativeError(const Job& job, const void* result);
 
 // The tolerance for MaxRelativeError: a scaled element is exact to one

@@ -533,12 +533,53 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
   lanes_.push_back(std::move(lane));
 }
 
+Client::~Client() {
+  std::lock_guard lock(connect_mu_);
+  stop_connecting_ = true;
+  if (connector_.joinable()) connector_.join();
+}
+
 void Client::Connect(int stripes) {
   // As many as a job may use (ClientOptions.stripes is at most 256).
   const int k = std::clamp(stripes, 1, 256);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < k; ++i) {
-    GetLane(i, /*striped=*/k > 1)->channel->GetState(/*try_to_connect=*/true);
+    std::shared_ptr<grpc::Channel> channel = GetLane(i, /*striped=*/k > 1)->channel;
+    channel->GetState(/*try_to_connect=*/true);
+    channels.push_back(std::move(channel));
   }
+  // gRPC 1.51 advances a connection only while some thread waits on it (or
+  // at its backup poller's 5 s ticks), and gives an attempt up after
+  // min_reconnect_backoff: without a waiter, a caller that works for longer
+  // than that before its job finds the channel failed. So a thread waits.
+  std::lock_guard lock(connect_mu_);
+  if (connector_.joinable()) {
+    stop_connecting_ = true;
+    connector_.join();
+    stop_connecting_ = false;
+  }
+  const absl::Time until = absl::Now() + options_.retry.max_reconnect_wait;
+  connector_ = std::thread([this, channels = std::move(channels), until] {
+    for (const std::shared_ptr<grpc::Channel>& channel : channels) {
+      while (!stop_connecting_.load()) {
+        const absl::Time slice = std::min(until, absl::Now() + absl::Milliseconds(20));
+        if (channel->WaitForConnected(absl::ToChronoTime(slice)) || slice >= until) break;
+      }
+    }
+  });
+}
+
+absl::Status Client::AwaitChannel(absl::Time deadline) const {
+  const absl::Time start = absl::Now();
+  const absl::Duration wait = options_.retry.max_reconnect_wait;
+  const bool deadline_first = deadline <= start + wait;
+  const absl::Time until = deadline_first ? deadline : start + wait;
+  if (channel_->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
+  const std::string waited =
+      absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
+  return absl::UnavailableError(absl::StrCat(
+      "no connection to the server within ", waited,
+      deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
 }
 
 Client::Lane* Client::GetLane(int i, bool striped) {

@@ -119,9 +119,10 @@ absl::StatusOr<int> Unregister(Client& client, const std::string& name, absl::Ti
   return response.unregistered();
 }
 
-// PrepareCall, and the region session's metadata.
+// PrepareCall, a connected channel, and the region session's metadata.
 absl::Status PrepareRegionCall(Client& client, grpc::ClientContext* context, absl::Time deadline) {
   if (absl::Status ok = client.PrepareCall(context, deadline); !ok.ok()) return ok;
+  if (absl::Status up = client.AwaitChannel(deadline); !up.ok()) return up;
   auto session = client.RegionSession();
   if (!session.ok()) return session.status();
   context->AddMetadata("dgmm-session", (*session)->hello().session());
@@ -413,6 +414,10 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
 
   const RetryPolicy& policy = client.options().retry;
   const absl::Time deadline = DeadlineFromNow(client);
+  // In place, a job cut off may have scaled part of A already: never sent
+  // again.
+  const bool in_place =
+      request.matrix().SerializeAsString() == request.result().SerializeAsString();
   for (int made = 1;; ++made) {
     grpc::ClientContext context;
     if (absl::Status ok = PrepareRegionCall(client, &context, deadline); !ok.ok()) return ok;
@@ -426,13 +431,17 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
       return result;
     }
     absl::Status failure = FromGrpcStatus(status);
-    // Only a full admission queue (with the server's pushback) is retried:
-    // see MultiplyRegion's comment.
+    // A full admission queue (with the server's pushback) is retried, and a
+    // connection lost under a job that is not in place: see MultiplyRegion's
+    // comment.
     std::optional<absl::Duration> pushback = RetryPushback(context);
+    const FailureOrigin origin = FailureOriginOf(context);
     std::optional<absl::Duration> wait;
-    if (failure.code() == absl::StatusCode::kResourceExhausted && pushback.has_value()) {
-      wait = RetryDelay(policy, made, failure.code(), FailureOriginOf(context), pushback,
-                        absl::Now(), deadline, RandomJitter());
+    if ((failure.code() == absl::StatusCode::kResourceExhausted && pushback.has_value()) ||
+        (failure.code() == absl::StatusCode::kUnavailable && origin == FailureOrigin::kTransport &&
+         !in_place)) {
+      wait = RetryDelay(policy, made, failure.code(), origin, pushback, absl::Now(), deadline,
+                        RandomJitter());
     }
     if (!wait.has_value()) {
       if (made == 1) return failure;

@@ -341,10 +341,14 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     }
   }
   const auto not_here = [&](const absl::Status& s) -> std::optional<absl::StatusOr<JobResult>> {
+    *why = reason(s);
+    // The server's own verdicts (no socket path, regions off, ...) hold
+    // for a while; a connection that could not be had is tried again next
+    // job.
+    if (s.code() == absl::StatusCode::kUnavailable) return std::nullopt;
     std::lock_guard lock(staging_mu_);
     same_host_off_ = s;
     same_host_checked_ = absl::Now();
-    *why = reason(s);
     return std::nullopt;
   };
   // C's size: more than A's for a result of a wider dtype (CheckBuffers

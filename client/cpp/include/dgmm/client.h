@@ -46,6 +46,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -419,12 +420,17 @@ class Client {
 
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
+  ~Client();
 
   // Starts opening, without waiting, the connections a job striped into
   // `stripes` parts uses (1: the client's one channel): a caller that knows
   // its job before it has the data (dgmm-cli while it reads or makes A)
   // hides the connection set-up behind that work. Jobs connect by
   // themselves; this only starts it earlier. `stripes` is clamped to 1..256.
+  // A thread of the client waits on the connections (up to
+  // RetryPolicy.max_reconnect_wait) while the caller works: gRPC makes
+  // progress on a connection only while a thread waits on it, and abandons
+  // an attempt after ClientOptions.min_reconnect_backoff.
   void Connect(int stripes = 1);
 
   // Runs `job` and writes C into out[0, out_bytes), which must be exactly
@@ -500,6 +506,12 @@ class Client {
   // CheckClientOptions rejects.
   v1::Dgmm::Stub* stub() const { return stub_.get(); }
   absl::Status PrepareCall(grpc::ClientContext* context, absl::Time deadline) const;
+  // Also for the region calls: waits until the client's channel is
+  // connected (driving the connection meanwhile), at most
+  // RetryPolicy.max_reconnect_wait or until `deadline`; UNAVAILABLE "no
+  // connection to the server within ..." otherwise. A region call made on a
+  // channel whose last attempt failed would fail at once without trying.
+  absl::Status AwaitChannel(absl::Time deadline) const;
   // The region calls' session on the server's local socket (dgmm/regions.h),
   // opened on first use and again when the server closed it; kept for the
   // client's life.
@@ -555,6 +567,11 @@ class Client {
   std::vector<std::unique_ptr<Lane>> stripe_lanes_;  // guarded by lanes_mu_
   std::mutex session_mu_;
   std::shared_ptr<LocalSession> session_;  // guarded by session_mu_
+  // Connect()'s thread, which waits on the connections it started; stopped
+  // (and joined) by the next Connect and by the destructor.
+  std::mutex connect_mu_;
+  std::thread connector_;  // guarded by connect_mu_
+  std::atomic<bool> stop_connecting_{false};
   // Set once the server answered MultiplySmall with UNIMPLEMENTED (a server
   // older than it): small unary jobs go with Multiply from then on.
   std::atomic<bool> no_multiply_small_{false};
