@@ -83,6 +83,15 @@ std::list<HostBufferPool::Cached> HostBufferPool::DrainCache() {
   return std::move(cache_);
 }
 
+int64_t HostBufferPool::ReleaseCached() {
+  int64_t bytes = 0;
+  for (const Cached& c : DrainCache()) {
+    release_(c.data, c.capacity);
+    bytes += c.capacity;
+  }
+  return bytes;
+}
+
 absl::StatusOr<HostBuffer> HostBufferPool::Take(int64_t bytes) {
   const int64_t capacity = CapacityFor(bytes);
   HostBuffer buffer;

@@ -72,6 +72,12 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   // new one. RESOURCE_EXHAUSTED when the allocation fails.
   absl::StatusOr<HostBuffer> Take(int64_t bytes);
 
+  // Gives every buffer kept for reuse back to the system (buffers lent out
+  // stay lent, and come back to the cache as usual); returns their bytes.
+  // For a server that has been idle a while: its memory returns to what it
+  // was at start, and the next job maps its blocks anew.
+  int64_t ReleaseCached();
+
   // Bytes of buffers lent out now, and kept for reuse now.
   int64_t lent_bytes() const;
   int64_t cached_bytes() const;

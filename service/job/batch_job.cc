@@ -22,7 +22,9 @@ void BatchJob::Begin() {
     Refuse(absl::UnavailableError("server is draining; retry on another replica"));
     return;
   }
-  const int64_t max_message = engine.options().limits.max_unary_message_bytes;
+  // Until the message is in, its size is unknown: the gate's charge for that.
+  const int64_t max_message =
+      gate_->UnsizedCharge(engine.options().limits.max_unary_message_bytes);
   absl::Status refused;
   {
     std::lock_guard lock(mu_);  // OnGate and OnCancel see the ticket
@@ -51,7 +53,8 @@ void BatchJob::OnGate(const absl::Status& s) {
   {
     std::lock_guard lock(mu_);
     gate_ticket_.reset();
-    gate_hold_ = session_->engine().options().limits.max_unary_message_bytes;
+    gate_hold_ =
+        gate_->UnsizedCharge(session_->engine().options().limits.max_unary_message_bytes);
     gone = io_ == nullptr || session_->cancelled();
     if (!gone) {
       reading_since_ = absl::Now();

@@ -16,6 +16,7 @@
 #ifndef DGMM_SERVICE_JOB_RECEIVE_GATE_H_
 #define DGMM_SERVICE_JOB_RECEIVE_GATE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -54,6 +55,18 @@ class ReceiveGate {
   // Lowers a granted hold of `from` bytes to `to` bytes, or returns it all
   // (to = 0), letting waiters in.
   void Shrink(const std::string& client, int64_t from, int64_t to);
+
+  // What a read of a message whose size is not known yet is charged, for a
+  // limit of `max_message` bytes: the limit, and at least a quarter of the
+  // capacity. gRPC takes in a message whole, whatever its length prefix
+  // says, before the server can check it against the limit: so at most four
+  // reads of unknown size run at once however small the limit, and what
+  // messages over the limit hold while they arrive does not grow as the
+  // limit shrinks (docs/operations.md §12).
+  static constexpr int kMaxUnsizedReads = 4;
+  int64_t UnsizedCharge(int64_t max_message) const {
+    return std::max(max_message, capacity_ / kMaxUnsizedReads);
+  }
 
   int64_t held() const;
   int waiting() const;

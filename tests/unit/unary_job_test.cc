@@ -249,6 +249,48 @@ TEST_F(UnaryJobTest, AJobOverTheBoundRunsOnAWorker) {
   EXPECT_EQ(engine_->total_reserved(), 0);
 }
 
+// A read of a message whose size is not known yet is charged at least a
+// quarter of the gate, whatever the unary limit (16 MiB here, a gate of
+// 256 MiB): at most four such reads at once, since gRPC takes in a message
+// whole before its size can be checked. The others wait, reading nothing,
+// and go on as the reads in flight end.
+TEST_F(UnaryJobTest, AtMostFourReadsOfUnknownSizeRunAtOnce) {
+  ASSERT_LT(engine_->options().limits.max_unary_message_bytes, gate_.capacity() / 4);
+  EXPECT_EQ(gate_.UnsizedCharge(engine_->options().limits.max_unary_message_bytes),
+            gate_.capacity() / 4);
+  std::vector<std::unique_ptr<FakeIo>> ios;
+  std::vector<std::shared_ptr<UnaryJob>> jobs;
+  for (int i = 0; i < 6; ++i) {
+    ios.push_back(std::make_unique<FakeIo>());
+    jobs.push_back(std::make_shared<UnaryJob>(NewSession(), intake_.get(), &gate_,
+                                              StreamTimeouts{}, ios.back().get()));
+    jobs.back()->Begin();
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(ios[i]->reads, i < 4 ? 1 : 0) << i;
+  EXPECT_EQ(gate_.held(), gate_.capacity());
+  EXPECT_EQ(gate_.waiting(), 2);
+  // The first read ends (a small job): its charge goes, and the fifth reads.
+  const Shape s{10, 10, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_RIGHT};
+  std::vector<double> expected;
+  jobs[0]->OnRequest(MakeRequest(s, &expected), false);
+  Replied r = ios[0]->done.get_future().get();
+  ExpectMatches(s, r, expected);
+  EXPECT_EQ(ios[4]->reads, 1);
+  EXPECT_EQ(ios[5]->reads, 0);
+  for (int i = 1; i < 5; ++i) {
+    jobs[i]->OnRequest(MakeRequest(s, &expected), false);
+    r = ios[i]->done.get_future().get();
+    ExpectMatches(s, r, expected);
+  }
+  EXPECT_EQ(ios[5]->reads, 1);
+  jobs[5]->OnRequest(MakeRequest(s, &expected), false);
+  r = ios[5]->done.get_future().get();
+  ExpectMatches(s, r, expected);
+  for (auto& job : jobs) job->Detach();
+  EXPECT_EQ(gate_.held(), 0);
+  EXPECT_EQ(engine_->total_reserved(), 0);
+}
+
 // A budget that one 100x100 float32 job (2 x 40000 + 400 bytes) fills.
 class UnaryJobQueuedTest : public UnaryJobTest {
  protected:
