@@ -480,15 +480,23 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
     // The session is the hello's sender's, whoever connected: a process that
     // connected and then forked, or changed its uid, gets what the process
     // that says hello may have.
-    if (!c.in_from.has_value()) return false;  // the kernel always sends them
-    c.peer.uid = c.in_from->uid;
-    c.peer.gid = c.in_from->gid;
-    c.peer.pid = c.in_from->pid;
+    // (A kernel that does not say who sent it, where SO_PASSCRED is not
+    // supported, leaves the connecting process's: enough for regions, whose
+    // memory the client passes itself, but not for process memory.)
+    if (c.in_from.has_value()) {
+      c.peer.uid = c.in_from->uid;
+      c.peer.gid = c.in_from->gid;
+      c.peer.pid = c.in_from->pid;
+    }
     c.session = RandomHex(32);
     std::string refused;
     if (const v1::LocalHello& h = request.hello(); h.process_memory()) {
       if (!options_.process_memory) {
         refused = "process memory is off on this server (--process_memory=false)";
+      } else if (!c.in_from.has_value()) {
+        refused =
+            "the kernel did not say which process sent the hello (no SCM_CREDENTIALS on it), so "
+            "the server cannot tell whose memory it would read";
       } else if (auto m = ProcessMemory::Open(c.peer.pid, c.peer.uid, h.cookie_address(),
                                               h.cookie());
                  m.ok()) {
