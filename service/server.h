@@ -67,8 +67,8 @@ struct ServerOptions {
   // progress (replies on their way out, requests refused with UNAVAILABLE)
   // before gRPC cancels what is left.
   absl::Duration shutdown_grace = absl::Seconds(5);
-  // Same-host regions (docs/protocol.md "Regions"): off unless allowed.
-  bool allow_regions = false;
+  // Same-host regions (docs/protocol.md "Regions"): on, as --allow_regions.
+  bool allow_regions = true;
   // Most bytes all registered regions hold at once: bytes, or a percentage
   // of the host's free memory at start.
   Budget region_memory_budget = Budget::Percent(25);
