@@ -324,10 +324,12 @@ def oversized_unary(args, budget):
 def oversized_unary_sweep(args, budget):
     """Multiply messages 4x over the unary limit, the limit swept over 4, 8 and
     16 MiB: the peak must stay within budget + transport quota + the ~20 MiB
-    the docs give as the fixed overhead, for every limit, and the second
-    client must lose nothing (gRPC takes in a message whole before the server
-    can check it, so what over-limit reads hold must not grow as the limit
-    shrinks)."""
+    the docs give as the fixed overhead, for every limit (gRPC takes in a
+    message whole before the server can check it, so what over-limit reads
+    hold must not grow as the limit shrinks), and the second client may lose
+    no call but to the transport quota's reclaimer (RST_STREAM code 11, or a
+    GOAWAY before the server saw the call), which docs/operations.md §12 says
+    every dgmm client retries."""
     calls = 24 if args.short else 128
     peaks, outcomes, seconds, fds = [], [], [], 0
     second_ok = True
@@ -341,7 +343,8 @@ def oversized_unary_sweep(args, budget):
         peaks.append(peak)
         fds = max(fds, w.max_fds or 0)
         seconds.append(w.second())
-        second_ok = second_ok and w.failed == 0 and w.ok > 0
+        second_ok = second_ok and w.ok > 0 and all(
+            "RST_STREAM with error code 11" in k or "GOAWAY" in k for k in w.codes)
         outcomes.append("%d MiB: %s, peak %d MiB" % (
             limit_mib, " ".join("%s %d" % kv for kv in sorted(codes.items())), peak // MIB))
     return dict(attack="%d concurrent Multiply calls 4x over --max_unary_message_bytes of 4, 8 "

@@ -111,7 +111,8 @@ def dgmm_rows(dgmm, build, n, reps, flags, pin_wait=30.0):
     os.environ.update(env)
     try:
         server = ServerProcess(binary=os.path.join(build, "service", "dgmm-server"),
-                               flags=["--allow_regions", "--region_memory_budget=8GiB"] + flags,
+                               flags=["--allow_regions", "--region_memory_budget=8GiB",
+                                      "--max_region_share_percent=100"] + flags,
                                backend="auto")
     finally:
         os.environ.clear()

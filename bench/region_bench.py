@@ -418,7 +418,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     flags = ["--backend=auto" if gpu else "--backend=cpu",
              "--region_memory_budget=%dGiB" % (8 if max(sizes) <= 20000 else 32),
-             *args.server_flags]
+             "--max_region_share_percent=100", *args.server_flags]
     log_lines = []
 
     def log(text):

@@ -339,7 +339,8 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    flags = ["--allow_regions", "--region_memory_budget=8GiB"] + shlex.split(args.server_flags)
+    flags = ["--allow_regions", "--region_memory_budget=8GiB",
+             "--max_region_share_percent=100"] + shlex.split(args.server_flags)
     server = ServerProcess(binary=server_bin, flags=flags, backend=args.backend)
     try:
         say("# The user's path (issue 25)")

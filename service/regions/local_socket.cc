@@ -129,9 +129,12 @@ absl::Status CheckVmmFd(int fd, bool server_has_gpu) {
   }
   // The driver's export is a descriptor of its own (neither a file, a pipe,
   // a socket nor a directory); anything a path or pipe() can give is not one.
+  // (A kernel may give an anonymous inode the regular type: those pass.)
   const mode_t type = st.st_mode & S_IFMT;
-  if (type == S_IFREG || type == S_IFDIR || type == S_IFIFO || type == S_IFSOCK ||
-      type == S_IFBLK || type == S_IFLNK) {
+  struct statfs fs;
+  const bool anonymous = fstatfs(fd, &fs) == 0 && fs.f_type == ANON_INODE_FS_MAGIC;
+  if ((type == S_IFREG && !anonymous) || type == S_IFDIR || type == S_IFIFO ||
+      type == S_IFSOCK || type == S_IFBLK || type == S_IFLNK) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the descriptor passed as CUDA VMM memory is ",
         type == S_IFREG ? "a regular file or memfd" : FileType(st.st_mode), " (", Describe(fd),

@@ -379,50 +379,61 @@ TEST(Hardening, MultiplyCallsThatSendNothingDoNotHoldTheReceiveGate) {
   // for 2 requests of the 16 MiB limit.
   ServerProcess server(
       {"--backend=cpu", "--stream_header_timeout_s=1", "--host_memory_budget=64MiB"});
-  grpc::GenericStub generic(OwnConnection(server.address()));
-  grpc::CompletionQueue cq;
   constexpr int kSilent = 6;  // three times the gate's room
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls;
-  for (int i = 0; i < kSilent; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    calls.push_back(generic.PrepareCall(contexts.back().get(), "/dgmm.v1.Dgmm/Multiply", &cq));
-    calls.back()->StartCall(reinterpret_cast<void*>(static_cast<intptr_t>(i + 1)));
-  }
-  for (int i = 0; i < kSilent; ++i) {
+  // The silent calls must reach the server's gate before the real job: the
+  // client's StartCall does not wait for that, so on a loaded machine the
+  // real job can get there first, and the run proves nothing. Such a run is
+  // made again (the server is fine either way), up to three times.
+  double took = 0;
+  for (int attempt = 1; attempt <= 3 && took <= 0.5; ++attempt) {
+    grpc::GenericStub generic(OwnConnection(server.address()));
+    grpc::CompletionQueue cq;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls;
+    for (int i = 0; i < kSilent; ++i) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      calls.push_back(generic.PrepareCall(contexts.back().get(), "/dgmm.v1.Dgmm/Multiply", &cq));
+      calls.back()->StartCall(reinterpret_cast<void*>(static_cast<intptr_t>(i + 1)));
+    }
+    for (int i = 0; i < kSilent; ++i) {
+      void* tag = nullptr;
+      bool ok = false;
+      ASSERT_TRUE(cq.Next(&tag, &ok));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto stub = v1::Dgmm::NewStub(OwnConnection(server.address()));
+    RandomJob job = MakeJob(64, 64, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 8);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::MultiplyResponse resp;
+    const auto start = Clock::now();
+    grpc::Status s = UnaryJob(stub.get(), job, &resp, &ctx);
+    took = std::chrono::duration<double>(Clock::now() - start).count();
+    std::printf("attempt %d: a real job behind %d silent calls took %.2f s\n", attempt, kSilent,
+                took);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LE(MaxRelError(job, resp.result()), 1e-6);
+    // Every silent call is ended by the server.
+    std::vector<grpc::Status> statuses(kSilent);
+    for (int i = 0; i < kSilent; ++i) {
+      calls[i]->Finish(&statuses[i], reinterpret_cast<void*>(static_cast<intptr_t>(100 + i)));
+    }
+    for (int i = 0; i < kSilent; ++i) {
+      void* tag = nullptr;
+      bool ok = false;
+      ASSERT_TRUE(cq.Next(&tag, &ok));
+    }
+    for (const grpc::Status& st : statuses) {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+    }
+    cq.Shutdown();
     void* tag = nullptr;
     bool ok = false;
-    ASSERT_TRUE(cq.Next(&tag, &ok));
+    while (cq.Next(&tag, &ok)) {
+    }
   }
-  auto stub = v1::Dgmm::NewStub(OwnConnection(server.address()));
-  RandomJob job = MakeJob(64, 64, v1::DTYPE_FLOAT32, v1::LAYOUT_ROW_MAJOR, v1::SIDE_LEFT, 8);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  v1::MultiplyResponse resp;
-  const auto start = Clock::now();
-  grpc::Status s = UnaryJob(stub.get(), job, &resp, &ctx);
-  const double took = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("a real job behind %d silent calls took %.2f s\n", kSilent, took);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  EXPECT_GT(took, 0.5) << "the silent calls did not fill the gate: this test proves nothing";
-  // Every silent call was ended by the server.
-  std::vector<grpc::Status> statuses(kSilent);
-  for (int i = 0; i < kSilent; ++i) {
-    calls[i]->Finish(&statuses[i], reinterpret_cast<void*>(static_cast<intptr_t>(100 + i)));
-  }
-  for (int i = 0; i < kSilent; ++i) {
-    void* tag = nullptr;
-    bool ok = false;
-    ASSERT_TRUE(cq.Next(&tag, &ok));
-  }
-  for (const grpc::Status& st : statuses) {
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
-  }
-  cq.Shutdown();
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq.Next(&tag, &ok)) {
-  }
+  EXPECT_GT(took, 0.5) << "the silent calls did not fill the gate in 3 runs: this test proves "
+                          "nothing";
 }
 
 // One client (over IPv4, 17 connections) holds 1000 streams that send a

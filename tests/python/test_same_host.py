@@ -76,7 +76,8 @@ SERVER = None
 
 def setUpModule():
     global SERVER
-    SERVER = Server("--allow_regions", "--region_memory_budget=512MiB")
+    SERVER = Server("--allow_regions", "--region_memory_budget=512MiB",
+                    "--max_region_share_percent=100")
 
 
 def tearDownModule():
@@ -484,7 +485,8 @@ class SmallBudgetTest(SameHostTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.server = Server("--allow_regions", "--region_memory_budget=1MiB")
+        cls.server = Server("--allow_regions", "--region_memory_budget=1MiB",
+                            "--max_region_share_percent=100")
 
     @classmethod
     def tearDownClass(cls):
