@@ -127,17 +127,19 @@ absl::Status CheckVmmFd(int fd, bool server_has_gpu) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot fstat the descriptor passed: ", ErrnoText(errno)));
   }
-  // The driver's export is a descriptor of its own (neither a file, a pipe,
-  // a socket nor a directory); anything a path or pipe() can give is not one.
-  // (A kernel may give an anonymous inode the regular type: those pass.)
+  // The driver's export is a descriptor of its own: host memory (a memfd, a
+  // shared-memory object), a pipe, a socket or a directory is not one. What
+  // else it may be is left to the import at RegisterRegion, which proves it.
   const mode_t type = st.st_mode & S_IFMT;
   struct statfs fs;
-  const bool anonymous = fstatfs(fd, &fs) == 0 && fs.f_type == ANON_INODE_FS_MAGIC;
-  if ((type == S_IFREG && !anonymous) || type == S_IFDIR || type == S_IFIFO ||
-      type == S_IFSOCK || type == S_IFBLK || type == S_IFLNK) {
+  const bool host_memory = type == S_IFREG && fstatfs(fd, &fs) == 0 &&
+                           (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC);
+  if (host_memory || type == S_IFDIR || type == S_IFIFO || type == S_IFSOCK || type == S_IFBLK ||
+      type == S_IFLNK) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the descriptor passed as CUDA VMM memory is ",
-        type == S_IFREG ? "a regular file or memfd" : FileType(st.st_mode), " (", Describe(fd),
+        host_memory ? "host memory (a memfd or shared-memory object)" : FileType(st.st_mode),
+        " (", Describe(fd),
         "), not a CUDA allocation: pass the descriptor cuMemExportToShareableHandle gives "
         "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)"));
   }

@@ -89,8 +89,8 @@ absl::Status CheckMemoryFd(int fd, PassedMemory* out);
 
 // Checks, as far as can be told without a CUDA call, that `fd` could be a
 // CUDA VMM export: FAILED_PRECONDITION on a server with no GPU in use;
-// INVALID_ARGUMENT, naming what it is, for a file, memfd, pipe, socket,
-// directory or block device.
+// INVALID_ARGUMENT, naming what it is, for host memory (a memfd or
+// shared-memory object), a pipe, socket, directory or block device.
 absl::Status CheckVmmFd(int fd, bool server_has_gpu);
 
 // Who is on the other end of a session.
