@@ -465,18 +465,23 @@ int Main(int argc, char** argv) {
           GetConnGuardStats().ceiling, "; gRPC transport memory ", transport_bytes, " bytes");
   // Freed receive buffers go back to the system while the server idles
   // (glibc keeps them in its arenas otherwise: RSS stays at a burst's peak),
-  // and, once it has been idle for two ticks in a row (2-4 s), so do the CPU
-  // backend's cached block buffers (up to 64 MiB, kept for reuse while jobs
-  // come).
+  // and, once it has been idle for two ticks in a row (2-4 s: nothing
+  // reserved and no job submitted in between), so do the CPU backend's
+  // cached block buffers (up to 64 MiB, kept for reuse while jobs come).
   std::mutex trim_mu;
   std::condition_variable trim_cv;
   bool trim_stop = false;
   std::thread trimmer([&] {
     std::unique_lock lock(trim_mu);
     int idle_ticks = 0;
+    int64_t jobs_seen = e->jobs_submitted();
     while (!trim_cv.wait_for(lock, std::chrono::seconds(2), [&] { return trim_stop; })) {
-      if (e->total_reserved() != 0) {
+      const int64_t jobs = e->jobs_submitted();
+      const bool quiet = jobs == jobs_seen;
+      jobs_seen = jobs;
+      if (e->total_reserved() != 0 || !quiet) {
         idle_ticks = 0;
+        if (e->total_reserved() == 0) malloc_trim(0);
         continue;
       }
       if (++idle_ticks == 2) e->host_block_buffers().ReleaseCached();

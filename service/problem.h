@@ -13,7 +13,7 @@
 
 namespace dgmm {
 
-// Element types (issue 27, docs/dtypes.md): the kernel layer's Scalar under
+// Element types (docs/dtypes.md): the kernel layer's Scalar under
 // the name the rest of the service uses (DType::kFloat32 is
 // Scalar::kFloat32).
 using DType = Scalar;

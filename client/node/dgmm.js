@@ -342,7 +342,7 @@ function callDeadline(deadline) {
 // Call metadata. Never waitForReady: a retried attempt has waited for its
 // connection already (awaitConnection, bounded by maxReconnectWaitMs), and a
 // connection lost since (a server exiting at the end of its drain) must fail
-// it at once, not hold it until the deadline (issue 22).
+// it at once, not hold it until the deadline.
 function callMetadata() {
   return new grpc.Metadata();
 }

@@ -9,7 +9,7 @@
 // and nothing is serialized, but the client makes two kernel copies per job
 // (in and out) that a mapping would avoid.
 //
-// The server maps only memory its client could open itself (issue 24). A
+// The server maps only memory its client could open itself. A
 // client gets a session on the server's local socket (local_socket.js), and
 // there passes its memory's descriptor (SCM_RIGHTS) for a ticket. Node.js
 // cannot send a descriptor without a native addon, so this module asks the

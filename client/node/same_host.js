@@ -1,5 +1,5 @@
 'use strict';
-// The same-host path of multiply() (issue 25; docs/protocol.md section 9,
+// The same-host path of multiply() (docs/protocol.md section 9,
 // rule 0), without a native addon: a job of at least 1 MiB of matrix, with
 // no RPC forced, goes through memory when the server is on this host and
 // takes regions. Each client keeps one staging SharedMemoryRegion

@@ -1,4 +1,4 @@
-// Element types of the kernel layer (issue 27) and their arithmetic, shared
+// Element types of the kernel layer and their arithmetic, shared
 // by the CPU backend (g++) and the CUDA kernels (nvcc): float16, bfloat16,
 // float32, float64, complex64 and complex128. docs/dtypes.md is the
 // contract; in short:

@@ -473,7 +473,7 @@ v1::GetServerInfoResponse Engine::Info() const {
   l->set_max_batch_jobs(options_.limits.max_batch_jobs);
   l->set_auto_cpu_max_bytes(
       gpu_default_ && options_.backend == ServerBackend::kAuto ? options_.auto_cpu_max_bytes : 0);
-  // Every dtype some backend takes (issue 27, docs/dtypes.md).
+  // Every dtype some backend takes (docs/dtypes.md).
   constexpr v1::DType kAll[] = {v1::DTYPE_FLOAT32,  v1::DTYPE_FLOAT64,   v1::DTYPE_FLOAT16,
                                 v1::DTYPE_BFLOAT16, v1::DTYPE_COMPLEX64, v1::DTYPE_COMPLEX128};
   for (v1::DType t : kAll) info.add_dtypes(t);

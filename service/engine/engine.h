@@ -156,7 +156,7 @@ class Engine {
   // matrix of at most 64 KiB (a 128x128 float32 one), some microseconds of
   // copy and compute on the CPU against the hundreds an RPC costs, and
   // below the CPU backend's grain (one chunk, no pool thread;
-  // cpu_device.cc). Issue 26: a hop to a worker and back cost more than
+  // cpu_device.cc). Measured: a hop to a worker and back cost more than
   // the job itself.
   static constexpr int64_t kRunHereMaxMatrixBytes = int64_t{64} << 10;
   // A GPU job on a host region of at most this size also runs on the
@@ -199,6 +199,8 @@ class Engine {
   bool Drain(absl::Duration timeout);
 
   int64_t total_reserved() const { return admission_->total_reserved(); }
+  // Jobs submitted for admission so far (a count that moves while jobs come).
+  int64_t jobs_submitted() const { return admission_->submitted(); }
   const EngineOptions& options() const { return options_; }
   // The CPU's block buffers, for streams that run no job (the Echo bench).
   HostBufferPool& host_block_buffers() { return cpu_->block_buffers(); }

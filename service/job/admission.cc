@@ -228,7 +228,7 @@ absl::StatusOr<Admission::Ticket> Admission::Submit(const Need& need, absl::Time
     PumpLocked(&fired);
     // The timer needs to hear of the job only when it still waits and its
     // deadline comes before the one the timer sleeps until: a job admitted
-    // at once (most small jobs) wakes no thread (issue 26).
+    // at once (most small jobs) wakes no thread.
     // (Still waiting: the last in the queue, where it was put above.)
     wake_timer = deadline < timer_next_ && !queue_.empty() && queue_.back().ticket == ticket;
     if (wake_timer) timer_next_ = deadline;
@@ -315,6 +315,11 @@ void Admission::Cancel(Ticket t, absl::Status why) {
 void Admission::StopAccepting() {
   std::lock_guard lock(mu_);
   closed_ = true;
+}
+
+int64_t Admission::submitted() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int64_t>(next_ticket_) - 1;
 }
 
 int64_t Admission::queued() const {

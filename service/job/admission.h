@@ -197,6 +197,8 @@ class Admission {
   int64_t total_reserved() const;
   // Jobs admitted and not yet released.
   int64_t running() const;
+  // Jobs submitted so far (each Submit that got a ticket).
+  int64_t submitted() const;
 
  private:
   struct Waiter {

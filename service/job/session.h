@@ -72,7 +72,7 @@ class JobSession : public std::enable_shared_from_this<JobSession> {
   // engine has counted (too large, queue full, client limit, draining);
   // then `admitted` never runs.
   // `run_here`: the caller may have `admitted` run on its own thread (for
-  // a unary job on gRPC's callback thread, issue 26); it must then hold no
+  // a unary job on gRPC's callback thread); it must then hold no
   // lock `admitted` takes.
   absl::Status Start(const JobRequest& job, JobMode mode, Admitted admitted,
                      bool run_here = false);

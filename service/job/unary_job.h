@@ -17,7 +17,7 @@
 // A small job (Engine::kRunHereMaxMatrixBytes, CPU) that admission admits at
 // once runs inside OnRequest, on the caller's thread (gRPC's callback
 // thread), after the session's and engine's locks are released: no hop to a
-// worker and back (issue 26). Any other job runs on a job worker.
+// worker and back. Any other job runs on a job worker.
 //
 // The RPC layer (service/rpc/multiply_reactor.cc) implements UnaryIo and
 // forwards its reactions; io is used until Detach. gRPC-free.

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -31,6 +32,10 @@ namespace {
 
 constexpr size_t kMaxFrame = 4096;
 constexpr int kMaxPendingFds = 4;
+// The most descriptors one message can carry (the kernel's SCM_MAX_FD): the
+// control buffer has room for them all, so that a message with too many is
+// refused with its count rather than cut short.
+constexpr int kMaxFdsInAMessage = 253;
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
@@ -146,6 +151,28 @@ absl::Status CheckVmmFd(int fd, bool server_has_gpu) {
   return absl::OkStatus();
 }
 
+std::optional<ProcessIds> ReadProcessIds(pid_t pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/status");
+  FILE* f = std::fopen(path.c_str(), "re");
+  if (f == nullptr) return std::nullopt;
+  ProcessIds ids;
+  bool uids = false, gids = false;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned a, b, c, d;
+    if (std::sscanf(line, "Uid: %u %u %u %u", &a, &b, &c, &d) == 4) {
+      ids.ruid = a, ids.euid = b, ids.suid = c, ids.fsuid = d;
+      uids = true;
+    } else if (std::sscanf(line, "Gid: %u %u %u %u", &a, &b, &c, &d) == 4) {
+      ids.egid = b;
+      gids = true;
+    }
+  }
+  std::fclose(f);
+  if (!uids || !gids) return std::nullopt;
+  return ids;
+}
+
 // ------------------------------------------------------------------ a peer
 
 struct LocalSocket::Conn {
@@ -179,6 +206,9 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(LocalSocketOptio
   std::memcpy(addr.sun_path, options.path.c_str(), options.path.size() + 1);
   std::unique_ptr<LocalSocket> s(new LocalSocket(std::move(options), std::move(on_closed)));
   const std::string& path = s->options_.path;
+  // Not ours to remove until this server has bound it: a start that fails
+  // before (a live server's path) must leave the file alone.
+  s->unlinked_ = true;
   s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
   struct stat st;
@@ -208,6 +238,7 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(LocalSocketOptio
     return absl::FailedPreconditionError(
         absl::StrCat("cannot bind --local_socket ", path, ": ", ErrnoText(bind_errno)));
   }
+  s->unlinked_ = false;
   // Every message then carries its sender's credentials (SCM_CREDENTIALS);
   // accepted connections inherit the option, and bytes sent before the
   // accept carry them too.
@@ -386,7 +417,7 @@ void LocalSocket::Expire(absl::Time now) {
 bool LocalSocket::Serve(Conn& c) {
   char buf[kMaxFrame + 4];
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred)) +
-                                 CMSG_SPACE(sizeof(int) * kMaxPendingFds)];
+                                 CMSG_SPACE(sizeof(int) * kMaxFdsInAMessage)];
   iovec iov{buf, sizeof buf};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -449,6 +480,7 @@ bool LocalSocket::Serve(Conn& c) {
     OwnedFd fd;
     v1::LocalResponse response;
     if (request.has_pass_fd() && c.extra_fds > 0) {
+      if (c.session.empty()) return false;  // hello first
       Reply(&response, absl::StatusCode::kInvalidArgument,
             absl::StrFormat("a pass_fd carries exactly one descriptor; %d came with this one "
                             "(all closed, no ticket)",
@@ -488,10 +520,18 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
     // (A kernel that does not say who sent it, where SO_PASSCRED is not
     // supported, leaves the connecting process's: enough for regions, whose
     // memory the client passes itself, but not for process memory.)
-    if (c.in_from.has_value()) {
-      c.peer.uid = c.in_from->uid;
-      c.peer.gid = c.in_from->gid;
+    // The kernel's credentials carry the sender's pid and its real ids; the
+    // session takes its effective ones (what the kernel checks its accesses
+    // against, as SO_PEERCRED reports them), read from /proc for that pid.
+    // Process memory further needs all of its uids to be one.
+    std::optional<ProcessIds> ids;
+    if (c.in_from.has_value() && c.in_from->pid > 0) ids = ReadProcessIds(c.in_from->pid);
+    if (ids.has_value()) {
+      c.peer.uid = ids->euid;
+      c.peer.gid = ids->egid;
       c.peer.pid = c.in_from->pid;
+    } else if (c.in_from.has_value()) {
+      c.peer.pid = c.in_from->pid;  // another PID namespace: 0
     }
     c.session = RandomHex(32);
     std::string refused;
@@ -502,6 +542,12 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
         refused =
             "the kernel did not say which process sent the hello (no SCM_CREDENTIALS on it), so "
             "the server cannot tell whose memory it would read";
+      } else if (ids.has_value() && !ids->one_uid()) {
+        refused = absl::StrFormat(
+            "the process that sent the hello has several uids (real %d, effective %d, saved %d, "
+            "filesystem %d): the server reads only the memory of a process that is wholly of "
+            "its own uid",
+            ids->ruid, ids->euid, ids->suid, ids->fsuid);
       } else if (auto m = ProcessMemory::Open(c.peer.pid, c.peer.uid, h.cookie_address(),
                                               h.cookie());
                  m.ok()) {

@@ -1,4 +1,4 @@
-// The server's local socket (issue 24; docs/protocol.md "The local socket";
+// The server's local socket (docs/protocol.md "The local socket";
 // the messages are LocalRequest and LocalResponse in dgmm.proto): a Unix
 // domain socket beside the gRPC port through which a client on this host
 // gets a region session and passes the descriptors of its memory.
@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -92,6 +93,15 @@ absl::Status CheckMemoryFd(int fd, PassedMemory* out);
 // INVALID_ARGUMENT, naming what it is, for host memory (a memfd or
 // shared-memory object), a pipe, socket, directory or block device.
 absl::Status CheckVmmFd(int fd, bool server_has_gpu);
+
+// A process's ids, from /proc/<pid>/status (nullopt when it cannot be read:
+// the process is gone, or in a PID namespace this one does not see).
+struct ProcessIds {
+  uid_t ruid = 0, euid = 0, suid = 0, fsuid = 0;
+  gid_t egid = 0;
+  bool one_uid() const { return ruid == euid && euid == suid && suid == fsuid; }
+};
+std::optional<ProcessIds> ReadProcessIds(pid_t pid);
 
 // Who is on the other end of a session.
 struct LocalPeer {

@@ -1,4 +1,4 @@
-// The same-host data plane's bookkeeping (issue 14, docs/protocol.md
+// The same-host data plane's bookkeeping (docs/protocol.md
 // "Regions"): which regions each client registered, what memory they map,
 // how many bytes they hold against --region_memory_budget, and when an
 // abandoned one is dropped. gRPC-free: the handlers (service/region_service.cc)

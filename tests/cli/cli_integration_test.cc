@@ -166,7 +166,7 @@ TEST_F(CliIntegrationTest, ReadsAndWritesFilesNumpyUnderstands) {
   EXPECT_THAT(output, HasSubstr("numpy agrees"));
 }
 
-// Issue 27: every dtype, one side and both, each layout and RPC, checked
+// Every dtype, one side and both, each layout and RPC, checked
 // against the CLI's float64 (complex128) reference.
 TEST_F(CliIntegrationTest, RandomCheckPassesForEveryDTypeAndSideBoth) {
   for (const char* dtype : {"f16", "bf16", "f32", "f64", "c64", "c128"}) {

@@ -75,7 +75,7 @@ TEST(ClientIntegrationTest, UnaryLeftScalesRowsFloat64ColumnMajor) {
   EXPECT_EQ(ops.MaxRelativeError(c), 0.0);  // float64 products are exact to the reference.
 }
 
-// Small unary jobs (issue 26): those the server runs on gRPC's callback
+// Small unary jobs: those the server runs on gRPC's callback
 // thread (a matrix of at most 64 KiB) and those just over, from 4 threads
 // sharing one Client (each call completing on its caller's thread), each
 // from fresh random operands into a NaN-poisoned output, checked against
@@ -255,7 +255,7 @@ TEST(ClientIntegrationTest, ServerInfoReportsVersionLimitsAndTheCpuDevice) {
     backends.push_back(c.backend());
     if (c.backend() != v1::BACKEND_CPU) continue;
     cpu_listed = true;
-    // Issue 27: every dtype, both sides and SIDE_BOTH (dtype_client_test.cc
+    // Every dtype, both sides and SIDE_BOTH (dtype_client_test.cc
     // checks each backend's entry).
     EXPECT_THAT(c.dtypes(), ::testing::UnorderedElementsAre(
                                 v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64, v1::DTYPE_FLOAT16,

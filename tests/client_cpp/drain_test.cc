@@ -1,4 +1,4 @@
-// Issue 22: a server's drain never hangs a call. A real dgmm-server (CPU
+// A server's drain never hangs a call. A real dgmm-server (CPU
 // backend) is kept busy by kClients dgmm::Clients, each shared by kThreads
 // threads running small jobs back to back with a 60 s deadline; it is sent
 // SIGTERM and not restarted. Every call, and in particular every call sent

@@ -1,4 +1,4 @@
-// Issue 27 end to end: every element type, a promoted diagonal, a result
+// Element types end to end: every element type, a promoted diagonal, a result
 // of a wider dtype than A's (NumPy's result type of A and d, or a stated
 // wider result_dtype), both layouts and every side (SIDE_BOTH included) through dgmm::Client and a
 // real dgmm-server on every path a job can take: Multiply, MultiplyStream (many blocks), striping

@@ -114,7 +114,7 @@ TEST_F(NpyTest, WritesNumpyStyleVersion1HeaderAlignedTo64Bytes) {
   EXPECT_EQ(offset, header.size());
 }
 
-// Issue 27: the descr NumPy writes for each new dtype, both ways.
+// The descr NumPy writes for each new dtype, both ways.
 TEST_F(NpyTest, ReadsAndWritesEveryDTypeWithNumpysDescr) {
   const std::pair<const char*, v1::DType> cases[] = {
       {"<f2", v1::DTYPE_FLOAT16},  {"<c8", v1::DTYPE_COMPLEX64}, {"<c16", v1::DTYPE_COMPLEX128},

@@ -1,4 +1,4 @@
-// Reconnecting after a server restart (project issue 12): 16 busy
+// Reconnecting after a server restart: 16 busy
 // dgmm::Clients, each with its own channel and the default ClientOptions, run
 // small jobs against a real dgmm-server on a fixed port; the server is
 // SIGKILLed and started again on the same port 3 s later. Every client must

@@ -690,7 +690,7 @@ TEST(CliShmTest, OnUsesSharedMemoryAndChecks) {
   EXPECT_EQ(RegisteredBytes(client), 0) << "dgmm-cli left its region registered";
 }
 
-// The same-host path (issue 25) is dgmm-cli's default: matrices of 1 MiB
+// The same-host path is dgmm-cli's default: matrices of 1 MiB
 // and more go through a staging region of the client, and the report says
 // which path the job took and why.
 TEST(CliShmTest, AutoIsTheDefaultAndUsesMemoryWhenItCan) {

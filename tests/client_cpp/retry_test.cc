@@ -363,7 +363,7 @@ TEST_F(RetryTest, OtherCodesAreFinal) {
   }
 }
 
-// Issue 22: the same codes without `dgmm-origin: server` are the transport's
+// The same codes without `dgmm-origin: server` are the transport's
 // and retried with the UNAVAILABLE backoff; with it they stay final (above).
 TEST_F(RetryTest, InternalUnknownAndExhaustedWithoutTheOriginTrailerAreRetried) {
   Client client(address_, FastRetries());
@@ -423,7 +423,7 @@ TEST_F(RetryTest, StreamResetByTheTransportIsResumedAfterTheLinesReceived) {
   EXPECT_TRUE(ResultIsRight());
 }
 
-// Issue 15's policy (docs/protocol.md): a stream lost after some result
+// The striping policy (docs/protocol.md): a stream lost after some result
 // lines arrived is resumed with only the lines not yet received.
 TEST_F(RetryTest, StreamIsResumedAfterTheLinesReceived) {
   Client client(address_, FastRetries());

@@ -1,4 +1,4 @@
-// Issue 15's fault test: three dgmm-server replicas behind round_robin, one
+// The striping fault test: three dgmm-server replicas behind round_robin, one
 // SIGKILLed in the middle of a striped float32 job. The job completes, every
 // element is checked against a float64 reference (the output is poisoned
 // with NaN first), and the servers' logs and job counts show the range of

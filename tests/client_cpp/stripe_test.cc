@@ -1,4 +1,4 @@
-// Striped jobs (issue 15) through dgmm::Client against real dgmm-servers on
+// Striped jobs through dgmm::Client against real dgmm-servers on
 // loopback: every side x layout x dtype checked element by element against a
 // float64 reference (outputs poisoned with NaN first), ragged last ranges, K
 // larger than the lines, the policy functions, the server's validation and

@@ -1,4 +1,4 @@
-"""MultiplyBatch on a GPU server (issue 26), from the Python client: batches
+"""MultiplyBatch on a GPU server, from the Python client: batches
 of jobs for both GPU backends (cuda-kernel, cublas), every dtype, layout and
 side, mixed with jobs for the CPU and with bad jobs, each result checked
 against a float64 reference on fresh random data (each job's output is a

@@ -1,4 +1,4 @@
-// The CUDA kernel layer for every element type (issue 27) on a real GPU:
+// The CUDA kernel layer for every element type on a real GPU:
 // LaunchScaleKernel for every supported (A, C) pair, layout and side (left,
 // right, both), on the vector and the scalar path and through the
 // grid-stride loop, element by element and bit for bit (any NaN equals any

@@ -1,4 +1,4 @@
-// Process memory on the GPU (issue 25; docs/protocol.md "Process memory"):
+// Process memory on the GPU (docs/protocol.md "Process memory"):
 // the real dgmm-server on the GPU, a raw local-socket session granted
 // process memory, and MultiplyRegion jobs that name this process's own
 // buffers. The server's pipeline reads each piece out of this process into

@@ -1,6 +1,6 @@
-"""Regions on a GPU server (issue 14), from the Python client: host regions
+"""Regions on a GPU server, from the Python client: host regions
 (sealed memfds passed by descriptor over the client's local-socket session,
-issue 24) through the pipelined engine (pinned on reuse, device tiles only)
+the local socket) through the pipelined engine (pinned on reuse, device tiles only)
 and CUDA IPC regions that this process (not the server) owns as CuPy arrays,
 the kernel running on them in place on their GPU. Every job is checked
 against a float64 reference on fresh random data, outputs poisoned (NaN)

@@ -1,4 +1,4 @@
-// MultiplyBatch (issue 26) through the real dgmm-server on loopback: each
+// MultiplyBatch through the real dgmm-server on loopback: each
 // job's own status (a bad job fails alone, with the code and words a
 // Multiply call of it gets), the numbers of every valid job against a
 // float64 reference computed here from fresh random operands into

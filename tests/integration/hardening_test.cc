@@ -495,7 +495,7 @@ TEST(Hardening, OneClientsThousandStalledStreamsLeaveAFairShareToAnother) {
   EXPECT_TRUE(WaitUntil([&] { return Reserved(victim.get()) == 0; }, 10000));
 }
 
-// A full queue (issue 22): a newcomer from a connection with fewer jobs
+// A full queue: a newcomer from a connection with fewer jobs
 // waiting takes the place of the newest job of the connection with the most,
 // which ends RESOURCE_EXHAUSTED with a pushback and is counted queue_full.
 // The budget holds one streamed job (33.5 MB); its stream sends a header and
@@ -740,8 +740,10 @@ TEST(Hardening, OversizedUnaryReadsAreBoundedForEveryUnaryLimit) {
     for (const auto& [code, n] : codes) std::printf(" code %d x %d", code, n);
     std::printf("\n");
     EXPECT_EQ(codes[grpc::StatusCode::RESOURCE_EXHAUSTED], kCalls);
-    // Four reads of a 64 MiB message at once, and 64 MiB of slack.
-    EXPECT_LE(peak - idle, 4 * kMessage + (64L << 20));
+    // Four reads of a 64 MiB message at once, and 128 MiB of slack for
+    // gRPC's buffers and the allocator (a read charged only the limit let
+    // 32 in at once: over 1 GiB).
+    EXPECT_LE(peak - idle, 4 * kMessage + (128L << 20));
     EXPECT_EQ(Rejected(Connect(server.address()).get(), "message_too_large"), kCalls);
   }
 }

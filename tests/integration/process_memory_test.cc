@@ -1,4 +1,4 @@
-// Process memory (issue 25; docs/protocol.md "Process memory"): a real
+// Process memory (docs/protocol.md "Process memory"): a real
 // dgmm-server with --allow_regions on loopback (CPU backend), a raw client
 // of its local socket (tests/support/local_peer.h) whose hello asks that its
 // jobs may name this process's own memory, and MultiplyRegion through the

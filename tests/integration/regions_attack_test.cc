@@ -1,4 +1,4 @@
-// The confused-deputy attack of issue 24, run for real: the server runs as
+// The confused-deputy attack on regions, run for real: the server runs as
 // root with --allow_regions and no tokens; a victim (uid 65534) keeps a
 // secret in a 0600 shared-memory object and has it registered as a region;
 // an attacker (uid 65533), who can see the object's name in /dev/shm but not

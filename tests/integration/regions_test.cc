@@ -430,7 +430,7 @@ TEST_F(RegionsTest, BadRegistrationsGetTheirCodes) {
   }
   EXPECT_TRUE(Register(ShmRequest(std::string(64, 'n'), shm, 0, 4096)).ok())
       << "a 64-character name is valid";
-  // Registering by key is gone (issue 24): whatever the key, INVALID_ARGUMENT.
+  // Registering by key is gone: whatever the key, INVALID_ARGUMENT.
   for (const std::string& key : {shm.key(), std::string("/../etc/passwd"), std::string("/a/b")}) {
     v1::RegisterRegionRequest by_key;
     by_key.set_name("k");
@@ -478,7 +478,7 @@ TEST_F(RegionsTest, BadRegistrationsGetTheirCodes) {
 }
 
 // Without a session, or with one that has closed, every region RPC is
-// UNAUTHENTICATED (issue 24): regions belong to the uid the local socket saw.
+// UNAUTHENTICATED: regions belong to the uid the local socket saw.
 TEST_F(RegionsTest, RegionCallsNeedAnOpenSession) {
   ShmObject shm(4096);
   ASSERT_TRUE(RegisterShm("mine", shm).ok());

@@ -21,7 +21,7 @@ namespace {
 constexpr int64_t kN = 20000;
 constexpr int64_t kBlockBytes = int64_t{4} << 20;
 // docs/architecture.md: a streamed job's server memory is a window of blocks
-// plus gRPC's buffers, whatever N; 512 MiB is issue 5's bound for N = 40000.
+// plus gRPC's buffers, whatever N; 512 MiB is the bound set for N = 40000.
 constexpr long kServerPeakRssLimit = 512L << 20;
 
 uint64_t Mix(uint64_t x) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Honest load is never lost, hung or shut out (issue 22): the tests.
+"""Honest load is never lost, hung or shut out: the tests.
 
 Each test starts a real dgmm-server on loopback (--backend=cpu
 --host_memory_budget=256MiB, defaults otherwise), loads it from many client

@@ -189,7 +189,7 @@ test('retryDelay: the C++ client\'s rules (UNAVAILABLE backs off; pushback only 
   assert.equal(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, 50, 0), null); // past the deadline
 });
 
-test('retryDelay, issue 22: the transport\'s INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED back off; dgmm\'s own are final', () => {
+test('retryDelay: the transport\'s INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED back off; dgmm\'s own are final', () => {
   const policy = { ...dgmm.DEFAULT_RETRY_POLICY, maxAttempts: 10 };
   const s = dgmm.grpc.status;
   for (const code of [s.INTERNAL, s.UNKNOWN, s.RESOURCE_EXHAUSTED]) {
@@ -261,7 +261,7 @@ async function answersHealth(address) {
   }
 }
 
-test('issue 12: 4 busy clients resume within 2 s of a restart on the same port', async () => {
+test('restart: 4 busy clients resume within 2 s of a restart on the same port', async () => {
   const CLIENTS = 4;
   const DOWNTIME_MS = 3000;
   const ALLOWED_MS = 2000;

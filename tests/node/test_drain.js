@@ -1,5 +1,5 @@
 'use strict';
-// Issue 22: a server's drain never hangs a call of the Node client. A real
+// A server's drain never hangs a call of the Node client. A real
 // dgmm-server (CPU backend) is kept busy by CLIENTS clients, each running
 // CONCURRENT small jobs at a time back to back with a 60 s timeoutMs; it is
 // sent SIGTERM and not restarted. Every call, in particular every call sent
@@ -120,7 +120,7 @@ async function runRound(round) {
   return inWindow;
 }
 
-test('issue 22: calls sent into a drain end within the reconnect limit', async () => {
+test('drain: calls sent into a drain end within the reconnect limit', async () => {
   let inWindow = 0;
   for (let round = 0; round < ROUNDS; round++) inWindow += await runRound(round);
   // The window was exercised: calls were sent while the server drained.

@@ -1,5 +1,5 @@
 'use strict';
-// Issue 27 through the Node.js client: float16 and bfloat16 (Uint16Array
+// Element types through the Node.js client: float16 and bfloat16 (Uint16Array
 // with options.dtype), float32, float64, complex64 and complex128
 // (interleaved typed arrays), a diagonal promoted into A's dtype, results
 // of a wider dtype than A's (NumPy's result_type of A and d, typed as that

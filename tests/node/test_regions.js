@@ -1,6 +1,6 @@
 'use strict';
 // The Node.js client's shared-memory regions (client/node/regions.js) and
-// its local-socket session (client/node/local_socket.js, issue 24) against
+// its local-socket session (client/node/local_socket.js) against
 // the real CPU dgmm-server with --allow_regions. Run by ctest (test
 // `node_regions`), or by hand:
 //   DGMM_SERVER_BIN=build/service/dgmm-server node tests/node/test_regions.js

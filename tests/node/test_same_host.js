@@ -1,5 +1,5 @@
 'use strict';
-// The Node.js client's same-host path (issue 25; client/node/same_host.js,
+// The Node.js client's same-host path (client/node/same_host.js,
 // docs/protocol.md section 9, rule 0) against real CPU dgmm-servers: with
 // --allow_regions, jobs of 1 MiB and more go through the client's staging
 // region (info.mode 'shm'), also from a server started with its defaults;

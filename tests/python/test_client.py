@@ -206,7 +206,7 @@ class ClientTest(unittest.TestCase):
             server.stop()
 
     def test_unsupported_arrays_are_rejected_before_sending(self):
-        # float16 and complex matrices are jobs since issue 27 (test_dtypes.py),
+        # float16 and complex matrices are jobs of their own (test_dtypes.py),
         # and so is a complex64 or complex128 diagonal with a real matrix (C
         # complex, as NumPy gives it); a wider complex type is not.
         bad = [(np.ones((3, 3), dtype=np.int64), np.ones(3), "float32, float64"),
@@ -420,7 +420,7 @@ class RetryPolicyTest(unittest.TestCase):
         self.assertIsNone(policy.delay(1, code.UNAVAILABLE, None, 0.0, 0.05, 0))  # past deadline
 
     def test_rule_three_by_code_and_origin(self):
-        """Issue 22: INTERNAL, UNKNOWN and RESOURCE_EXHAUSTED without
+        """INTERNAL, UNKNOWN and RESOURCE_EXHAUSTED without
         `dgmm-origin: server` are the transport's and get the UNAVAILABLE
         backoff; with it they are final; CANCELLED and DEADLINE_EXCEEDED
         never retry."""
@@ -472,7 +472,7 @@ class RetryPolicyTest(unittest.TestCase):
 
 
 class ReconnectTest(unittest.TestCase):
-    """Issue 12: busy clients resume within 2 s of a restart on the same port."""
+    """Busy clients resume within 2 s of a restart on the same port."""
 
     CLIENTS = 4
     DOWNTIME = 3.0

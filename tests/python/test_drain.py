@@ -1,4 +1,4 @@
-"""Issue 22: a server's drain never hangs a call of the Python client.
+"""A server's drain never hangs a call of the Python client.
 
 A real dgmm-server (CPU backend) is kept busy by CLIENTS dgmm.Clients, each
 shared by THREADS threads running small jobs back to back with a 60 s
@@ -129,7 +129,7 @@ class DrainTest(unittest.TestCase):
         self.assertGreaterEqual(in_window_total, CLIENTS * THREADS * ROUNDS)
 
     def run_round(self, round_):
-        # The defaults since issue 22, written out: no per-connection queue
+        # The drain's defaults, written out: no per-connection queue
         # cap (with the old --max_queued_per_client=16, THREADS calls at a
         # time on one connection ended RESOURCE_EXHAUSTED before the drain).
         server = ServerProcess(flags=["--threads=2", "--max_queue=1024",

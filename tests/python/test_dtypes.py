@@ -1,4 +1,4 @@
-"""Issue 27 through the Python client: float16, bfloat16 (ml_dtypes, where
+"""Element types through the Python client: float16, bfloat16 (ml_dtypes, where
 importable), float32, float64, complex64 and complex128 matrices, diagonals
 promoted into A's dtype, results of a wider dtype than A's (NumPy's
 result_type of A and d: float32 A with a float64 d gives float64, a real A

@@ -1,7 +1,7 @@
 """dgmm.regions (client/python/dgmm/regions.py) against the real CPU server
 with --allow_regions: jobs on NumPy views of shared memory (memfds, sealed
 or not, and POSIX objects), passed to the server by file descriptor over the
-client's local-socket session (issue 24), checked against a float64
+client's local-socket session, checked against a float64
 reference on fresh random data with outputs poisoned (NaN) before each job;
 in place; the diagonal in a region; sessions (none: UNAUTHENTICATED; closed
 with their client or process: regions dropped; another server's socket:

@@ -1,4 +1,4 @@
-"""The same-host path of dgmm.Client.multiply (issue 25) against the real CPU
+"""The same-host path of dgmm.Client.multiply against the real CPU
 server: by default a matrix of 1 MiB and more goes through a staging region
 of the C++ client (a sealed memfd registered through the local socket,
 reused, grown by powers of two) when the server is on this host with

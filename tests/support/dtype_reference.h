@@ -1,4 +1,4 @@
-// An independent reference for the kernel layer's element types (issue 27),
+// An independent reference for the kernel layer's element types,
 // shared by the CPU unit tests and the GPU tests. It does the same
 // arithmetic as docs/dtypes.md specifies, by other means than
 // service/backends/scalar_types.h: half types are decoded with ldexp and

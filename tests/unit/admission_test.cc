@@ -223,7 +223,7 @@ TEST(Admission, ManyThreadsLeaveNothingReserved) {
 namespace dgmm {
 namespace {
 
-// ------------------------------------------------ fair share (issue 22)
+// ------------------------------------------------ fair share
 
 ClientLimits Limits(int max_running, int max_share_percent = 100) {
   return ClientLimits{.max_running = max_running, .max_queued = 0,

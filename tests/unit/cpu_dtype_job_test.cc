@@ -1,5 +1,5 @@
 // The CPU job (CpuDevice::Begin, CpuJob::Process) for every element type, a
-// promoted diagonal and two-sided scaling (issue 27), as the engine runs it:
+// promoted diagonal and two-sided scaling, as the engine runs it:
 // the diagonals prepared by PrepareDiagonals, tiles of a few lines (the
 // stream's blocks), in place (the unary and stream buffers), and in another
 // process's memory through TileMemory (CpuJob::ProcessThrough, in pieces of

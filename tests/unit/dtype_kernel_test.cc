@@ -1,4 +1,4 @@
-// The CPU kernel layer for every element type (issue 27): the half
+// The CPU kernel layer for every element type: the half
 // conversions against an independent search of the nearest value, and
 // ScaleElements for every supported (A, C) pair, layout and side (left,
 // right, both), element by element and bit for bit against

@@ -128,7 +128,7 @@ TEST(Engine, StickyDeviceErrorFailsOnlyThatJobAndTurnsHealthNotServing) {
   EXPECT_EQ(info.devices(1).rejected_jobs().at("internal"), 1);
 }
 
-// Engine::Start's admitted_here (issue 26): a small CPU job admitted at once
+// Engine::Start's admitted_here: a small CPU job admitted at once
 // comes back to the caller and `done` never runs; a job routed to a GPU,
 // however small, still goes to a job worker.
 TEST(Engine, OnlyASmallCpuJobAdmittedAtOnceComesBackToTheCaller) {
@@ -160,7 +160,7 @@ TEST(Engine, OnlyASmallCpuJobAdmittedAtOnceComesBackToTheCaller) {
 }
 
 // A host region job on the CPU is one tile between the client's memory: a
-// small one comes back to the caller like a small whole job (issue 26: the
+// small one comes back to the caller like a small whole job (the
 // hop to a worker and back cost more than the job); a larger one, a
 // streamed job and one on the (fake) GPU go to a worker.
 TEST(Engine, ASmallCpuRegionJobComesBackToTheCallerAndLargerOnesGoToAWorker) {

@@ -113,7 +113,7 @@ TEST(RegionRegistryTest, MapsTheMemoryPassedAndReleasesItsBytes) {
 }
 
 // INVALID_ARGUMENT for the name, the kind, the range and overflow comes
-// before the budget is counted (issue 24).
+// before the budget is counted.
 TEST(RegionRegistryTest, ArgumentsAreCheckedBeforeTheTicketAndTheBudget) {
   Memfd mem(4096);
   RegionRegistry reg(Enabled(10000), {});

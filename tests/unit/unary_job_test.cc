@@ -1,7 +1,7 @@
 // UnaryJob (service/job/unary_job.h) on a real engine with the CPU device,
 // with fakes for gRPC's request and call: a small job that admission admits
 // at once runs on the thread that handed in the request (gRPC's callback
-// thread in the server, issue 26), and computes the right result; a larger
+// thread in the server), and computes the right result; a larger
 // job, or a small one that has to wait for room, runs on a job worker. No
 // timing: each test waits for the reply itself.
 #include "service/job/unary_job.h"

@@ -179,7 +179,7 @@ TEST(StreamAssembler, ColumnMajorBlocksHoldColumns) {
   EXPECT_NE(std::string(bad.status().message()).find("starts at column 3"), std::string::npos);
 }
 
-// ------------------------------------------------ element types (issue 27)
+// ------------------------------------------------ element types
 
 int64_t WireSize(v1::DType t) {
   switch (t) {

@@ -577,7 +577,7 @@ int CheckExit(v1::DType dtype, double error, bool print_ok) {
   return passed ? kExitOk : kExitCheckFailed;
 }
 
-// The same-host path with files (issue 25): A is read from its .npy file
+// The same-host path with files: A is read from its .npy file
 // straight into a region the server maps, the job runs there (in place, or
 // into the region's second half with --check, which then reads A and C from
 // the region), and C is written to --out from the region: no heap copy of

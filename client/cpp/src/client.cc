@@ -56,7 +56,7 @@ const std::string& MultiplyBatchMethod() {
 // One unary call of `method`, completed on this thread: it polls a
 // completion queue of its own, as a synchronous call does, instead of
 // waiting for gRPC's callback thread to wake it (two thread switches per
-// call, which cost more than a small job's RPC itself; issue 26). A cancel
+// call, which cost more than a small job's RPC itself). A cancel
 // (JobRun::Fail, the CancelToken) or the deadline still ends the wait: the
 // call then completes with its status.
 grpc::Status UnaryCallOnThisThread(grpc::GenericStub* stub, grpc::ClientContext* context,
@@ -574,9 +574,24 @@ absl::Status Client::AwaitChannel(absl::Time deadline) const {
   const absl::Duration wait = options_.retry.max_reconnect_wait;
   const bool deadline_first = deadline <= start + wait;
   const absl::Time until = deadline_first ? deadline : start + wait;
-  if (channel_->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
+  // Until the channel is READY, or a connection attempt this wait saw start
+  // has failed (a server that is not there answers at once: no need to wait
+  // out max_reconnect_wait), or the time is up. Waiting is what drives the
+  // attempt (gRPC 1.51 makes progress only while a thread waits).
+  bool attempted = false;
+  for (;;) {
+    const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_READY) return absl::OkStatus();
+    if (state == GRPC_CHANNEL_CONNECTING) attempted = true;
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && attempted) break;
+    if (!channel_->WaitForStateChange(state, absl::ToChronoTime(until))) break;
+  }
   const std::string waited =
       absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
+  if (attempted && absl::Now() < until) {
+    return absl::UnavailableError(
+        absl::StrCat("the connection to the server failed (after ", waited, ")"));
+  }
   return absl::UnavailableError(absl::StrCat(
       "no connection to the server within ", waited,
       deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
@@ -915,7 +930,7 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
       // Fail-fast, retried attempts too: a retried one has already waited for
       // its connection (AwaitConnection, bounded by max_reconnect_wait), and a
       // connection lost since then must end it now, not hold it until the
-      // deadline (issue 22: calls sent into a server's drain waited their 60 s).
+      // deadline (calls sent into a server's drain used to wait their 60 s).
       PrepareContext(&context, run->deadline);
       run->Register(&context);
       grpc::Status s =
@@ -974,7 +989,7 @@ Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHead
     // Fail-fast, retried attempts too: a retried one has already waited for
     // its connection (AwaitConnection, bounded by max_reconnect_wait), and a
     // connection lost since then must end it now, not hold it until the
-    // deadline (issue 22: calls sent into a server's drain waited their 60 s).
+    // deadline (calls sent into a server's drain used to wait their 60 s).
     PrepareContext(&context, run->deadline);
     StreamCall call(header, static_cast<const char*>(job.matrix.data), static_cast<char*>(out),
                     plan, progress, &loans);

@@ -106,11 +106,17 @@ absl::Status RecvAll(int sock, char* p, size_t bytes) {
 // UnregisterRegion call (a server that is gone must not hang it).
 constexpr absl::Duration kDestructorUnregisterWait = absl::Seconds(5);
 
-absl::Status PrepareRegionCall(Client& client, grpc::ClientContext* context, absl::Time deadline);
+absl::Status PrepareRegionCall(Client& client, grpc::ClientContext* context, absl::Time deadline,
+                               bool await_connection = true);
 
 absl::StatusOr<int> Unregister(Client& client, const std::string& name, absl::Time deadline) {
   grpc::ClientContext context;
-  if (absl::Status ok = PrepareRegionCall(client, &context, deadline); !ok.ok()) return ok;
+  // Fail-fast, with no wait for a connection: a region's destructor calls
+  // this, and must not hang on a server that is gone.
+  if (absl::Status ok = PrepareRegionCall(client, &context, deadline, /*await_connection=*/false);
+      !ok.ok()) {
+    return ok;
+  }
   v1::UnregisterRegionRequest request;
   request.set_name(name);
   v1::UnregisterRegionResponse response;
@@ -119,10 +125,14 @@ absl::StatusOr<int> Unregister(Client& client, const std::string& name, absl::Ti
   return response.unregistered();
 }
 
-// PrepareCall, a connected channel, and the region session's metadata.
-absl::Status PrepareRegionCall(Client& client, grpc::ClientContext* context, absl::Time deadline) {
+// PrepareCall, a connected channel (unless not asked), and the region
+// session's metadata.
+absl::Status PrepareRegionCall(Client& client, grpc::ClientContext* context, absl::Time deadline,
+                               bool await_connection) {
   if (absl::Status ok = client.PrepareCall(context, deadline); !ok.ok()) return ok;
-  if (absl::Status up = client.AwaitChannel(deadline); !up.ok()) return up;
+  if (await_connection) {
+    if (absl::Status up = client.AwaitChannel(deadline); !up.ok()) return up;
+  }
   auto session = client.RegionSession();
   if (!session.ok()) return session.status();
   context->AddMetadata("dgmm-session", (*session)->hello().session());
@@ -414,10 +424,6 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
 
   const RetryPolicy& policy = client.options().retry;
   const absl::Time deadline = DeadlineFromNow(client);
-  // In place, a job cut off may have scaled part of A already: never sent
-  // again.
-  const bool in_place =
-      request.matrix().SerializeAsString() == request.result().SerializeAsString();
   for (int made = 1;; ++made) {
     grpc::ClientContext context;
     if (absl::Status ok = PrepareRegionCall(client, &context, deadline); !ok.ok()) return ok;
@@ -431,17 +437,13 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
       return result;
     }
     absl::Status failure = FromGrpcStatus(status);
-    // A full admission queue (with the server's pushback) is retried, and a
-    // connection lost under a job that is not in place: see MultiplyRegion's
-    // comment.
+    // Only a full admission queue (with the server's pushback) is retried:
+    // see MultiplyRegion's comment.
     std::optional<absl::Duration> pushback = RetryPushback(context);
-    const FailureOrigin origin = FailureOriginOf(context);
     std::optional<absl::Duration> wait;
-    if ((failure.code() == absl::StatusCode::kResourceExhausted && pushback.has_value()) ||
-        (failure.code() == absl::StatusCode::kUnavailable && origin == FailureOrigin::kTransport &&
-         !in_place)) {
-      wait = RetryDelay(policy, made, failure.code(), origin, pushback, absl::Now(), deadline,
-                        RandomJitter());
+    if (failure.code() == absl::StatusCode::kResourceExhausted && pushback.has_value()) {
+      wait = RetryDelay(policy, made, failure.code(), FailureOriginOf(context), pushback,
+                        absl::Now(), deadline, RandomJitter());
     }
     if (!wait.has_value()) {
       if (made == 1) return failure;

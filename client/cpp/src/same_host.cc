@@ -1,4 +1,4 @@
-// The same-host path of Client::Multiply (issue 25; ClientOptions.same_host):
+// The same-host path of Client::Multiply (ClientOptions.same_host):
 // A is copied into a staging region of this client -- a sealed memfd passed
 // to the server's local socket and registered once -- the job runs there in
 // place (MultiplyRegion), and C is copied out. Staging regions are kept on a

@@ -1,4 +1,4 @@
-"""dgmm.arrays: NumPy arrays in memory the server maps (issue 25), and the
+"""dgmm.arrays: NumPy arrays in memory the server maps, and the
 zero-copy path of Client.multiply.
 
     import numpy as np, dgmm

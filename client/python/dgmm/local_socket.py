@@ -1,4 +1,4 @@
-"""dgmm.local_socket: a region session on the server's local socket (issue 24;
+"""dgmm.local_socket: a region session on the server's local socket (
 docs/protocol.md "The local socket"; the messages are LocalRequest and
 LocalResponse in dgmm.proto).
 

@@ -59,7 +59,7 @@ template <typename T>
 cudaError_t LaunchDgmmKernel(const DeviceTile<T>& tile,
                              const LaunchPolicy& policy, cudaStream_t stream);
 
-// ------------------------------------------- every dtype, two-sided (issue 27)
+// ------------------------------------------- every dtype, two-sided
 
 // A tile for the general kernel: read as TA, written as TC (TC = NumPy's
 // result type of TA and the diagonals' types; KernelSupports(TA, TC)), with

@@ -180,7 +180,7 @@ struct ClientOptions {
   // grpc.initial_reconnect_backoff_ms, grpc.min_reconnect_backoff_ms,
   // grpc.max_reconnect_backoff_ms; ignored by the constructor that takes a
   // channel). gRPC's own defaults are 1 s, 20 s and 120 s, with which
-  // clients took 19-22 s to reconnect to a restarted server (issue 12). In
+  // clients took 19-22 s to reconnect to a restarted server. In
   // gRPC 1.51 (src/core/ext/filters/client_channel/subchannel.cc), each
   // value is raised to at least 100 ms, and:
   //  - initial_reconnect_backoff: the wait after the first failed connection
@@ -202,7 +202,7 @@ struct ClientOptions {
   // sees it. Empty: the path GetServerInfo reports (limits.local_socket);
   // set it when the socket is mounted elsewhere (another container).
   std::string local_socket;
-  // The same-host path (issue 25): when the server is on this host (its
+  // The same-host path: when the server is on this host (its
   // local socket answers, with its instance id) and takes regions, Multiply
   // copies A into a staging region of this client (a sealed memfd the
   // server maps, registered once, grown geometrically, reused by every job
@@ -508,9 +508,10 @@ class Client {
   absl::Status PrepareCall(grpc::ClientContext* context, absl::Time deadline) const;
   // Also for the region calls: waits until the client's channel is
   // connected (driving the connection meanwhile), at most
-  // RetryPolicy.max_reconnect_wait or until `deadline`; UNAVAILABLE "no
-  // connection to the server within ..." otherwise. A region call made on a
-  // channel whose last attempt failed would fail at once without trying.
+  // RetryPolicy.max_reconnect_wait or until `deadline`, and no longer once
+  // a connection attempt it saw start has failed; UNAVAILABLE otherwise. A
+  // region call made on a channel whose last attempt failed would fail at
+  // once without trying.
   absl::Status AwaitChannel(absl::Time deadline) const;
   // The region calls' session on the server's local socket (dgmm/regions.h),
   // opened on first use and again when the server closed it; kept for the

@@ -187,13 +187,14 @@ RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result
 // Runs `job` (MultiplyRegion). The result's stats count the region bytes
 // read and written (bytes_in, bytes_out); its mode is kUnary (one unary
 // call). Each attempt first waits for the client's connection
-// (Client::AwaitChannel). Retried, within ClientOptions.deadline, when the
-// server's admission queue was full (RESOURCE_EXHAUSTED with
-// grpc-retry-pushback-ms: the job never started, so even an in-place job is
-// safe to send again), and when the transport lost the call (UNAVAILABLE
-// without the server's dgmm-origin) of a job that is not in place, with the
-// backoff of RetryPolicy. A region lives on one server: a restarted server
-// answers the retry UNAUTHENTICATED (its session is gone), which is final.
+// (Client::AwaitChannel). Retried, within ClientOptions.deadline, only when
+// the server's admission queue was full (RESOURCE_EXHAUSTED with
+// grpc-retry-pushback-ms): the job never started, so even an in-place job is
+// safe to send again. UNAVAILABLE is final here, unlike for
+// Client::Multiply: a call the transport cut off may have started (and may
+// still be writing C, or have scaled part of A in place), and a region
+// lives on one server, which another replica or a restarted server does not
+// know.
 absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job);
 
 // Host memory of this process, mapped here and registered with a Client as
