@@ -60,12 +60,9 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
     // Every byte of A readable and of C writable before any is touched: a
     // job that cannot finish writes none of C.
     if (s.ok()) {
-      s = job_.process_memory->CheckMapped(reinterpret_cast<uint64_t>(job_.in),
-                                           job_.job.problem.matrix_bytes(), 'r');
-    }
-    if (s.ok()) {
-      s = job_.process_memory->CheckMapped(reinterpret_cast<uint64_t>(job_.out),
-                                           job_.job.problem.out_matrix_bytes(), 'w');
+      s = job_.process_memory->CheckMapped(
+          {{reinterpret_cast<uint64_t>(job_.in), job_.job.problem.matrix_bytes(), 'r'},
+           {reinterpret_cast<uint64_t>(job_.out), job_.job.problem.out_matrix_bytes(), 'w'}});
     }
     if (s.ok()) {
       s = stage->ProcessTile(Tile{.in = job_.in, .out = job_.out, .first_line = 0,

@@ -1,6 +1,5 @@
 #include "service/regions/process_memory.h"
 
-#include <fcntl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -106,9 +106,7 @@ absl::Status ProcessMemory::Check() const {
       "; the session must keep it in place while it lasts"));
 }
 
-absl::Status ProcessMemory::CheckMapped(uint64_t at, int64_t bytes, char access) const {
-  if (bytes <= 0) return absl::OkStatus();
-  const uint64_t end = at + static_cast<uint64_t>(bytes);
+absl::Status ProcessMemory::CheckMapped(std::initializer_list<MappedRange> ranges) const {
   const std::string path = absl::StrCat("/proc/", pid_, "/maps");
   FILE* maps = std::fopen(path.c_str(), "re");
   if (maps == nullptr) {
@@ -118,23 +116,19 @@ absl::Status ProcessMemory::CheckMapped(uint64_t at, int64_t bytes, char access)
     return absl::InvalidArgumentError(
         absl::StrCat("process memory: cannot read ", path, ": ", std::strerror(errno)));
   }
-  // Mappings come in address order: walk them while they cover the range
-  // without a gap.
-  uint64_t covered = at;
-  bool allowed = true;
+  // One read of the mappings (in address order) for every range.
+  struct Mapping {
+    uint64_t lo, hi;
+    bool r, w;
+  };
+  std::vector<Mapping> mappings;
   char line[512];
-  while (covered < end && std::fgets(line, sizeof line, maps) != nullptr) {
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
     uint64_t lo = 0, hi = 0;
     char perms[5] = {};
     const bool whole = std::strchr(line, '\n') != nullptr;
-    if (std::sscanf(line, "%" SCNx64 "-%" SCNx64 " %4s", &lo, &hi, perms) == 3 &&
-        hi > covered) {
-      if (lo > covered) break;  // a gap: nothing mapped at `covered`
-      if (perms[access == 'w' ? 1 : 0] != access) {
-        allowed = false;
-        break;
-      }
-      covered = hi;
+    if (std::sscanf(line, "%" SCNx64 "-%" SCNx64 " %4s", &lo, &hi, perms) == 3) {
+      mappings.push_back({lo, hi, perms[0] == 'r', perms[1] == 'w'});
     }
     // A line longer than the buffer (a long path): skip its rest.
     while (!whole && std::fgets(line, sizeof line, maps) != nullptr &&
@@ -142,14 +136,33 @@ absl::Status ProcessMemory::CheckMapped(uint64_t at, int64_t bytes, char access)
     }
   }
   std::fclose(maps);
-  if (covered >= end) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "process memory: bytes [%#x, %#x) of client process %d cannot be %s (%s at %#x); the "
-      "job stopped before touching any of its memory",
-      at, end, pid_, access == 'w' ? "written" : "read",
-      allowed ? "nothing is mapped" : (access == 'w' ? "a mapping without write access"
-                                                    : "a mapping without read access"),
-      covered));
+  for (const MappedRange& range : ranges) {
+    if (range.bytes <= 0) continue;
+    const uint64_t end = range.at + static_cast<uint64_t>(range.bytes);
+    // Walk the mappings while they cover the range without a gap.
+    uint64_t covered = range.at;
+    bool allowed = true;
+    for (const Mapping& m : mappings) {
+      if (covered >= end) break;
+      if (m.hi <= covered) continue;
+      if (m.lo > covered) break;  // a gap: nothing mapped at `covered`
+      if (!(range.access == 'w' ? m.w : m.r)) {
+        allowed = false;
+        break;
+      }
+      covered = m.hi;
+    }
+    if (covered >= end) continue;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "process memory: bytes [%#x, %#x) of client process %d cannot be %s (%s at %#x); the "
+        "job stopped before touching any of its memory",
+        range.at, end, pid_, range.access == 'w' ? "written" : "read",
+        allowed ? "nothing is mapped"
+                : (range.access == 'w' ? "a mapping without write access"
+                                       : "a mapping without read access"),
+        covered));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ProcessMemory::Read(std::byte* dst, const std::byte* src, int64_t bytes) const {

@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -57,12 +58,20 @@ class ProcessMemory final : public TileMemory {
   // still where it said); CANCELLED once it has exited.
   absl::Status Check() const;
 
-  // Before a job touches anything: OK when [at, at + bytes) lies in
-  // mappings of the process that allow `access` ('r' to read, 'w' to
-  // write), from its /proc/<pid>/maps; else INVALID_ARGUMENT naming the
-  // first byte that does not, so that a job fails before it writes any of
-  // its result rather than after part of it.
-  absl::Status CheckMapped(uint64_t at, int64_t bytes, char access) const;
+  // Before a job touches anything: OK when each [at, at + bytes) lies in
+  // mappings of the process that allow its `access` ('r' to read, 'w' to
+  // write), from one read of its /proc/<pid>/maps; else INVALID_ARGUMENT
+  // naming the first byte that does not, so that a job fails before it
+  // writes any of its result rather than after part of it.
+  struct MappedRange {
+    uint64_t at = 0;
+    int64_t bytes = 0;
+    char access = 'r';
+  };
+  absl::Status CheckMapped(std::initializer_list<MappedRange> ranges) const;
+  absl::Status CheckMapped(uint64_t at, int64_t bytes, char access) const {
+    return CheckMapped({MappedRange{at, bytes, access}});
+  }
 
   // TileMemory. A range the process cannot read (or write) is
   // INVALID_ARGUMENT, naming it; a process gone is CANCELLED.

@@ -11,13 +11,13 @@
 // cookie changed after the hello); and that the server serves and holds
 // nothing reserved after each.
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -322,39 +322,36 @@ TEST(ProcessMemoryServerTest, OffOnTheServerIsRefusedWithTheFlagsName) {
   EXPECT_THAT(s.hello.process_memory_refused(), HasSubstr("--process_memory=false"));
 }
 
-// A process of another uid (the server runs as root here) is refused: the
-// server would read its memory with more rights than it has.
-TEST(ProcessMemoryServerTest, AnotherUidIsRefused) {
-  if (getuid() != 0) GTEST_SKIP() << "needs root: the client runs as another uid";
-  const std::string path = SocketPath(Stub());
-  int pipe_fds[2];
-  ASSERT_EQ(pipe(pipe_fds), 0);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(pipe_fds[0]);
-    if (setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0) _exit(126);
-    std::string cookie(32, 'k');
-    SocketPeer peer(path);
+// In a child of this process that drops to `uid` (and the same gid): a
+// hello asking for process memory, over `peer` (already connected by this
+// process) or, when null, over a connection the child opens to `path`, with
+// the cookie at `cookie`'s address. Returns "granted" or "refused: <why>",
+// then " uid <the uid the server saw>"; "no child" when it could not run.
+std::string HelloAsUid(uid_t uid, const std::string& path, SocketPeer* peer,
+                       const std::string& cookie) {
+  const ChildRun run = RunInChild([&] {
+    if (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0) _exit(126);
+    std::optional<SocketPeer> own;
+    if (peer == nullptr) peer = &own.emplace(path);
     v1::LocalRequest r;
     r.mutable_hello()->set_process_memory(true);
     r.mutable_hello()->set_cookie(cookie);
     r.mutable_hello()->set_cookie_address(reinterpret_cast<uint64_t>(cookie.data()));
-    std::optional<v1::LocalResponse> reply = peer.Call(r);
+    std::optional<v1::LocalResponse> reply = peer->Call(r);
     std::string said = !reply.has_value() ? "no reply"
                        : reply->hello().process_memory()
                            ? "granted"
                            : "refused: " + reply->hello().process_memory_refused();
-    if (write(pipe_fds[1], said.data(), said.size()) < 0) _exit(125);
-    _exit(0);
-  }
-  close(pipe_fds[1]);
-  std::string said;
-  char buf[512];
-  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) said.append(buf, n);
-  close(pipe_fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    return said + " uid " + std::to_string(reply.has_value() ? reply->hello().uid() : -1);
+  });
+  return run.exited_ok ? run.said : "no child (wait status " + std::to_string(run.wait_status) + ")";
+}
+
+// A process of another uid (the server runs as root here) is refused: the
+// server would read its memory with more rights than it has.
+TEST(ProcessMemoryServerTest, AnotherUidIsRefused) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root: the client runs as another uid";
+  const std::string said = HelloAsUid(65534, SocketPath(Stub()), nullptr, std::string(32, 'k'));
   EXPECT_THAT(said, HasSubstr("refused"));
   EXPECT_THAT(said, HasSubstr("uid 65534 is not the server's"));
 }
@@ -370,33 +367,7 @@ TEST(ProcessMemoryServerTest, AChildOfAnotherUidOnItsParentsConnectionIsRefused)
   const std::string cookie = RandomCookie();
   SocketPeer peer(path);  // connected by root
   ASSERT_TRUE(peer.connected());
-  int pipe_fds[2];
-  ASSERT_EQ(pipe(pipe_fds), 0);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(pipe_fds[0]);
-    if (setresgid(65533, 65533, 65533) != 0 || setresuid(65533, 65533, 65533) != 0) _exit(126);
-    v1::LocalRequest r;
-    r.mutable_hello()->set_process_memory(true);
-    r.mutable_hello()->set_cookie(cookie);
-    r.mutable_hello()->set_cookie_address(reinterpret_cast<uint64_t>(cookie.data()));
-    std::optional<v1::LocalResponse> reply = peer.Call(r);
-    std::string said = !reply.has_value() ? "no reply"
-                       : reply->hello().process_memory()
-                           ? "granted"
-                           : "refused: " + reply->hello().process_memory_refused();
-    said += " uid " + std::to_string(reply.has_value() ? reply->hello().uid() : -1);
-    if (write(pipe_fds[1], said.data(), said.size()) < 0) _exit(125);
-    _exit(0);
-  }
-  close(pipe_fds[1]);
-  std::string said;
-  char buf[512];
-  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) said.append(buf, n);
-  close(pipe_fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const std::string said = HelloAsUid(65533, path, &peer, cookie);
   EXPECT_THAT(said, HasSubstr("refused"));
   EXPECT_THAT(said, HasSubstr("uid 65533 is not the server's"));
   EXPECT_THAT(said, HasSubstr("uid 65533"));

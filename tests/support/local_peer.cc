@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -103,6 +104,30 @@ std::string SocketPeer::Ticket(int fd, std::string* why) {
     return "";
   }
   return reply->ticket().ticket();
+}
+
+ChildRun RunInChild(const std::function<std::string()>& child) {
+  ChildRun run;
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return run;
+  run.pid = fork();
+  if (run.pid == 0) {
+    close(pipe_fds[0]);
+    const std::string said = child();
+    const bool sent =
+        write(pipe_fds[1], said.data(), said.size()) == static_cast<ssize_t>(said.size());
+    _exit(sent ? 0 : 125);
+  }
+  close(pipe_fds[1]);
+  char buf[1024];
+  for (ssize_t n; run.pid > 0 && (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) {
+    run.said.append(buf, static_cast<size_t>(n));
+  }
+  close(pipe_fds[0]);
+  if (run.pid > 0 && waitpid(run.pid, &run.wait_status, 0) == run.pid) {
+    run.exited_ok = WIFEXITED(run.wait_status) && WEXITSTATUS(run.wait_status) == 0;
+  }
+  return run;
 }
 
 bool SocketPeer::ClosedByServer() {

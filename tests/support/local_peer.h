@@ -5,6 +5,9 @@
 #ifndef DGMM_TESTS_SUPPORT_LOCAL_PEER_H_
 #define DGMM_TESTS_SUPPORT_LOCAL_PEER_H_
 
+#include <sys/types.h>
+
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,6 +51,17 @@ class SocketPeer {
   bool connected_ = false;
   std::string session_;
 };
+
+// Runs `child` in a forked child of this process (no exec: it must not use
+// gRPC) and returns what it returned, with its pid and whether it exited 0
+// (a child that cannot go on calls _exit with another status).
+struct ChildRun {
+  pid_t pid = -1;
+  bool exited_ok = false;
+  int wait_status = 0;
+  std::string said;
+};
+ChildRun RunInChild(const std::function<std::string()>& child);
 
 }  // namespace dgmm::testing
 

@@ -8,7 +8,6 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -106,27 +105,14 @@ TEST_F(LocalSocketTest, TheHelloSendersCredentialsNotTheConnectors) {
   Start();
   Peer peer(options_.path);
   ASSERT_TRUE(peer.connected());
-  int pipe_fds[2];
-  ASSERT_EQ(pipe(pipe_fds), 0);
-  const pid_t child = fork();
-  if (child == 0) {
-    close(pipe_fds[0]);
+  const testing::ChildRun run = testing::RunInChild([&] {
     auto hello = peer.Hello();
-    const std::string said = hello.has_value() ? hello->SerializeAsString() : std::string();
-    const bool sent = write(pipe_fds[1], said.data(), said.size()) ==
-                      static_cast<ssize_t>(said.size());
-    _exit(sent ? 0 : 1);
-  }
-  close(pipe_fds[1]);
-  std::string said;
-  char buf[1024];
-  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) said.append(buf, n);
-  close(pipe_fds[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    return hello.has_value() ? hello->SerializeAsString() : std::string();
+  });
+  ASSERT_TRUE(run.exited_ok) << run.wait_status;
+  const pid_t child = run.pid;
   v1::LocalResponse hello;
-  ASSERT_TRUE(!said.empty() && hello.ParseFromString(said));
+  ASSERT_TRUE(!run.said.empty() && hello.ParseFromString(run.said));
   EXPECT_EQ(hello.hello().pid(), child) << "the connector's pid is " << getpid();
   auto found = socket_->FindSession(hello.hello().session());
   ASSERT_TRUE(found.ok()) << found.status();

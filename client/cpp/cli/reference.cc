@@ -73,10 +73,6 @@ Z Load(v1::DType dtype, const void* data, int64_t i) {
 
 bool IsComplex(v1::DType t) { return t == v1::DTYPE_COMPLEX64 || t == v1::DTYPE_COMPLEX128; }
 
-// a·b: the real product for real operands (so that an infinity times a real
-// stays what it is), the complex one otherwise.
-Z Mul(Z a, Z b, bool complex) { return complex ? a * b : Z(a.real() * b.real(), 0); }
-
 // Runs body(begin, end) over [0, count) in contiguous parts, one per core
 // (in this thread when there is little to do).
 void ParallelFor(int64_t count, int64_t min_per_thread,
@@ -154,11 +150,11 @@ void FillPiece(v1::DType dtype, char* p, int64_t count, SplitMix* rng) {
   }
 }
 
-// The worst relative error over lines [first, last) of a real job (real A,
-// diagonals and result): the same as the complex path, without the complex
-// modulus.
-template <typename Load>
-double WorstReal(const Job& job, const void* result, int64_t first, int64_t last, Load load) {
+// The worst relative error over lines [first, last), the reference computed
+// in T: double for a real job (real A, diagonals and result), complex128
+// otherwise. `load` reads element i of an array of a dtype as a T.
+template <typename T, typename Load>
+double Worst(const Job& job, const void* result, int64_t first, int64_t last, Load load) {
   const MatrixView& m = job.matrix;
   const v1::DType d_type =
       job.diagonal_dtype == v1::DTYPE_UNSPECIFIED ? m.dtype : job.diagonal_dtype;
@@ -171,7 +167,7 @@ double WorstReal(const Job& job, const void* result, int64_t first, int64_t last
       const int64_t row = col_major ? k : line;
       const int64_t col = col_major ? line : k;
       const int64_t index = line * line_length + k;
-      double reference = load(m.dtype, m.data, index);
+      T reference = load(m.dtype, m.data, index);
       if (job.side == v1::SIDE_BOTH) {
         reference = load(d_type, job.diagonal, row) * reference *
                     load(d_type, job.right_diagonal, col);
@@ -179,7 +175,7 @@ double WorstReal(const Job& job, const void* result, int64_t first, int64_t last
         reference *= load(d_type, job.diagonal, job.side == v1::SIDE_LEFT ? row : col);
       }
       const double error = std::abs(load(c_type, result, index) - reference);
-      const double relative = reference != 0 ? error / std::abs(reference) : error;
+      const double relative = reference != T(0) ? error / std::abs(reference) : error;
       if (!(relative <= worst)) {
         worst = std::isnan(relative) ? std::numeric_limits<double>::infinity() : relative;
       }
@@ -188,45 +184,20 @@ double WorstReal(const Job& job, const void* result, int64_t first, int64_t last
   return worst;
 }
 
-// Lines [first, last), either type.
+// Lines [first, last), either kind of job.
 double WorstOf(const Job& job, const void* result, int64_t first, int64_t last) {
-  const MatrixView& m = job.matrix;
   const v1::DType d_type =
-      job.diagonal_dtype == v1::DTYPE_UNSPECIFIED ? m.dtype : job.diagonal_dtype;
-  const bool complex = IsComplex(m.dtype) || IsComplex(d_type);
-  if (!complex) {
-    // The common dtypes read directly; the rest through Load.
-    return WorstReal(job, result, first, last, [](v1::DType t, const void* data, int64_t i) {
-      if (t == v1::DTYPE_FLOAT32) return static_cast<double>(static_cast<const float*>(data)[i]);
-      if (t == v1::DTYPE_FLOAT64) return static_cast<const double*>(data)[i];
-      return Load(t, data, i).real();
-    });
+      job.diagonal_dtype == v1::DTYPE_UNSPECIFIED ? job.matrix.dtype : job.diagonal_dtype;
+  if (IsComplex(job.matrix.dtype) || IsComplex(d_type)) {
+    return Worst<Z>(job, result, first, last, Load);
   }
-  const v1::DType c_type = ResultDType(job);
-  const bool col_major = m.layout == v1::LAYOUT_COL_MAJOR;
-  const int64_t line_length = col_major ? m.rows : m.cols;
-  double worst = 0;
-  for (int64_t line = first; line < last; ++line) {
-    for (int64_t k = 0; k < line_length; ++k) {
-      const int64_t row = col_major ? k : line;
-      const int64_t col = col_major ? line : k;
-      const int64_t index = line * line_length + k;
-      Z reference = Load(m.dtype, m.data, index);
-      if (job.side == v1::SIDE_BOTH) {
-        reference = Mul(Mul(Load(d_type, job.diagonal, row), reference, complex),
-                        Load(d_type, job.right_diagonal, col), complex);
-      } else {
-        const Z scale = Load(d_type, job.diagonal, job.side == v1::SIDE_LEFT ? row : col);
-        reference = Mul(scale, reference, complex);
-      }
-      const double error = std::abs(Load(c_type, result, index) - reference);
-      const double relative = reference != Z(0) ? error / std::abs(reference) : error;
-      if (!(relative <= worst)) {
-        worst = std::isnan(relative) ? std::numeric_limits<double>::infinity() : relative;
-      }
-    }
-  }
-  return worst;
+  // Real: the common dtypes read directly, the rest through Load; real
+  // arithmetic, so that an infinity times a real stays what it is.
+  return Worst<double>(job, result, first, last, [](v1::DType t, const void* data, int64_t i) {
+    if (t == v1::DTYPE_FLOAT32) return static_cast<double>(static_cast<const float*>(data)[i]);
+    if (t == v1::DTYPE_FLOAT64) return static_cast<const double*>(data)[i];
+    return Load(t, data, i).real();
+  });
 }
 
 }  // namespace

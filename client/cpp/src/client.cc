@@ -569,6 +569,20 @@ void Client::Connect(int stripes) {
   });
 }
 
+namespace {
+
+// UNAVAILABLE for a wait for a connection that began at `start` and ran out:
+// the server could not be reached, which is what the caller needs to know (a
+// deadline that passed without any call made is not a slow job).
+absl::Status NoConnectionWithin(absl::Time start, bool deadline_first) {
+  return absl::UnavailableError(absl::StrCat(
+      "no connection to the server within ",
+      absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+      deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
+}
+
+}  // namespace
+
 absl::Status Client::AwaitChannel(absl::Time deadline) const {
   const absl::Time start = absl::Now();
   const absl::Duration wait = options_.retry.max_reconnect_wait;
@@ -586,15 +600,12 @@ absl::Status Client::AwaitChannel(absl::Time deadline) const {
     if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && attempted) break;
     if (!channel_->WaitForStateChange(state, absl::ToChronoTime(until))) break;
   }
-  const std::string waited =
-      absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
   if (attempted && absl::Now() < until) {
-    return absl::UnavailableError(
-        absl::StrCat("the connection to the server failed (after ", waited, ")"));
+    return absl::UnavailableError(absl::StrCat(
+        "the connection to the server failed (after ",
+        absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))), ")"));
   }
-  return absl::UnavailableError(absl::StrCat(
-      "no connection to the server within ", waited,
-      deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
+  return NoConnectionWithin(start, deadline_first);
 }
 
 Client::Lane* Client::GetLane(int i, bool striped) {
@@ -643,14 +654,7 @@ absl::Status Client::AwaitConnection(Lane* lane, JobRun* run) {
     if (lane->channel->WaitForConnected(absl::ToChronoTime(slice))) return absl::OkStatus();
     if (slice >= until) break;
   }
-  const std::string waited =
-      absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
-  // UNAVAILABLE either way: the server could not be reached, which is what
-  // the caller needs to know (a deadline that passed without any call made
-  // is not a slow job).
-  return absl::UnavailableError(absl::StrCat(
-      "no connection to the server within ", waited,
-      deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
+  return NoConnectionWithin(start, deadline_first);
 }
 
 void CancelToken::Cancel() {
