@@ -59,7 +59,7 @@ fi
 # The commit the harnesses were built from, and whether the files they
 # compile differ from it. A `git archive` export names it in .commit.
 commit() {
-  local inputs=(service/validator.h service/validator.cc service/problem.h service/problem.cc
+  local inputs=(service/validator.h service/validator.cc service/core/problem.h service/core/problem.cc
                 client/cpp/include/dgmm/npy.h client/cpp/src/npy.cc
                 client/cpp/include/dgmm/host_memory.h client/cpp/src/host_memory.cc proto tests/fuzz)
   if git -C "$root" rev-parse HEAD >/dev/null 2>&1; then

@@ -10,9 +10,9 @@
 namespace dgmm {
 namespace {
 
-std::string Labels(const v1::DeviceInfo& d) {
+std::string Labels(const Engine::DeviceState& d) {
   return absl::StrFormat("device=\"%s\",index=\"%d\"",
-                         d.index() < 0 ? "cpu" : absl::StrCat("cuda:", d.index()), d.index());
+                         d.index < 0 ? "cpu" : absl::StrCat("cuda:", d.index), d.index);
 }
 
 void Family(std::string* out, absl::string_view name, absl::string_view type,
@@ -23,33 +23,33 @@ void Family(std::string* out, absl::string_view name, absl::string_view type,
 }  // namespace
 
 std::string RenderMetrics(const Engine& engine) {
-  const v1::GetServerInfoResponse info = engine.Info();
+  const Engine::State state = engine.Snapshot();
   std::string out;
   auto gauge = [&](absl::string_view name, absl::string_view type, absl::string_view help,
                    auto value_of) {
     Family(&out, name, type, help);
-    for (const v1::DeviceInfo& d : info.devices()) {
+    for (const Engine::DeviceState& d : state.devices) {
       absl::StrAppend(&out, name, "{", Labels(d), "} ", value_of(d), "\n");
     }
   };
   gauge("dgmm_budget_capacity_bytes", "gauge", "Memory budget capacity of the device.",
-        [](const v1::DeviceInfo& d) { return d.budget_bytes(); });
+        [](const Engine::DeviceState& d) { return d.budget.capacity; });
   gauge("dgmm_budget_reserved_bytes", "gauge", "Bytes reserved by admitted jobs.",
-        [](const v1::DeviceInfo& d) { return d.reserved_bytes(); });
+        [](const Engine::DeviceState& d) { return d.budget.reserved; });
   gauge("dgmm_device_memory_bytes", "gauge", "Total memory of the device.",
-        [](const v1::DeviceInfo& d) { return d.total_memory_bytes(); });
+        [](const Engine::DeviceState& d) { return d.total_memory_bytes; });
   gauge("dgmm_jobs_queued", "gauge", "Jobs waiting for admission.",
-        [](const v1::DeviceInfo& d) { return d.queued_jobs(); });
+        [](const Engine::DeviceState& d) { return d.budget.queued; });
   gauge("dgmm_jobs_running", "gauge", "Jobs admitted and running.",
-        [](const v1::DeviceInfo& d) { return d.running_jobs(); });
+        [](const Engine::DeviceState& d) { return d.budget.running; });
   gauge("dgmm_device_in_service", "gauge", "1 while the device takes jobs.",
-        [](const v1::DeviceInfo& d) { return d.in_service() ? 1 : 0; });
+        [](const Engine::DeviceState& d) { return d.in_service ? 1 : 0; });
   gauge("dgmm_jobs_completed_total", "counter", "Jobs finished with OK.",
-        [](const v1::DeviceInfo& d) { return d.completed_jobs(); });
+        [](const Engine::DeviceState& d) { return d.budget.completed; });
   Family(&out, "dgmm_jobs_rejected_total", "counter",
          "Jobs that ended otherwise than OK, by reason.");
-  for (const v1::DeviceInfo& d : info.devices()) {
-    for (const auto& [reason, n] : d.rejected_jobs()) {
+  for (const Engine::DeviceState& d : state.devices) {
+    for (const auto& [reason, n] : d.budget.rejected) {
       absl::StrAppend(&out, "dgmm_jobs_rejected_total{", Labels(d), ",reason=\"", reason,
                       "\"} ", n, "\n");
     }

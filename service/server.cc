@@ -10,9 +10,9 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "proto/wire.h"
-#include "service/engine/server_info.h"
+#include "service/rpc/server_info.h"
 #include "service/rpc/inline_reactions.h"
-#include "service/util/log.h"
+#include "service/core/log.h"
 
 namespace dgmm {
 

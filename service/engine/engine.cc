@@ -1,32 +1,15 @@
 #include "service/engine/engine.h"
 
 #include <algorithm>
-#include <set>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "service/engine/footprint.h"
+#include "service/core/footprint.h"
 #include "util/flag_names.h"
 
 namespace dgmm {
-namespace {
-
-v1::Backend ToWire(BackendKind b) {
-  switch (b) {
-    case BackendKind::kCpu:
-      return v1::BACKEND_CPU;
-    case BackendKind::kCudaKernel:
-      return v1::BACKEND_CUDA_KERNEL;
-    case BackendKind::kCublas:
-      return v1::BACKEND_CUBLAS;
-  }
-  return v1::BACKEND_AUTO;
-}
-
-}  // namespace
-
 ActiveJob::~ActiveJob() {
   if (!ended_) End(absl::CancelledError("job abandoned"));
 }
@@ -258,7 +241,7 @@ absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Activate(
   active->admitted_ = absl::Now();
   active->reservation_ = std::move(*res);
   active->stats_.set_job_id(next_job_id_++);
-  active->stats_.set_backend(ToWire(r.backend));
+  active->stats_.set_backend(WireBackend(r.backend));
   active->stats_.set_device(r.device->index() < 0
                                 ? r.device->name()
                                 : absl::StrCat("cuda:", r.device->index(), " ", r.device->name()));
@@ -443,64 +426,24 @@ bool Engine::Drain(absl::Duration timeout) {
   return false;
 }
 
-v1::GetServerInfoResponse Engine::Info() const {
-  v1::GetServerInfoResponse info;
-  info.set_version(DGMM_VERSION);
+Engine::State Engine::Snapshot() const {
+  State state;
   const std::vector<PoolStats> stats = admission_->Stats();
   for (int pool = 0; pool < admission_->pool_count(); ++pool) {
     const Device& dev = pool == 0 ? *cpu_ : *gpus_[pool - 1];
-    const PoolStats& s = stats[pool];
-    v1::DeviceInfo* d = info.add_devices();
-    d->set_index(dev.index());
-    d->set_name(dev.name());
-    d->set_total_memory_bytes(dev.total_memory_bytes());
-    d->set_budget_bytes(s.capacity);
-    d->set_reserved_bytes(s.reserved);
-    d->set_streams(dev.streams());
-    d->set_queued_jobs(s.queued);
-    d->set_running_jobs(s.running);
-    d->set_completed_jobs(s.completed);
-    for (const auto& [reason, n] : s.rejected) (*d->mutable_rejected_jobs())[reason] = n;
-    d->set_in_service(dev.in_service());
-    for (BackendKind b : dev.backends()) d->add_backends(ToWire(b));
+    state.devices.push_back(DeviceState{.index = dev.index(),
+                                        .name = dev.name(),
+                                        .total_memory_bytes = dev.total_memory_bytes(),
+                                        .streams = dev.streams(),
+                                        .in_service = dev.in_service(),
+                                        .backends = dev.backends(),
+                                        .budget = stats[pool]});
   }
-  v1::Limits* l = info.mutable_limits();
-  l->set_max_unary_message_bytes(options_.limits.max_unary_message_bytes);
-  l->set_max_small_message_bytes(options_.limits.max_small_message_bytes());
-  l->set_max_block_bytes(options_.limits.max_block_bytes);
-  l->set_max_dim(options_.limits.max_dim);
-  l->set_max_queue(options_.max_queue);
-  l->set_max_batch_jobs(options_.limits.max_batch_jobs);
-  l->set_auto_cpu_max_bytes(
-      gpu_default_ && options_.backend == ServerBackend::kAuto ? options_.auto_cpu_max_bytes : 0);
-  // Every dtype some backend takes (docs/dtypes.md).
-  constexpr v1::DType kAll[] = {v1::DTYPE_FLOAT32,  v1::DTYPE_FLOAT64,   v1::DTYPE_FLOAT16,
-                                v1::DTYPE_BFLOAT16, v1::DTYPE_COMPLEX64, v1::DTYPE_COMPLEX128};
-  for (v1::DType t : kAll) info.add_dtypes(t);
-  // Every backend of a device in service, once, in the order of the enum.
-  std::set<int> backends;
-  for (const auto& d : info.devices()) {
-    if (!d.in_service()) continue;
-    for (int b : d.backends()) backends.insert(b);
-  }
-  for (int b : backends) {
-    v1::BackendCapabilities* c = info.add_capabilities();
-    c->set_backend(static_cast<v1::Backend>(b));
-    // cuBLAS: S, D, C and Z dgmm, one dtype, one side (CublasTakes).
-    const bool cublas = b == v1::BACKEND_CUBLAS;
-    for (v1::DType t : kAll) {
-      if (cublas && (t == v1::DTYPE_FLOAT16 || t == v1::DTYPE_BFLOAT16)) continue;
-      c->add_dtypes(t);
-    }
-    c->add_sides(v1::SIDE_LEFT);
-    c->add_sides(v1::SIDE_RIGHT);
-    if (!cublas) c->add_sides(v1::SIDE_BOTH);
-    c->set_mixed_diagonal(!cublas);
-  }
-  info.set_default_backend(
-      !gpu_default_ ? v1::BACKEND_CPU
-                    : ToWire(pinned_gpu_backend_.value_or(gpus_.front()->backends().front())));
-  return info;
+  state.default_backend = !gpu_default_ ? BackendKind::kCpu
+                                        : pinned_gpu_backend_.value_or(gpus_.front()->backends().front());
+  state.auto_cpu_max_bytes =
+      gpu_default_ && options_.backend == ServerBackend::kAuto ? options_.auto_cpu_max_bytes : 0;
+  return state;
 }
 
 }  // namespace dgmm

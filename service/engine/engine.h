@@ -1,6 +1,6 @@
 // The engine: owns the devices (the CPU and one executor per GPU), the
 // admission budgets and the job workers. It routes a validated job to a
-// device, reserves its footprint (service/engine/footprint.h) and hands back,
+// device, reserves its footprint (service/core/footprint.h) and hands back,
 // asynchronously, an ActiveJob to feed tiles to; callers (service/job) never
 // see devices or budgets directly. gRPC-free (tests/layering).
 #ifndef DGMM_SERVICE_ENGINE_ENGINE_H_
@@ -18,11 +18,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
-#include "service/device.h"
+#include "service/core/device.h"
 #include "service/engine/job_metrics.h"
-#include "service/job/admission.h"
-#include "service/job/validator.h"
-#include "service/server_flags.h"
+#include "service/engine/admission.h"
+#include "service/core/validator.h"
+#include "service/engine/server_backend.h"
 #include "util/flag_types.h"
 #include "util/thread_pool.h"
 
@@ -184,8 +184,25 @@ class Engine {
   JobMetrics& metrics() { return *metrics_; }
   const JobMetrics& metrics() const { return *metrics_; }
 
-  // Server info: devices, budgets, counters, limits.
-  v1::GetServerInfoResponse Info() const;
+  // One device as GetServerInfo and the metrics report it (the reply itself
+  // is written in service/rpc/server_info.cc).
+  struct DeviceState {
+    int index = -1;  // -1: the CPU
+    std::string name;
+    int64_t total_memory_bytes = 0;
+    int streams = 0;
+    bool in_service = true;
+    std::vector<BackendKind> backends;
+    PoolStats budget;  // its budget, reservations and job counters
+  };
+  struct State {
+    std::vector<DeviceState> devices;  // the CPU, then each GPU
+    BackendKind default_backend = BackendKind::kCpu;
+    // Limits.auto_cpu_max_bytes: 0 unless AUTO jobs go to a GPU.
+    int64_t auto_cpu_max_bytes = 0;
+  };
+  // Devices, budgets and counters now.
+  State Snapshot() const;
 
   // True once Drain has begun.
   bool draining() const { return draining_; }

@@ -1,8 +1,8 @@
 #include "service/engine/job_metrics.h"
 
 #include "absl/strings/str_cat.h"
-#include "service/outcome.h"
-#include "service/util/log.h"
+#include "service/core/outcome.h"
+#include "service/core/log.h"
 
 namespace dgmm {
 namespace {

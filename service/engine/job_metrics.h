@@ -15,9 +15,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "dgmm/v1/dgmm.pb.h"
-#include "service/device.h"
-#include "service/job/admission.h"
-#include "service/job/validator.h"
+#include "service/core/device.h"
+#include "service/engine/admission.h"
+#include "service/core/validator.h"
 
 namespace dgmm {
 

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "service/outcome.h"
+#include "service/core/outcome.h"
 
 namespace dgmm {
 namespace {
@@ -16,81 +16,9 @@ int64_t AlignUp(int64_t n) { return (n + 63) & ~int64_t{63}; }
 
 }  // namespace
 
-void BatchJob::Begin() {
-  Engine& engine = session_->engine();
-  if (engine.draining()) {
-    Refuse(absl::UnavailableError("server is draining; retry on another replica"));
-    return;
-  }
-  // Until the message is in, its size is unknown: the gate's charge for that.
-  const int64_t max_message =
-      gate_->UnsizedCharge(engine.options().limits.max_unary_message_bytes);
-  absl::Status refused;
-  {
-    std::lock_guard lock(mu_);  // OnGate and OnCancel see the ticket
-    auto acquired =
-        gate_->Acquire(session_->call().connection_key(), max_message,
-                       [self = shared_from_this()](absl::Status s) { self->OnGate(s); });
-    if (!acquired.ok()) {
-      refused = acquired.status();
-    } else if (acquired->granted) {
-      gate_hold_ = max_message;
-      reading_since_ = absl::Now();
-      if (io_ != nullptr) io_->StartRead();
-    } else {
-      gate_ticket_ = acquired->ticket;
-    }
-  }
-  if (!refused.ok()) Refuse(refused);
-}
-
-void BatchJob::OnGate(const absl::Status& s) {
-  if (!s.ok()) {
-    Finish(s);
-    return;
-  }
-  bool gone = false;
-  {
-    std::lock_guard lock(mu_);
-    gate_ticket_.reset();
-    gate_hold_ =
-        gate_->UnsizedCharge(session_->engine().options().limits.max_unary_message_bytes);
-    gone = io_ == nullptr || session_->cancelled();
-    if (!gone) {
-      reading_since_ = absl::Now();
-      io_->StartRead();
-    }
-  }
-  if (gone) {
-    ReleaseGate();
-    Finish(session_->cancelled_status());
-  }
-}
-
 void BatchJob::OnRequest(std::unique_ptr<BatchRequest> request, bool call_cancelled) {
-  bool finished = false;
-  {
-    std::lock_guard lock(mu_);
-    reading_since_.reset();
-    finished = io_ == nullptr;  // the watchdog ended it while it arrived
-  }
-  if (finished || request == nullptr) {
-    ReleaseGate();
-    if (!finished) {
-      Finish(call_cancelled ? session_->cancelled_status()
-                            : absl::InvalidArgumentError(
-                                  "the MultiplyBatch call ended without its request message"));
-    }
-    return;
-  }
-  const int64_t size = request->size();
-  {
-    // Hold what the message really takes until the batch is admitted.
-    std::lock_guard lock(mu_);
-    const int64_t hold = std::min(gate_hold_, size);
-    gate_->Shrink(session_->call().connection_key(), gate_hold_, hold);
-    gate_hold_ = hold;
-  }
+  const int64_t size = request == nullptr ? 0 : request->size();
+  if (!Arrived(request != nullptr, call_cancelled, size)) return;
   const RequestLimits& limits = session_->engine().options().limits;
   // The batch's own checks, before any job's: its size, its framing, its count.
   if (size > limits.max_unary_message_bytes) {
@@ -140,30 +68,15 @@ void BatchJob::OnRequest(std::unique_ptr<BatchRequest> request, bool call_cancel
   }
   if (valid_.empty()) {
     // Nothing to run (an empty batch, or every job refused): the statuses.
-    ReleaseGate();
-    Finish(absl::OkStatus());
-    return;
+    return End(absl::OkStatus());
   }
   request_ = std::move(request);
-  absl::Status started = session_->StartBatch(
-      valid_jobs,
-      [self = shared_from_this()](absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted) {
-        self->ReleaseGate();  // the batch's reservation covers the request now
-        self->Run(std::move(admitted));
-      },
-      /*run_here=*/true);
-  if (!started.ok()) {
-    ReleaseGate();
-    Finish(started);
-  }
+  absl::Status started =
+      session_->StartBatch(valid_jobs, AfterAdmission(&BatchJob::Run), /*run_here=*/true);
+  if (!started.ok()) End(started);
 }
 
-void BatchJob::Run(absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted) {
-  if (!admitted.ok()) {
-    Finish(admitted.status());
-    return;
-  }
-  std::unique_ptr<AdmittedBatch> batch = std::move(*admitted);
+void BatchJob::Run(std::unique_ptr<AdmittedBatch> batch) {
   for (size_t i : valid_) reply_.results_bytes += AlignUp(reply_.jobs[i].bytes);
   // From the CPU's pool: memory already mapped and reused from call to call
   // (a fresh allocation per batch cost its page faults), and sent from in
@@ -227,25 +140,12 @@ void BatchJob::Run(absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted) {
       }
     } else {
       // A GPU job as a unary one: through a block buffer of its device (and
-      // one of C's size when C is wider).
-      absl::StatusOr<HostBuffer> buffer = stage.job().block_buffers().Take(bytes);
-      s = buffer.ok() ? request_->CopyMatrix(i, buffer->data(), bytes) : buffer.status();
-      std::optional<HostBuffer> result;
-      if (s.ok() && wider) {
-        absl::StatusOr<HostBuffer> taken = stage.job().block_buffers().Take(out_bytes);
-        if (taken.ok()) {
-          result = std::move(*taken);
-        } else {
-          s = taken.status();
-        }
-      }
-      std::byte* computed = result.has_value() ? result->data() : s.ok() ? buffer->data() : nullptr;
-      if (s.ok()) {
-        s = stage.ProcessTile(
-            Tile{.in = buffer->data(), .out = computed, .first_line = 0, .lines = lines},
-            cancelled);
-      }
-      if (s.ok()) std::memcpy(place, computed, static_cast<size_t>(out_bytes));
+      // one of C's size when C is wider), then into the reply's buffer.
+      absl::StatusOr<HostBuffer> c = ComputeWhole(
+          stage, bytes, out_bytes, lines,
+          [&](std::byte* a) { return request_->CopyMatrix(i, a, bytes); }, cancelled);
+      s = c.status();
+      if (s.ok()) std::memcpy(place, c->data(), static_cast<size_t>(out_bytes));
     }
     stage.End(s, bytes, s.ok() ? out_bytes : 0);
     out.status = s;
@@ -259,80 +159,16 @@ void BatchJob::Run(absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted) {
   Finish(call_status);
 }
 
-void BatchJob::Finish(const absl::Status& s) {
-  std::lock_guard lock(mu_);
-  if (io_ == nullptr) return;
-  BatchIo* io = std::exchange(io_, nullptr);
-  reading_since_.reset();
-  replied_at_ = absl::Now();
-  if (s.ok()) {
-    io->Reply(std::move(reply_));
-  } else {
-    io->Fail(s);
-  }
+void BatchJob::SendReply(GatedCallIo* io) {
+  static_cast<BatchIo*>(io)->Reply(std::move(reply_));
 }
 
-void BatchJob::OnCancel() {
-  session_->Cancel();
-  std::optional<ReceiveGate::Ticket> waiting;
+void BatchJob::DropJob() {
+  std::unique_ptr<AdmittedBatch> batch;
   {
     std::lock_guard lock(mu_);
-    waiting = gate_ticket_;
+    batch = std::move(batch_);
   }
-  if (waiting) gate_->Cancel(*waiting, session_->cancelled_status());
-}
-
-void BatchJob::Detach() {
-  {
-    std::lock_guard lock(live_mu_);
-    live_io_ = nullptr;
-  }
-  ReleaseGate();
-  std::lock_guard lock(mu_);
-  io_ = nullptr;
-  reading_since_.reset();
-  replied_at_.reset();
-  batch_.reset();
-}
-
-void BatchJob::CheckIdle(absl::Time now) {
-  bool stuck_reply = false;
-  bool timed_out = false;
-  {
-    std::lock_guard lock(mu_);
-    if (reading_since_.has_value() && now - *reading_since_ >= timeouts_.header && io_ != nullptr) {
-      timed_out = true;
-      reading_since_.reset();
-      replied_at_ = now;
-      std::exchange(io_, nullptr)
-          ->Fail(absl::DeadlineExceededError(
-              absl::StrCat("the MultiplyBatch request did not arrive within ",
-                           absl::FormatDuration(timeouts_.header),
-                           " of the server starting to read it (--stream_header_timeout_s)")));
-    } else {
-      stuck_reply = replied_at_.has_value() && now - *replied_at_ >= timeouts_.idle;
-    }
-  }
-  if (timed_out) ReleaseGate();
-  if (stuck_reply) {
-    std::lock_guard lock(live_mu_);
-    if (live_io_ != nullptr) live_io_->CancelCall();
-  }
-}
-
-void BatchJob::ReleaseGate() {
-  int64_t hold = 0;
-  {
-    std::lock_guard lock(mu_);
-    std::swap(hold, gate_hold_);
-  }
-  if (hold > 0) gate_->Shrink(session_->call().connection_key(), hold, 0);
-}
-
-void BatchJob::Refuse(const absl::Status& s) {
-  session_->Refuse(s);
-  ReleaseGate();
-  Finish(s);
 }
 
 }  // namespace dgmm

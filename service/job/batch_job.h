@@ -10,7 +10,7 @@
 //                      admitted: each job copied, Process, End, in order -- Reply
 //
 // The read side (the receive gate, the header timeout, the stuck-reply
-// watchdog, cancel, Detach) is UnaryJob's: the batch is read only once the
+// watchdog, cancel, Detach) is GatedCall's, as UnaryJob's: the batch is read only once the
 // gate has room for a message of --max_unary_message_bytes, and holds what
 // the message takes until its jobs are admitted.
 //
@@ -41,11 +41,9 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
-#include "service/host_buffers.h"
+#include "service/core/host_buffers.h"
+#include "service/job/gated_call.h"
 #include "service/job/intake.h"
-#include "service/job/receive_gate.h"
-#include "service/job/session.h"
-#include "service/job/watchdog.h"
 
 namespace dgmm {
 
@@ -86,62 +84,31 @@ struct BatchReply {
   int64_t results_bytes = 0;
 };
 
-// What the batch asks of its call. Finish-like calls (Reply, Fail) come once.
-class BatchIo {
+// What the batch asks of its call, besides GatedCallIo's.
+class BatchIo : public GatedCallIo {
  public:
-  virtual ~BatchIo() = default;
-  virtual void StartRead() = 0;
   // The call ends OK with these results (encoded and sent by the RPC layer,
   // which takes the results' buffer).
   virtual void Reply(BatchReply reply) = 0;
-  virtual void Fail(const absl::Status& status) = 0;
-  // Cancels the call at the transport (a reply the client never takes).
-  virtual void CancelCall() = 0;
 };
 
-class BatchJob final : public StreamWatchdog::Watched,
-                       public std::enable_shared_from_this<BatchJob> {
+class BatchJob final : public GatedCall {
  public:
   BatchJob(std::shared_ptr<JobSession> session, const Intake* intake, ReceiveGate* gate,
            StreamTimeouts timeouts, BatchIo* io)
-      : session_(std::move(session)),
-        intake_(intake),
-        gate_(gate),
-        timeouts_(timeouts),
-        io_(io),
-        live_io_(io) {}
+      : GatedCall(std::move(session), intake, gate, timeouts, io, "MultiplyBatch") {}
 
-  // Waits at the gate (or refuses at once), then asks io for the request.
-  void Begin();
-  // The request arrived (null: the call ended without one). May run the
-  // batch and Reply before returning: the caller holds no lock the job or
-  // its io takes.
+  // Begin (GatedCall) waits at the gate, then asks io for the request. The
+  // request arrived (null: the call ended without one). May run the batch
+  // and Reply before returning: the caller holds no lock the job or its io
+  // takes.
   void OnRequest(std::unique_ptr<BatchRequest> request, bool call_cancelled);
-  // The call was cancelled or its deadline passed.
-  void OnCancel();
-  // gRPC is done with the call: io is not used again; what the batch holds
-  // (at the gate, its reservation) goes back.
-  void Detach();
-  void CheckIdle(absl::Time now) override;
 
  private:
-  void OnGate(const absl::Status& s);
-  void Run(absl::StatusOr<std::unique_ptr<AdmittedBatch>> admitted);
-  void Finish(const absl::Status& s);
-  void ReleaseGate();
-  void Refuse(const absl::Status& s);
+  void Run(std::unique_ptr<AdmittedBatch> batch);
+  void SendReply(GatedCallIo* io) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropJob() override;
 
-  const std::shared_ptr<JobSession> session_;
-  const Intake* const intake_;
-  ReceiveGate* const gate_;
-  const StreamTimeouts timeouts_;
-
-  std::mutex mu_;
-  BatchIo* io_ ABSL_GUARDED_BY(mu_);                                     // null once finished
-  std::optional<ReceiveGate::Ticket> gate_ticket_ ABSL_GUARDED_BY(mu_);  // waiting
-  int64_t gate_hold_ ABSL_GUARDED_BY(mu_) = 0;                           // bytes held at the gate
-  std::optional<absl::Time> reading_since_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Time> replied_at_ ABSL_GUARDED_BY(mu_);
   // Owned by the thread that runs the batch from OnRequest on.
   std::unique_ptr<BatchRequest> request_;
   std::vector<BatchRequest::Job> jobs_;
@@ -150,9 +117,6 @@ class BatchJob final : public StreamWatchdog::Watched,
   BatchReply reply_;
   // The batch's reservation, until Detach (its results are being sent).
   std::unique_ptr<AdmittedBatch> batch_ ABSL_GUARDED_BY(mu_);
-  // Cancelling at the transport stays possible after Finish, until Detach.
-  std::mutex live_mu_;
-  BatchIo* live_io_ ABSL_GUARDED_BY(live_mu_);
 };
 
 }  // namespace dgmm

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "service/outcome.h"
+#include "service/core/outcome.h"
 
 namespace dgmm {
 namespace {

@@ -31,7 +31,7 @@
 #include "absl/status/status.h"
 #include "dgmm/v1/dgmm.pb.h"
 #include "service/engine/engine.h"
-#include "service/job/validator.h"
+#include "service/core/validator.h"
 #include "service/regions/region_registry.h"
 
 namespace dgmm {

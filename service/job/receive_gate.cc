@@ -1,10 +1,12 @@
 #include "service/job/receive_gate.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "service/outcome.h"
-#include "service/util/retry_pushback.h"
+#include "service/core/outcome.h"
+#include "service/core/retry_pushback.h"
 
 namespace dgmm {
 
@@ -38,12 +40,11 @@ void ReceiveGate::Cancel(Ticket ticket, absl::Status why) {
   Fired fired;
   {
     std::lock_guard lock(mu_);
-    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
-      if (it->ticket == ticket) {
-        fired.emplace_back(std::move(it->granted), std::move(why));
-        waiters_.erase(it);
-        break;
-      }
+    auto it = std::find_if(waiters_.begin(), waiters_.end(),
+                           [ticket](const Waiter& w) { return w.ticket == ticket; });
+    if (it != waiters_.end()) {
+      fired.emplace_back(std::move(it->granted), std::move(why));
+      waiters_.erase(it);
     }
   }
   for (auto& [cb, s] : fired) cb(s);

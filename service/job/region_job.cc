@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "service/util/log.h"
+#include "service/core/log.h"
 
 namespace dgmm {
 

@@ -25,8 +25,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "service/engine/engine.h"
-#include "service/job/admission.h"
-#include "service/job/validator.h"
+#include "service/engine/admission.h"
+#include "service/core/validator.h"
 #include "service/pipeline/stages.h"
 
 namespace dgmm {

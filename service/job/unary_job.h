@@ -24,7 +24,6 @@
 #ifndef DGMM_SERVICE_JOB_UNARY_JOB_H_
 #define DGMM_SERVICE_JOB_UNARY_JOB_H_
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,11 +32,9 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "dgmm/v1/dgmm.pb.h"
-#include "service/host_buffers.h"
+#include "service/core/host_buffers.h"
+#include "service/job/gated_call.h"
 #include "service/job/intake.h"
-#include "service/job/receive_gate.h"
-#include "service/job/session.h"
-#include "service/job/watchdog.h"
 
 namespace dgmm {
 
@@ -53,60 +50,33 @@ class UnaryRequest {
   virtual absl::Status CopyMatrix(std::byte* dst, int64_t bytes) = 0;
 };
 
-// What the job asks of its call. Finish-like calls (Reply, Fail) come once.
-class UnaryIo {
+// What the job asks of its call, besides GatedCallIo's.
+class UnaryIo : public GatedCallIo {
  public:
-  virtual ~UnaryIo() = default;
-  virtual void StartRead() = 0;
   // OK: `bytes` of result in `result` and the job's stats.
   virtual void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) = 0;
-  virtual void Fail(const absl::Status& status) = 0;
-  // Cancels the call at the transport (a reply the client never takes).
-  virtual void CancelCall() = 0;
 };
 
-class UnaryJob final : public StreamWatchdog::Watched,
-                       public std::enable_shared_from_this<UnaryJob> {
+class UnaryJob final : public GatedCall {
  public:
   UnaryJob(std::shared_ptr<JobSession> session, const Intake* intake, ReceiveGate* gate,
            StreamTimeouts timeouts, UnaryIo* io)
-      : session_(std::move(session)), intake_(intake), gate_(gate), timeouts_(timeouts),
-        io_(io), live_io_(io) {}
+      : GatedCall(std::move(session), intake, gate, timeouts, io, "Multiply") {}
 
-  // Waits at the gate (or refuses at once), then asks io for the request.
-  void Begin();
+  // Begin (GatedCall) waits at the gate, then asks io for the request.
   // MultiplySmall: the request is here already; io's StartRead is not used.
   void BeginRead(std::unique_ptr<UnaryRequest> request);
   // The request arrived (null: the call ended without one, cancelled or
   // not). May run the job and Reply before returning (see above): the
   // caller holds no lock the job or its io takes.
   void OnRequest(std::unique_ptr<UnaryRequest> request, bool call_cancelled);
-  // The call was cancelled or its deadline passed.
-  void OnCancel();
-  // gRPC is done with the call: io is not used again; what the job holds
-  // at the gate goes back.
-  void Detach();
-  void CheckIdle(absl::Time now) override;
 
  private:
-  void OnGate(const absl::Status& s);
-  void Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted);
-  void Finish(const absl::Status& s);
-  void ReleaseGate();
-  void Refuse(const absl::Status& s);
+  void Run(std::shared_ptr<ComputeStage> stage);
+  void SendReply(GatedCallIo* io) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropJob() override;
 
-  const std::shared_ptr<JobSession> session_;
-  const Intake* const intake_;
-  ReceiveGate* const gate_;
-  const StreamTimeouts timeouts_;
-
-  std::mutex mu_;
-  UnaryIo* io_ ABSL_GUARDED_BY(mu_);  // null once finished
-  std::optional<ReceiveGate::Ticket> gate_ticket_ ABSL_GUARDED_BY(mu_);  // waiting
-  int64_t gate_hold_ ABSL_GUARDED_BY(mu_) = 0;  // bytes held at the gate
-  bool small_ = false;                          // BeginRead: a MultiplySmall call
-  std::optional<absl::Time> reading_since_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Time> replied_at_ ABSL_GUARDED_BY(mu_);
+  bool small_ = false;  // BeginRead: a MultiplySmall call
   // Owned by the job's worker from admission on.
   std::unique_ptr<UnaryRequest> request_;
   int64_t matrix_bytes_ = 0;
@@ -114,9 +84,6 @@ class UnaryJob final : public StreamWatchdog::Watched,
   int64_t lines_ = 0;
   std::optional<HostBuffer> result_;
   std::shared_ptr<ComputeStage> stage_ ABSL_GUARDED_BY(mu_);  // its reservation, until Detach
-  // Cancelling at the transport stays possible after Finish, until Detach.
-  std::mutex live_mu_;
-  UnaryIo* live_io_ ABSL_GUARDED_BY(live_mu_);
 };
 
 }  // namespace dgmm

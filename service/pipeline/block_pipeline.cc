@@ -4,7 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "service/outcome.h"
+#include "service/core/outcome.h"
+#include "service/core/read_locked.h"
 
 namespace dgmm {
 
@@ -91,20 +92,11 @@ void BlockPipeline::DetachIo() {
   PumpLocked();  // ends the stage now, or once its block returns
 }
 
-absl::Time BlockPipeline::last_progress() const {
-  std::lock_guard lock(mu_);
-  return last_progress_;
-}
+absl::Time BlockPipeline::last_progress() const { return ReadLocked(mu_, last_progress_); }
 
-int64_t BlockPipeline::blocks_received() const {
-  std::lock_guard lock(mu_);
-  return blocks_received_;
-}
+int64_t BlockPipeline::blocks_received() const { return ReadLocked(mu_, blocks_received_); }
 
-bool BlockPipeline::ended() const {
-  std::lock_guard lock(mu_);
-  return stage_ended_;
-}
+bool BlockPipeline::ended() const { return ReadLocked(mu_, stage_ended_); }
 
 std::optional<absl::Time> BlockPipeline::failed_at() const {
   std::lock_guard lock(mu_);
@@ -112,15 +104,9 @@ std::optional<absl::Time> BlockPipeline::failed_at() const {
   return failed_at_;
 }
 
-int BlockPipeline::peak_window() const {
-  std::lock_guard lock(mu_);
-  return peak_window_;
-}
+int BlockPipeline::peak_window() const { return ReadLocked(mu_, peak_window_); }
 
-int64_t BlockPipeline::peak_held_bytes() const {
-  std::lock_guard lock(mu_);
-  return peak_held_bytes_;
-}
+int64_t BlockPipeline::peak_held_bytes() const { return ReadLocked(mu_, peak_held_bytes_); }
 
 void BlockPipeline::FailLocked(const absl::Status& status) {
   if (finished_ || error_.has_value()) return;

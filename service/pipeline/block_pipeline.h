@@ -51,11 +51,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "service/device.h"
-#include "service/engine/footprint.h"
-#include "service/host_buffers.h"
-#include "service/problem.h"
-#include "service/job/validator.h"
+#include "service/core/device.h"
+#include "service/core/footprint.h"
+#include "service/core/host_buffers.h"
+#include "service/core/problem.h"
+#include "service/core/validator.h"
 
 namespace dgmm {
 

@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "service/regions/region_registry.h"
-#include "service/util/log.h"
+#include "service/core/log.h"
 
 namespace dgmm {
 namespace {
@@ -50,23 +50,6 @@ std::string RandomHex(size_t bytes) {
   return absl::BytesToHexString(raw);
 }
 
-std::string Describe(int fd) {
-  char link[512];
-  const std::string proc = absl::StrCat("/proc/self/fd/", fd);
-  const ssize_t n = readlink(proc.c_str(), link, sizeof link - 1);
-  return n > 0 ? std::string(link, static_cast<size_t>(n)) : std::string("?");
-}
-
-const char* FileType(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a pipe";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "not a regular file";
-}
-
 void Reply(v1::LocalResponse* out, absl::StatusCode code, absl::string_view message) {
   out->set_code(static_cast<int>(code));
   out->set_message(std::string(message));
@@ -75,103 +58,6 @@ void Reply(v1::LocalResponse* out, absl::StatusCode code, absl::string_view mess
 void Reply(v1::LocalResponse* out, const absl::Status& s) { Reply(out, s.code(), s.message()); }
 
 }  // namespace
-
-void OwnedFd::Reset() {
-  if (fd_ >= 0) close(fd_);
-  fd_ = -1;
-}
-
-absl::Status CheckMemoryFd(int fd, PassedMemory* out) {
-  out->describe = Describe(fd);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot fstat the descriptor passed: ", ErrnoText(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the descriptor passed is ", FileType(st.st_mode), " (", out->describe,
-        "), not memory: pass a memfd (memfd_create) or a POSIX shared-memory object (shm_open)"));
-  }
-  struct statfs fs;
-  if (fstatfs(fd, &fs) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot fstatfs the descriptor passed: ", ErrnoText(errno)));
-  }
-  if (fs.f_type != TMPFS_MAGIC && fs.f_type != HUGETLBFS_MAGIC) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the descriptor passed is a file on a filesystem of type 0x%x (%s), not memory: pass a "
-        "memfd (memfd_create) or a POSIX shared-memory object (shm_open)",
-        static_cast<uint64_t>(fs.f_type), out->describe));
-  }
-  const int flags = fcntl(fd, F_GETFL);
-  if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the descriptor passed (", out->describe,
-        ") is not open for reading and writing: the server writes results into the region"));
-  }
-  const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals > 0 && (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the memfd passed (", out->describe,
-        ") is sealed against writing: the server writes results into the region"));
-  }
-  out->sealed = seals > 0 && (seals & F_SEAL_SHRINK) != 0;
-  out->object_bytes = st.st_size;
-  return absl::OkStatus();
-}
-
-absl::Status CheckVmmFd(int fd, bool server_has_gpu) {
-  if (!server_has_gpu) {
-    return absl::FailedPreconditionError(
-        "this server has no GPU in use, so it cannot import CUDA VMM memory; use host memory "
-        "or stream the job");
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot fstat the descriptor passed: ", ErrnoText(errno)));
-  }
-  // The driver's export is a descriptor of its own: host memory (a memfd, a
-  // shared-memory object), a pipe, a socket or a directory is not one. What
-  // else it may be is left to the import at RegisterRegion, which proves it.
-  const mode_t type = st.st_mode & S_IFMT;
-  struct statfs fs;
-  const bool host_memory = type == S_IFREG && fstatfs(fd, &fs) == 0 &&
-                           (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC);
-  if (host_memory || type == S_IFDIR || type == S_IFIFO || type == S_IFSOCK || type == S_IFBLK ||
-      type == S_IFLNK) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the descriptor passed as CUDA VMM memory is ",
-        host_memory ? "host memory (a memfd or shared-memory object)" : FileType(st.st_mode),
-        " (", Describe(fd),
-        "), not a CUDA allocation: pass the descriptor cuMemExportToShareableHandle gives "
-        "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)"));
-  }
-  return absl::OkStatus();
-}
-
-std::optional<ProcessIds> ReadProcessIds(pid_t pid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/status");
-  FILE* f = std::fopen(path.c_str(), "re");
-  if (f == nullptr) return std::nullopt;
-  ProcessIds ids;
-  bool uids = false, gids = false;
-  char line[256];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned a, b, c, d;
-    if (std::sscanf(line, "Uid: %u %u %u %u", &a, &b, &c, &d) == 4) {
-      ids.ruid = a, ids.euid = b, ids.suid = c, ids.fsuid = d;
-      uids = true;
-    } else if (std::sscanf(line, "Gid: %u %u %u %u", &a, &b, &c, &d) == 4) {
-      ids.egid = b;
-      gids = true;
-    }
-  }
-  std::fclose(f);
-  if (!uids || !gids) return std::nullopt;
-  return ids;
-}
 
 // ------------------------------------------------------------------ a peer
 
@@ -514,48 +400,9 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
                          v1::LocalResponse* out) {
   if (request.has_hello()) {
     if (!c.session.empty()) return false;
-    // The session is the hello's sender's, whoever connected: a process that
-    // connected and then forked, or changed its uid, gets what the process
-    // that says hello may have.
-    // (A kernel that does not say who sent it, where SO_PASSCRED is not
-    // supported, leaves the connecting process's: enough for regions, whose
-    // memory the client passes itself, but not for process memory.)
-    // The kernel's credentials carry the sender's pid and its real ids; the
-    // session takes its effective ones (what the kernel checks its accesses
-    // against, as SO_PEERCRED reports them), read from /proc for that pid.
-    // Process memory further needs all of its uids to be one.
-    std::optional<ProcessIds> ids;
-    if (c.in_from.has_value() && c.in_from->pid > 0) ids = ReadProcessIds(c.in_from->pid);
-    if (ids.has_value()) {
-      c.peer.uid = ids->euid;
-      c.peer.gid = ids->egid;
-      c.peer.pid = c.in_from->pid;
-    } else if (c.in_from.has_value()) {
-      c.peer.pid = c.in_from->pid;  // another PID namespace: 0
-    }
     c.session = RandomHex(32);
-    std::string refused;
-    if (const v1::LocalHello& h = request.hello(); h.process_memory()) {
-      if (!options_.process_memory) {
-        refused = "process memory is off on this server (--process_memory=false)";
-      } else if (!c.in_from.has_value()) {
-        refused =
-            "the kernel did not say which process sent the hello (no SCM_CREDENTIALS on it), so "
-            "the server cannot tell whose memory it would read";
-      } else if (ids.has_value() && !ids->one_uid()) {
-        refused = absl::StrFormat(
-            "the process that sent the hello has several uids (real %d, effective %d, saved %d, "
-            "filesystem %d): the server reads only the memory of a process that is wholly of "
-            "its own uid",
-            ids->ruid, ids->euid, ids->suid, ids->fsuid);
-      } else if (auto m = ProcessMemory::Open(c.peer.pid, c.peer.uid, h.cookie_address(),
-                                              h.cookie());
-                 m.ok()) {
-        c.peer.memory = *std::move(m);
-      } else {
-        refused = std::string(m.status().message());
-      }
-    }
+    const std::string refused =
+        TakeHelloSender(c.in_from, request.hello(), options_.process_memory, &c.peer);
     {
       std::lock_guard lock(mu_);
       static std::atomic<uint64_t> next_session{1};
@@ -578,63 +425,18 @@ bool LocalSocket::Handle(Conn& c, const v1::LocalRequest& request, OwnedFd fd,
   if (c.session.empty()) return false;  // hello first
   PassedMemory memory;
   if (request.has_pass_fd()) {
-    const v1::LocalPassFd& p = request.pass_fd();
-    memory.kind = p.kind();
-    if (p.kind() == v1::LOCAL_FD_KIND_MEMORY) {
-      if (absl::Status st = CheckMemoryFd(fd.get(), &memory); !st.ok()) {
-        Reply(out, st);
-        return true;
-      }
-    } else if (p.kind() == v1::LOCAL_FD_KIND_CUDA_VMM) {
-      if (p.device() < 0 || p.allocation_bytes() <= 0) {
-        Reply(out, absl::StatusCode::kInvalidArgument,
-              "a CUDA VMM descriptor needs its device (>= 0) and allocation_bytes (> 0)");
-        return true;
-      }
-      if (absl::Status st = CheckVmmFd(fd.get(), options_.cuda_vmm); !st.ok()) {
-        Reply(out, st);
-        return true;
-      }
-      memory.device = p.device();
-      memory.allocation_bytes = p.allocation_bytes();
-      memory.describe = "cuda vmm";
-    } else {
-      Reply(out, absl::StatusCode::kInvalidArgument,
-            "LocalPassFd.kind must be LOCAL_FD_KIND_MEMORY or LOCAL_FD_KIND_CUDA_VMM");
-      return true;
-    }
-    memory.fd = std::move(fd);
-  } else if (request.has_open_shm()) {
-    const std::string& key = request.open_shm().key();
-    if (absl::Status st = RegionRegistry::CheckKey(key); !st.ok()) {
+    if (absl::Status st = TakePassedFd(request.pass_fd(), std::move(fd), options_.cuda_vmm,
+                                       &memory);
+        !st.ok()) {
       Reply(out, st);
       return true;
     }
-    OwnedFd opened(shm_open(key.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0));
-    if (opened.get() < 0) {
-      const int err = errno;
-      Reply(out, err == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kPermissionDenied,
-            absl::StrCat("cannot open shared-memory object ", key, " on the server's host: ",
-                         ErrnoText(err),
-                         err == ENOENT ? "" : "; pass its descriptor instead (LocalPassFd)"));
+  } else if (request.has_open_shm()) {
+    if (absl::Status st = OpenShmForOwner(request.open_shm().key(), c.peer.uid, &memory);
+        !st.ok()) {
+      Reply(out, st);
       return true;
     }
-    struct stat st;
-    if (fstat(opened.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != c.peer.uid ||
-        (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-      Reply(out, absl::StatusCode::kPermissionDenied,
-            absl::StrFormat("shared-memory object %s is not a regular object owned by uid %d "
-                            "and writable by it alone (its owner is uid %d, its mode %04o): "
-                            "the server opens an object by name only for its owner",
-                            key, c.peer.uid, st.st_uid, st.st_mode & 07777));
-      return true;
-    }
-    memory.kind = v1::LOCAL_FD_KIND_MEMORY;
-    if (absl::Status s = CheckMemoryFd(opened.get(), &memory); !s.ok()) {
-      Reply(out, s);
-      return true;
-    }
-    memory.fd = std::move(opened);
   } else {
     Reply(out, absl::StatusCode::kInvalidArgument,
           "LocalRequest needs one of hello, pass_fd and open_shm");

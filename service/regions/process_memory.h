@@ -30,7 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "service/problem.h"
+#include "service/core/problem.h"
 
 namespace dgmm {
 

@@ -256,6 +256,11 @@ class RegionRegistry {
   absl::StatusOr<std::shared_ptr<Region>> ImportVmm(PassedMemory memory,
                                                     const v1::LocalFdRegion& at);
   absl::StatusOr<std::shared_ptr<Region>> OpenIpc(const v1::CudaIpcRegion& ipc);
+  // A region of `kind` on GPU memory that ImportVmm or OpenIpc opened: its
+  // [offset, offset + byte_size) must lie inside the allocation.
+  static absl::StatusOr<std::shared_ptr<Region>> DeviceRegion(RegionMemoryOps::IpcMemory mem,
+                                                              v1::RegionKind kind, int device,
+                                                              int64_t offset, int64_t byte_size);
   void Loop();
   // Pins host region `r` for the GPUs; false when it stays unpinned.
   bool Pin(Region& r);

@@ -17,10 +17,9 @@ namespace {
 // The request as gRPC read it; the jobs' headers are decoded without
 // touching their matrices, which are copied once out of gRPC's slices, in
 // order.
-class GrpcBatchRequest final : public BatchRequest {
+class GrpcBatchRequest final : public GrpcRequest<BatchRequest> {
  public:
-  explicit GrpcBatchRequest(grpc::ByteBuffer* message) { message_.Swap(message); }
-  int64_t size() const override { return static_cast<int64_t>(message_.Length()); }
+  using GrpcRequest::GrpcRequest;
   absl::Status Peek(int64_t max_jobs, std::vector<Job>* jobs, int64_t* total_jobs) override {
     size_t total = 0;
     absl::StatusOr<std::vector<wire::BatchJobView>> views =
@@ -44,41 +43,14 @@ class GrpcBatchRequest final : public BatchRequest {
   }
 
  private:
-  grpc::ByteBuffer message_;
   std::vector<wire::BatchJobView> views_;
   std::optional<wire::BatchMatrixReader> reader_;
 };
 
-class MultiplyBatchReactor final : public StreamReactorBase, public BatchIo {
+class MultiplyBatchReactor final : public GatedReactor<BatchJob, BatchIo, GrpcBatchRequest> {
  public:
-  MultiplyBatchReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
-                       const JobServices& services)
-      : call_(context, policy),
-        job_(std::make_shared<BatchJob>(std::make_shared<JobSession>(services.engine, call_.info()),
-                                        services.intake, services.gate, services.timeouts, this)) {
-    if (!call_.auth().ok()) {
-      Finish(call_.Status(call_.auth()));
-      return;
-    }
-    services.watchdog->Watch(job_);
-    job_->Begin();
-  }
+  using GatedReactor::GatedReactor;
 
-  void OnReadDone(bool ok) override {
-    job_->OnRequest(ok ? std::make_unique<GrpcBatchRequest>(&request_) : nullptr,
-                    call_.grpc()->IsCancelled());
-  }
-  void OnCancel() override { job_->OnCancel(); }
-  void OnDone() override {
-    job_->Detach();
-    delete this;
-  }
-
-  // BatchIo, called under the job's lock.
-  void StartRead() override {
-    GrpcOpScope op;
-    StreamReactorBase::StartRead(&request_);
-  }
   void Reply(BatchReply reply) override {
     std::vector<wire::BatchResultView> results(reply.jobs.size());
     for (size_t i = 0; i < reply.jobs.size(); ++i) {
@@ -101,24 +73,15 @@ class MultiplyBatchReactor final : public StreamReactorBase, public BatchIo {
             ? grpc::Slice()
             : ToSlice(std::move(reply.results), static_cast<size_t>(reply.results_bytes));
     response_ = wire::EncodeMultiplyBatchResponse(results, data);
-    GrpcOpScope op;
-    StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    SendResponse();
   }
-  void Fail(const absl::Status& status) override { FailFromJob(this, call_, status); }
-  void CancelCall() override { CancelFromJob(call_); }
-
- private:
-  CallContext call_;
-  grpc::ByteBuffer request_;
-  grpc::ByteBuffer response_;
-  const std::shared_ptr<BatchJob> job_;
 };
 
 }  // namespace
 
 StreamReactorBase* NewMultiplyBatchReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                            const JobServices& services) {
-  return new MultiplyBatchReactor(context, policy, services);
+  return NewGatedReactor<MultiplyBatchReactor>(context, policy, services);
 }
 
 }  // namespace dgmm

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/wire.h"
-#include "service/engine/server_info.h"
+#include "service/rpc/server_info.h"
 
 namespace dgmm {
 

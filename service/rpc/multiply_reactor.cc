@@ -19,10 +19,9 @@ namespace {
 
 // The request as gRPC read it; the header is decoded without touching the
 // matrix, which is copied once out of gRPC's slices.
-class GrpcUnaryRequest final : public UnaryRequest {
+class GrpcUnaryRequest final : public GrpcRequest<UnaryRequest> {
  public:
-  explicit GrpcUnaryRequest(grpc::ByteBuffer* message) { message_.Swap(message); }
-  int64_t size() const override { return static_cast<int64_t>(message_.Length()); }
+  using GrpcRequest::GrpcRequest;
   absl::Status Peek(const v1::JobHeader** header, int64_t* matrix_bytes) override {
     absl::StatusOr<wire::MultiplyRequestView> view = wire::PeekMultiplyRequest(message_);
     if (!view.ok()) return view.status();
@@ -36,81 +35,31 @@ class GrpcUnaryRequest final : public UnaryRequest {
   }
 
  private:
-  grpc::ByteBuffer message_;
   wire::MultiplyRequestView view_;
 };
 
-class MultiplyReactor final : public StreamReactorBase, public UnaryIo {
+class MultiplyReactor final : public GatedReactor<UnaryJob, UnaryIo, GrpcUnaryRequest> {
  public:
-  MultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
-                  const JobServices& services)
-      : call_(context, policy),
-        job_(std::make_shared<UnaryJob>(
-            std::make_shared<JobSession>(services.engine, call_.info()), services.intake,
-            services.gate, services.timeouts, this)) {
-    if (!call_.auth().ok()) {
-      Finish(call_.Status(call_.auth()));
-      return;
-    }
-    services.watchdog->Watch(job_);
-    job_->Begin();
-  }
+  using GatedReactor::GatedReactor;
 
-  void OnReadDone(bool ok) override {
-    job_->OnRequest(ok ? std::make_unique<GrpcUnaryRequest>(&request_) : nullptr,
-                    call_.grpc()->IsCancelled());
-  }
-  void OnCancel() override { job_->OnCancel(); }
-  void OnDone() override {
-    job_->Detach();
-    delete this;
-  }
-
-  // UnaryIo, called under the job's lock.
-  void StartRead() override {
-    GrpcOpScope op;
-    StreamReactorBase::StartRead(&request_);
-  }
   void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) override {
     // The result goes out from the buffer it was computed in.
     response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), stats);
-    GrpcOpScope op;
-    StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    SendResponse();
   }
-  void Fail(const absl::Status& status) override { FailFromJob(this, call_, status); }
-  void CancelCall() override { CancelFromJob(call_); }
-
- private:
-  CallContext call_;
-  grpc::ByteBuffer request_;
-  grpc::ByteBuffer response_;
-  const std::shared_ptr<UnaryJob> job_;
 };
 
-class MultiplySmallReactor final : public InlineUnaryReactor, public UnaryIo {
+class MultiplySmallReactor final : public InlineJobReactor<UnaryJob>, public UnaryIo {
  public:
-  MultiplySmallReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
-                       const JobServices& services, const grpc::ByteBuffer* request,
-                       grpc::ByteBuffer* response)
-      : call_(context, policy), response_(response) {
-    if (!call_.auth().ok()) {
-      grpc::ServerUnaryReactor::Finish(call_.Status(call_.auth()));
-      return;
-    }
+  using InlineJobReactor::InlineJobReactor;
+
+  void Start(const JobServices& services, const grpc::ByteBuffer& request) {
     job_ = std::make_shared<UnaryJob>(std::make_shared<JobSession>(services.engine, call_.info()),
                                       services.intake, services.gate, services.timeouts, this);
     services.watchdog->Watch(job_);
     // The request's slices are shared, not copied.
-    grpc::ByteBuffer message(*request);
+    grpc::ByteBuffer message(request);
     job_->BeginRead(std::make_unique<GrpcUnaryRequest>(&message));
-  }
-
-  void OnCancel() override {
-    if (job_ != nullptr) job_->OnCancel();
-  }
-  void OnDone() override {
-    if (job_ != nullptr) job_->Detach();
-    delete this;
   }
 
   // UnaryIo, called under the job's lock.
@@ -122,25 +71,15 @@ class MultiplySmallReactor final : public InlineUnaryReactor, public UnaryIo {
   }
   void Fail(const absl::Status& status) override { FailFromJob(this, call_, status); }
   void CancelCall() override { CancelFromJob(call_); }
-
- private:
-  CallContext call_;
-  grpc::ByteBuffer* const response_;
-  std::shared_ptr<UnaryJob> job_;  // null when refused at once
 };
 
 }  // namespace
 
-grpc::ServerUnaryReactor* NewMultiplySmallReactor(grpc::CallbackServerContext* context,
-                                                  CallPolicy* policy, const JobServices& services,
-                                                  const grpc::ByteBuffer* request,
-                                                  grpc::ByteBuffer* response) {
-  return new MultiplySmallReactor(context, policy, services, request, response);
-}
+const InlineJobRpc NewMultiplySmallReactor = &NewInlineJobReactor<MultiplySmallReactor>;
 
 StreamReactorBase* NewMultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                       const JobServices& services) {
-  return new MultiplyReactor(context, policy, services);
+  return NewGatedReactor<MultiplyReactor>(context, policy, services);
 }
 
 }  // namespace dgmm

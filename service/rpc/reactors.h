@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -28,6 +29,7 @@
 #include "service/engine/engine.h"
 #include "service/job/intake.h"
 #include "service/job/receive_gate.h"
+#include "service/job/session.h"
 #include "service/job/watchdog.h"
 #include "service/regions/region_registry.h"
 #include "service/rpc/call_context.h"
@@ -72,6 +74,25 @@ inline void CancelFromJob(const CallContext& call) {
   call.grpc()->TryCancel();
 }
 
+// Ends a unary call UNAUTHENTICATED when its token is wrong; false then.
+inline bool Authenticated(grpc::ServerUnaryReactor* reactor, const CallContext& call) {
+  if (call.auth().ok()) return true;
+  reactor->Finish(call.Status(call.auth()));
+  return false;
+}
+
+// A job's request (`Base`: UnaryRequest, BatchRequest) over the message
+// gRPC read, taken over from the reactor's buffer.
+template <typename Base>
+class GrpcRequest : public Base {
+ public:
+  explicit GrpcRequest(grpc::ByteBuffer* message) { message_.Swap(message); }
+  int64_t size() const override { return static_cast<int64_t>(message_.Length()); }
+
+ protected:
+  grpc::ByteBuffer message_;
+};
+
 // A unary call answered at once: UNAUTHENTICATED, or what `serve` returns
 // (having filled the response when OK).
 class UnaryReply final : public InlineUnaryReactor {
@@ -100,22 +121,121 @@ class RefusedStream final : public StreamReactorBase {
   CallContext call_;
 };
 
+// A call whose one request message a GatedCall job reads (Multiply,
+// MultiplyBatch: unary on the wire, served as a stream of one message, so
+// that the job asks for the message only once the ReceiveGate has room and
+// a draining server refuses it unread). Everything but the reply, which
+// the final class writes (`Io`'s Reply). `Request` is the job's request
+// over the message. Made and started by NewGatedReactor.
+template <typename Job, typename Io, typename Request>
+class GatedReactor : public StreamReactorBase, public Io {
+ public:
+  GatedReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+               const JobServices& services)
+      : call_(context, policy),
+        job_(std::make_shared<Job>(std::make_shared<JobSession>(services.engine, call_.info()),
+                                   services.intake, services.gate, services.timeouts, this)) {}
+  // Authenticates the call, then lets the job wait at the gate.
+  void Start(const JobServices& services) {
+    if (!call_.auth().ok()) {
+      Finish(call_.Status(call_.auth()));
+      return;
+    }
+    services.watchdog->Watch(job_);
+    job_->Begin();
+  }
+
+ protected:
+
+  void OnReadDone(bool ok) override {
+    job_->OnRequest(ok ? std::make_unique<Request>(&request_) : nullptr,
+                    call_.grpc()->IsCancelled());
+  }
+  void OnCancel() override { job_->OnCancel(); }
+  void OnDone() override {
+    job_->Detach();
+    delete this;
+  }
+  // Job::Io, called under the job's lock.
+  void StartRead() override {
+    GrpcOpScope op;
+    StreamReactorBase::StartRead(&request_);
+  }
+  void Fail(const absl::Status& status) override { FailFromJob(this, call_, status); }
+  void CancelCall() override { CancelFromJob(call_); }
+  // Sends response_ and ends the call OK.
+  void SendResponse() {
+    GrpcOpScope op;
+    StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  CallContext call_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  const std::shared_ptr<Job> job_;
+};
+
+// A gated reactor, started once it is whole (the job may call any of its
+// Io at once, from gRPC's threads).
+template <typename Reactor>
+StreamReactorBase* NewGatedReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                                   const JobServices& services) {
+  auto* reactor = new Reactor(context, policy, services);
+  reactor->Start(services);
+  return reactor;
+}
+
+// A unary call whose message gRPC read whole, served by a job
+// (MultiplySmall, MultiplyRegion): its context, its response and its job
+// (null when refused before one was made), and the reactions it forwards
+// to the job. The final class's Start(services, request) makes the job.
+// Made and started by NewInlineJobReactor.
+template <typename Job>
+class InlineJobReactor : public InlineUnaryReactor {
+ public:
+  InlineJobReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
+                   grpc::ByteBuffer* response)
+      : call_(context, policy), response_(response) {}
+  void OnCancel() override {
+    if (job_ != nullptr) job_->OnCancel();
+  }
+  void OnDone() override {
+    if (job_ != nullptr) job_->Detach();
+    delete this;
+  }
+  const CallContext& call() const { return call_; }
+
+ protected:
+  CallContext call_;
+  grpc::ByteBuffer* const response_;
+  std::shared_ptr<Job> job_;
+};
+
+template <typename Reactor>
+grpc::ServerUnaryReactor* NewInlineJobReactor(grpc::CallbackServerContext* context,
+                                              CallPolicy* policy, const JobServices& services,
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  auto* reactor = new Reactor(context, policy, response);
+  if (Authenticated(reactor, reactor->call())) reactor->Start(services, *request);
+  return reactor;
+}
+
 StreamReactorBase* NewMultiplyReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                       const JobServices& services);
-grpc::ServerUnaryReactor* NewMultiplySmallReactor(grpc::CallbackServerContext* context,
-                                                  CallPolicy* policy, const JobServices& services,
-                                                  const grpc::ByteBuffer* request,
-                                                  grpc::ByteBuffer* response);
+// The unary job reactors (NewInlineJobReactor of each).
+using InlineJobRpc = grpc::ServerUnaryReactor* (*)(grpc::CallbackServerContext* context,
+                                                   CallPolicy* policy, const JobServices& services,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response);
+extern const InlineJobRpc NewMultiplySmallReactor;
+extern const InlineJobRpc NewMultiplyRegionReactor;
 StreamReactorBase* NewMultiplyBatchReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                            const JobServices& services);
 StreamReactorBase* NewMultiplyStreamReactor(grpc::CallbackServerContext* context,
                                             CallPolicy* policy, const JobServices& services);
 StreamReactorBase* NewEchoReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
                                   Engine* engine);
-grpc::ServerUnaryReactor* NewMultiplyRegionReactor(grpc::CallbackServerContext* context,
-                                                   CallPolicy* policy, const JobServices& services,
-                                                   const grpc::ByteBuffer* request,
-                                                   grpc::ByteBuffer* response);
 enum class RegionMethod { kRegister, kUnregister, kStatus };
 grpc::ServerUnaryReactor* NewRegionCallReactor(grpc::CallbackServerContext* context,
                                                CallPolicy* policy, RegionRegistry* regions,

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "proto/wire.h"
+#include "service/core/enum_names.h"
 #include "service/job/region_job.h"
 #include "service/rpc/reactors.h"
 
@@ -40,18 +41,13 @@ int64_t MaxRegionRequestBytes(const RequestLimits& limits) {
                   2 * limits.max_dim * 16 + kMaxControlRequestBytes);
 }
 
-class MultiplyRegionReactor final : public InlineUnaryReactor, public RegionIo {
+class MultiplyRegionReactor final : public InlineJobReactor<RegionJob>, public RegionIo {
  public:
-  MultiplyRegionReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
-                        const JobServices& services, const grpc::ByteBuffer* request,
-                        grpc::ByteBuffer* response)
-      : call_(context, policy), response_(response) {
-    if (!call_.auth().ok()) {
-      grpc::ServerUnaryReactor::Finish(call_.Status(call_.auth()));
-      return;
-    }
+  using InlineJobReactor::InlineJobReactor;
+
+  void Start(const JobServices& services, const grpc::ByteBuffer& request) {
     if (absl::Status s = CheckRequestSize(
-            *request, MaxRegionRequestBytes(services.engine->options().limits), "MultiplyRegion");
+            request, MaxRegionRequestBytes(services.engine->options().limits), "MultiplyRegion");
         !s.ok()) {
       grpc::ServerUnaryReactor::Finish(call_.Status(s));
       return;
@@ -67,21 +63,13 @@ class MultiplyRegionReactor final : public InlineUnaryReactor, public RegionIo {
     }
     job_ = std::make_shared<RegionJob>(std::make_shared<JobSession>(services.engine, call_.info()),
                                        services.intake, services.regions, this);
-    const bool parsed = wire::ParseMessage(*request, &request_);
+    const bool parsed = wire::ParseMessage(request, &request_);
     job_->Begin(request_,
                 parsed ? absl::OkStatus()
                        : absl::InvalidArgumentError(
                              "request does not parse as a dgmm.v1.MultiplyRegionRequest"),
                 caller.ok() ? caller->owner : std::string(),
                 caller.ok() ? caller->peer.memory : nullptr);
-  }
-
-  void OnCancel() override {
-    if (job_ != nullptr) job_->OnCancel();
-  }
-  void OnDone() override {
-    if (job_ != nullptr) job_->Detach();
-    delete this;
   }
 
   // RegionIo, once.
@@ -96,11 +84,21 @@ class MultiplyRegionReactor final : public InlineUnaryReactor, public RegionIo {
   }
 
  private:
-  CallContext call_;
-  grpc::ByteBuffer* const response_;
   v1::MultiplyRegionRequest request_;
-  std::shared_ptr<RegionJob> job_;  // null when refused at once
 };
+
+// Parses `request` as a Request, answers it with `answer` and encodes the
+// reply into `response`: the call's status.
+template <typename Request, typename Fn>
+absl::Status Answer(const grpc::ByteBuffer& request, const char* name, grpc::ByteBuffer* response,
+                    Fn answer) {
+  auto req = Parse<Request>(request, name);
+  if (!req.ok()) return req.status();
+  auto reply = answer(*req);
+  if (!reply.ok()) return reply.status();
+  *response = wire::EncodeMessage(*reply);
+  return absl::OkStatus();
+}
 
 // RegisterRegion, UnregisterRegion or GetRegionStatus for client `owner`:
 // the call's status, with `response` filled when OK.
@@ -109,48 +107,41 @@ absl::Status Serve(RegionMethod method, RegionRegistry* registry,
                    grpc::ByteBuffer* response) {
   const std::string& owner = caller.owner;
   switch (method) {
-    case RegionMethod::kRegister: {
-      auto req = Parse<v1::RegisterRegionRequest>(request, "RegisterRegionRequest");
-      if (!req.ok()) return req.status();
-      auto status = registry->Register(caller, *req);
-      if (!status.ok()) return status.status();
-      v1::RegisterRegionResponse reply;
-      *reply.mutable_region() = *status;
-      *response = wire::EncodeMessage(reply);
-      return absl::OkStatus();
-    }
-    case RegionMethod::kUnregister: {
-      auto req = Parse<v1::UnregisterRegionRequest>(request, "UnregisterRegionRequest");
-      if (!req.ok()) return req.status();
-      auto n = registry->Unregister(owner, req->name());
-      if (!n.ok()) return n.status();
-      v1::UnregisterRegionResponse reply;
-      reply.set_unregistered(*n);
-      *response = wire::EncodeMessage(reply);
-      return absl::OkStatus();
-    }
-    case RegionMethod::kStatus: {
-      auto req = Parse<v1::GetRegionStatusRequest>(request, "GetRegionStatusRequest");
-      if (!req.ok()) return req.status();
-      auto reply = registry->Status(owner, req->name());
-      if (!reply.ok()) return reply.status();
-      *response = wire::EncodeMessage(*reply);
-      return absl::OkStatus();
-    }
+    case RegionMethod::kRegister:
+      return Answer<v1::RegisterRegionRequest>(
+          request, "RegisterRegionRequest", response,
+          [&](const v1::RegisterRegionRequest& req) -> absl::StatusOr<v1::RegisterRegionResponse> {
+            auto status = registry->Register(caller, req);
+            if (!status.ok()) return status.status();
+            v1::RegisterRegionResponse reply;
+            *reply.mutable_region() = *status;
+            return reply;
+          });
+    case RegionMethod::kUnregister:
+      return Answer<v1::UnregisterRegionRequest>(
+          request, "UnregisterRegionRequest", response,
+          [&](const v1::UnregisterRegionRequest& req)
+              -> absl::StatusOr<v1::UnregisterRegionResponse> {
+            auto n = registry->Unregister(owner, req.name());
+            if (!n.ok()) return n.status();
+            v1::UnregisterRegionResponse reply;
+            reply.set_unregistered(*n);
+            return reply;
+          });
+    case RegionMethod::kStatus:
+      return Answer<v1::GetRegionStatusRequest>(
+          request, "GetRegionStatusRequest", response,
+          [&](const v1::GetRegionStatusRequest& req) { return registry->Status(owner, req.name()); });
   }
   return absl::InternalError("unknown region method");
 }
 
 const char* MethodName(RegionMethod method) {
-  switch (method) {
-    case RegionMethod::kRegister:
-      return "RegisterRegion";
-    case RegionMethod::kUnregister:
-      return "UnregisterRegion";
-    case RegionMethod::kStatus:
-      return "GetRegionStatus";
-  }
-  return "region";
+  static constexpr EnumName<RegionMethod> kNames[] = {
+      {RegionMethod::kRegister, "RegisterRegion"},
+      {RegionMethod::kUnregister, "UnregisterRegion"},
+      {RegionMethod::kStatus, "GetRegionStatus"}};
+  return NameOf(kNames, method, "region");
 }
 
 class RegionCallReactor final : public InlineUnaryReactor {
@@ -186,12 +177,7 @@ class RegionCallReactor final : public InlineUnaryReactor {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* NewMultiplyRegionReactor(grpc::CallbackServerContext* context,
-                                                   CallPolicy* policy, const JobServices& services,
-                                                   const grpc::ByteBuffer* request,
-                                                   grpc::ByteBuffer* response) {
-  return new MultiplyRegionReactor(context, policy, services, request, response);
-}
+const InlineJobRpc NewMultiplyRegionReactor = &NewInlineJobReactor<MultiplyRegionReactor>;
 
 grpc::ServerUnaryReactor* NewRegionCallReactor(grpc::CallbackServerContext* context,
                                                CallPolicy* policy, RegionRegistry* regions,

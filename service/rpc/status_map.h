@@ -6,12 +6,12 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
-#include "service/util/retry_pushback.h"
+#include "service/core/retry_pushback.h"
 
 namespace dgmm {
 
 // Converts `s` (same code, same message); adds the retry hint `s` carries
-// (WithRetryPushback, service/util/retry_pushback.h) to `context` as the
+// (WithRetryPushback, service/core/retry_pushback.h) to `context` as the
 // `grpc-retry-pushback-ms` trailer, and marks every error as dgmm's own with
 // the trailer `dgmm-origin: server` (docs/protocol.md §9, rule 3): a client
 // retries an error without it (INTERNAL from an RST_STREAM, RESOURCE_EXHAUSTED

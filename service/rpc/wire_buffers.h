@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "service/host_buffers.h"
+#include "service/core/host_buffers.h"
 
 namespace dgmm {
 

@@ -8,7 +8,7 @@ build arguments (CUDA 13 by default), with a HEALTHCHECK that follows
 DGMM_LISTEN's port; every DGMM_* variable and
 --flag named anywhere in docker/ and docs/operations.md is a real flag of
 dgmm-server (or of dgmm-cli, or of the tool the line runs); the flags table of
-docs/operations.md is what docker/flags_table.py generates from service/main.cc.
+docs/operations.md is what docker/flags_table.py generates from service/flags.cc.
 
 Each check is a function from parsed artifacts to a list of problems, so the
 tests below also feed them broken copies and expect the problem to be found.
@@ -34,7 +34,7 @@ import flags_table  # noqa: E402  (docker/flags_table.py)
 
 GRPC_PORT = 50051
 METRICS_PORT = 9464
-DEFAULT_DRAIN_S = None  # read from service/main.cc below
+DEFAULT_DRAIN_S = None  # read from service/flags.cc below
 HEALTH_SERVICES = {"", "dgmm.v1.Dgmm"}
 
 # Variables named DGMM_* that are not server flags, and where each is read.
@@ -739,7 +739,7 @@ class Artifacts(unittest.TestCase):
         self.assertEqual(check_names(doc_and_docker_texts()), [])
         self.assertEqual(check_server_argv(k8s_objects(), load_yaml(DOCKER / "compose.yaml")[0]), [])
 
-    def test_operations_doc_flags_table_matches_main_cc(self):
+    def test_operations_doc_flags_table_matches_the_flags(self):
         text = DOC.read_text(encoding="utf-8")
         self.assertEqual(flags_table.replace_table(text, flags_table.render(flags_table.server_flags())), text,
                          "docs/operations.md's flags table is stale: run docker/flags_table.py --write")

@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "service/job/validator.h"
+#include "service/core/validator.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

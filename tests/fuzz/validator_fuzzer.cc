@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "dgmm/v1/dgmm.pb.h"
-#include "service/job/validator.h"
+#include "service/core/validator.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

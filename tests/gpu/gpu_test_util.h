@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "service/backends/cuda/cuda_device.h"
-#include "service/problem.h"
+#include "service/core/problem.h"
 
 namespace dgmm::testing {
 

@@ -85,7 +85,7 @@ def parse_bytes(text):
 
 
 def transport_quota(budget):
-    """The transport quota the server derives with `auto` (service/main.cc)."""
+    """The transport quota the server derives with `auto` (service/flags.cc)."""
     return max(min(max(budget // 2, 64 * MIB), 256 * MIB), 16 * MIB + 16 * MIB)
 
 

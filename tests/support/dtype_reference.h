@@ -1,7 +1,7 @@
 // An independent reference for the kernel layer's element types,
 // shared by the CPU unit tests and the GPU tests. It does the same
 // arithmetic as docs/dtypes.md specifies, by other means than
-// service/backends/scalar_types.h: half types are decoded with ldexp and
+// service/core/scalar_types.h: half types are decoded with ldexp and
 // rounded by searching the (monotonic) table of finite values for the
 // nearest, ties to the even pattern; complex products are the plain formula
 // written out here. Build users of this header with -ffp-contract=off.
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "service/backends/scalar_types.h"
+#include "service/core/scalar_types.h"
 
 namespace dgmm::ref {
 

@@ -1,5 +1,5 @@
 // Admission: budgets, FIFO queue with bounded backfill, deadlines, cancel.
-#include "service/job/admission.h"
+#include "service/engine/admission.h"
 
 #include <atomic>
 #include <chrono>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "service/util/retry_pushback.h"
+#include "service/core/retry_pushback.h"
 
 namespace dgmm {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "service/outcome.h"
+#include "service/core/outcome.h"
 
 namespace dgmm {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "service/backends/cpu/cpu_device.h"
-#include "service/backends/scalar_types.h"
+#include "service/core/scalar_types.h"
 #include "tests/support/dtype_reference.h"
 
 namespace dgmm {

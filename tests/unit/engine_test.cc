@@ -9,7 +9,8 @@
 
 #include "gtest/gtest.h"
 #include "service/backends/cpu/cpu_device.h"
-#include "service/host_buffers.h"
+#include "service/core/host_buffers.h"
+#include "service/rpc/server_info.h"
 
 namespace dgmm {
 namespace {
@@ -122,7 +123,7 @@ TEST(Engine, StickyDeviceErrorFailsOnlyThatJobAndTurnsHealthNotServing) {
                                [](auto) {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(engine->total_reserved(), 0);
-  const v1::GetServerInfoResponse info = engine->Info();
+  const v1::GetServerInfoResponse info = DescribeServer(*engine, nullptr);
   ASSERT_EQ(info.devices_size(), 2);
   EXPECT_FALSE(info.devices(1).in_service());
   EXPECT_EQ(info.devices(1).rejected_jobs().at("internal"), 1);
@@ -249,7 +250,7 @@ TEST(Engine, OneSmallGpuRegionJobAtATimeComesBackToTheCaller) {
 TEST(Engine, BackendAutoWithoutGpuRunsOnTheCpuAndCudaFlagsAreRefused) {
   auto cpu_only = Engine::Create(EngineOptions{}, std::make_unique<CpuDevice>(1), {});
   ASSERT_TRUE(cpu_only.ok());
-  EXPECT_EQ((*cpu_only)->Info().default_backend(), v1::BACKEND_CPU);
+  EXPECT_EQ(DescribeServer(**cpu_only, nullptr).default_backend(), v1::BACKEND_CPU);
   EngineOptions cuda;
   cuda.backend = ServerBackend::kCuda;
   auto refused = Engine::Create(cuda, std::make_unique<CpuDevice>(1), {});
@@ -309,7 +310,7 @@ TEST(Engine, SmallAutoJobsRunOnTheCpuOfAGpuServer) {
   named.backend = BackendKind::kCudaKernel;
 
   std::unique_ptr<Engine> autos = make(ServerBackend::kAuto);
-  EXPECT_EQ(autos->Info().limits().auto_cpu_max_bytes(), 16);
+  EXPECT_EQ(DescribeServer(*autos, nullptr).limits().auto_cpu_max_bytes(), 16);
   EXPECT_EQ(backend_of(*autos, small, JobMode::kWhole), v1::BACKEND_CPU);
   EXPECT_EQ(backend_of(*autos, small, JobMode::kStreamed), v1::BACKEND_CPU);
   EXPECT_EQ(backend_of(*autos, larger, JobMode::kWhole), v1::BACKEND_CUDA_KERNEL);
@@ -319,14 +320,14 @@ TEST(Engine, SmallAutoJobsRunOnTheCpuOfAGpuServer) {
   EXPECT_EQ(backend_of(*autos, named, JobMode::kHostRegion), v1::BACKEND_CUDA_KERNEL);
 
   std::unique_ptr<Engine> pinned = make(ServerBackend::kCudaKernel);
-  EXPECT_EQ(pinned->Info().limits().auto_cpu_max_bytes(), 0);
+  EXPECT_EQ(DescribeServer(*pinned, nullptr).limits().auto_cpu_max_bytes(), 0);
   EXPECT_EQ(backend_of(*pinned, small, JobMode::kWhole), v1::BACKEND_CUDA_KERNEL);
 
   EngineOptions cpu_options;
   cpu_options.auto_cpu_max_bytes = 16;
   auto cpu_only = Engine::Create(cpu_options, std::make_unique<CpuDevice>(1), {});
   ASSERT_TRUE(cpu_only.ok());
-  EXPECT_EQ((*cpu_only)->Info().limits().auto_cpu_max_bytes(), 0);
+  EXPECT_EQ(DescribeServer(**cpu_only, nullptr).limits().auto_cpu_max_bytes(), 0);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The flag types of util/flag_types.h and service/server_flags.h: what they
+// The flag types of util/flag_types.h and service/engine/server_backend.h: what they
 // accept, what they refuse (at parse, with a message), and that what they
 // write parses back to the same value. Plus the parse-before-absl pass of
 // util/flag_names.h that lets dgmm-server exit 2 on a bad value.
@@ -11,7 +11,7 @@
 #include "absl/flags/marshalling.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "service/server_flags.h"
+#include "service/engine/server_backend.h"
 #include "util/flag_names.h"
 
 ABSL_FLAG(dgmm::ByteSize, test_size, dgmm::ByteSize::MiB(4), "for CheckFlagValues");

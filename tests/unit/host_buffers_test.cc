@@ -1,6 +1,6 @@
 // The block buffer pool: sizes, reuse, the cache cap, and buffers handed to
 // gRPC as slices coming back when gRPC lets go.
-#include "service/host_buffers.h"
+#include "service/core/host_buffers.h"
 
 #include <cstring>
 #include <set>

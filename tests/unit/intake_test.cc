@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "service/backends/cpu/cpu_device.h"
 #include "service/engine/engine.h"
+#include "service/rpc/server_info.h"
 
 namespace dgmm {
 namespace {
@@ -37,7 +38,7 @@ v1::JobHeader Header(int64_t rows, int64_t cols) {
 }
 
 int64_t Rejected(const Engine& e, const std::string& reason) {
-  const v1::GetServerInfoResponse info = e.Info();
+  const v1::GetServerInfoResponse info = DescribeServer(e, nullptr);
   const auto& r = info.devices(0).rejected_jobs();
   auto it = r.find(reason);
   return it == r.end() ? 0 : it->second;
@@ -101,7 +102,7 @@ TEST_F(IntakeTest, AValidJobPassesWithItsModeAndCountsNothing) {
   EXPECT_EQ(out.mode, JobMode::kWhole);
   EXPECT_EQ(out.job.problem.rows, 8);
   EXPECT_EQ(out.job.diagonal.size(), 32u);
-  const v1::GetServerInfoResponse info = engine_->Info();
+  const v1::GetServerInfoResponse info = DescribeServer(*engine_, nullptr);
   for (const auto& [reason, n] : info.devices(0).rejected_jobs()) {
     EXPECT_EQ(n, 0) << reason;
   }

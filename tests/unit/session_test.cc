@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "service/backends/cpu/cpu_device.h"
+#include "service/rpc/server_info.h"
 
 namespace dgmm {
 namespace {
@@ -98,13 +99,13 @@ TEST_F(SessionTest, TheReservationGoesBackWithTheStage) {
     (*admitted)->End(absl::OkStatus(), 0, 0);
   }
   EXPECT_EQ(engine_->total_reserved(), 0);
-  EXPECT_EQ(engine_->Info().devices(0).completed_jobs(), 1);
+  EXPECT_EQ(DescribeServer(*engine_, nullptr).devices(0).completed_jobs(), 1);
 }
 
 TEST_F(SessionTest, ARefusalIsCountedOnce) {
   auto session = NewSession();
   session->Refuse(absl::InvalidArgumentError("bad"));
-  EXPECT_EQ(engine_->Info().devices(0).rejected_jobs().at("invalid"), 1);
+  EXPECT_EQ(DescribeServer(*engine_, nullptr).devices(0).rejected_jobs().at("invalid"), 1);
 }
 
 }  // namespace

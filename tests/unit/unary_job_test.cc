@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "service/backends/cpu/cpu_device.h"
+#include "service/rpc/server_info.h"
 
 namespace dgmm {
 namespace {
@@ -227,7 +228,7 @@ TEST_F(UnaryJobTest, ASmallJobRunsOnTheCallingThreadAndComputesTheRightResult) {
     ExpectMatches(s, r, expected);
   }
   // Each ended once, counted, and gave its reservation back.
-  EXPECT_EQ(engine_->Info().devices(0).completed_jobs(), static_cast<int64_t>(shapes.size()));
+  EXPECT_EQ(DescribeServer(*engine_, nullptr).devices(0).completed_jobs(), static_cast<int64_t>(shapes.size()));
   EXPECT_EQ(engine_->total_reserved(), 0);
 }
 
@@ -323,7 +324,7 @@ TEST_F(UnaryJobQueuedTest, ASmallJobThatWaitsForRoomRunsOnAWorkerNotOnTheThreadT
   job->Begin();
   job->OnRequest(MakeRequest(s, &expected), false);
   EXPECT_EQ(done.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
-  EXPECT_EQ(engine_->Info().devices(0).queued_jobs(), 1);
+  EXPECT_EQ(DescribeServer(*engine_, nullptr).devices(0).queued_jobs(), 1);
 
   // Freeing the room on this thread admits it; it runs on a worker.
   (*held)->End(absl::OkStatus(), 0, 0);

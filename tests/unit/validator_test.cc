@@ -1,7 +1,7 @@
 // The request validator, case by case: every malformed header gets
 // INVALID_ARGUMENT (or RESOURCE_EXHAUSTED for shapes over the limits) with a
 // message that says what was wrong and what was expected.
-#include "service/job/validator.h"
+#include "service/core/validator.h"
 
 #include <algorithm>
 #include <cmath>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "service/engine/footprint.h"
+#include "service/core/footprint.h"
 
 namespace dgmm {
 namespace {

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "service/backends/scalar_types.h"
-#include "service/device.h"
-#include "service/host_buffers.h"
+#include "service/core/scalar_types.h"
+#include "service/core/device.h"
+#include "service/core/host_buffers.h"
 #include "util/thread_pool.h"
 
 namespace dgmm {
@@ -20,14 +20,14 @@ void ScaleRange(const Problem& p, const std::byte* diag, const Tile& tile,
                 int64_t begin, int64_t end);
 
 // The kernel layer for every element type and for two-sided scaling (issue
-// 27), in the tile form of service/problem.h. A tile of `lines` contiguous
+// 27), in the tile form of service/core/problem.h. A tile of `lines` contiguous
 // lines of `line_len` elements is read as `in_type` and written as
 // `out_type` (KernelSupports(in_type, out_type) must hold; `in` may equal
 // `out` only when the two types are equal). Each element is
 //
 //   out = Narrow((left · in) · right)
 //
-// computed in ComputeOf(out_type) (service/backends/scalar_types.h), where
+// computed in ComputeOf(out_type) (service/core/scalar_types.h), where
 // `left` and `right` are diagonals in ComputeOf(out_type): one of them scales
 // whole lines (indexed by first_line + the line within the tile) and the
 // other positions within a line, as left_per_line says. A null diagonal is
@@ -65,7 +65,7 @@ class CpuDevice : public Device {
   std::vector<BackendKind> backends() const override { return {BackendKind::kCpu}; }
   bool in_service() const override { return true; }
 
-  // HostFootprint (service/engine/footprint.h): a CPU job computes in
+  // HostFootprint (service/core/footprint.h): a CPU job computes in
   // its host block buffers and needs nothing beyond them.
   int64_t Footprint(const Problem& p, JobMode mode,
                     int64_t max_block_bytes) const override;

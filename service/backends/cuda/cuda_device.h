@@ -28,8 +28,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "service/backends/cuda/cuda_devices.h"
-#include "service/device.h"
-#include "service/host_buffers.h"
+#include "service/core/device.h"
+#include "service/core/host_buffers.h"
 #include "util/thread_pool.h"
 
 namespace dgmm::cuda {

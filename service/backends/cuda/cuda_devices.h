@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "service/device.h"
+#include "service/core/device.h"
 
 namespace dgmm {
 

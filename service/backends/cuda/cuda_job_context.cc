@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "service/backends/cuda/cuda_status.h"
-#include "service/util/log.h"
+#include "service/core/log.h"
 
 namespace dgmm::cuda {
 namespace {

@@ -1,6 +1,6 @@
 // Host-side entry points of the diagonal-product kernels (dgmm_kernel.cu) and
 // of cuBLAS dgmm (cublas_dgmm.cc), on the normalized tile form of
-// service/problem.h. Plain CUDA types only, so that both .cc and .cu files
+// service/core/problem.h. Plain CUDA types only, so that both .cc and .cu files
 // (and the benchmark) can include this header.
 #ifndef DGMM_SERVICE_BACKENDS_CUDA_DGMM_KERNEL_H_
 #define DGMM_SERVICE_BACKENDS_CUDA_DGMM_KERNEL_H_
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "service/backends/scalar_types.h"
+#include "service/core/scalar_types.h"
 
 namespace dgmm::cuda {
 
@@ -65,7 +65,7 @@ cudaError_t LaunchDgmmKernel(const DeviceTile<T>& tile,
 // result type of TA and the diagonals' types; KernelSupports(TA, TC)), with
 // up to two diagonals in the compute type Compute<TC> (float for the half
 // types). Each element is out = Narrow((left · in) · right), computed in
-// Compute<TC> (service/backends/scalar_types.h, docs/dtypes.md): `left`
+// Compute<TC> (service/core/scalar_types.h, docs/dtypes.md): `left`
 // scales whole lines when left_per_line, else positions within a line, and
 // `right` the other; a null diagonal is left out (one-sided), both null is
 // cudaErrorInvalidValue. A per-line diagonal points at the scale of the

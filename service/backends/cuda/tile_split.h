@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "service/problem.h"
+#include "service/core/problem.h"
 
 namespace dgmm::cuda {
 

@@ -26,7 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "dgmm/client.h"
-#include "service/backends/scalar_types.h"
+#include "service/core/scalar_types.h"
 #include "tests/support/files.h"
 
 namespace dgmm {

@@ -18,8 +18,8 @@
 // or above the ceiling means at least that many are open: the ceiling is a
 // cap on open descriptors, which is connections plus the few dozen the server
 // holds itself.
-#ifndef DGMM_SERVICE_UTIL_CONN_GUARD_H_
-#define DGMM_SERVICE_UTIL_CONN_GUARD_H_
+#ifndef DGMM_SERVICE_CONN_GUARD_H_
+#define DGMM_SERVICE_CONN_GUARD_H_
 
 #include <cstdint>
 
@@ -46,4 +46,4 @@ int LowestFreeFd();
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_UTIL_CONN_GUARD_H_
+#endif  // DGMM_SERVICE_CONN_GUARD_H_

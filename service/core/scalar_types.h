@@ -19,8 +19,8 @@
 // uses the hardware conversions (cvt.rn), which round the same way. Only NaN
 // bit patterns may differ between the two (the GPU returns its canonical
 // NaN): results are equal bit for bit everywhere else.
-#ifndef DGMM_SERVICE_BACKENDS_SCALAR_TYPES_H_
-#define DGMM_SERVICE_BACKENDS_SCALAR_TYPES_H_
+#ifndef DGMM_SERVICE_CORE_SCALAR_TYPES_H_
+#define DGMM_SERVICE_CORE_SCALAR_TYPES_H_
 
 #include <cstdint>
 #include <cstring>
@@ -336,4 +336,4 @@ DGMM_HD Complex128 Mul(Complex128 x, Complex128 y) {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_BACKENDS_SCALAR_TYPES_H_
+#endif  // DGMM_SERVICE_CORE_SCALAR_TYPES_H_

@@ -1,8 +1,8 @@
 // The one request validator, shared by Multiply, MultiplyStream and
 // MultiplyRegion (service/job/intake.h runs it): turns a
 // wire JobHeader into a Problem, or says exactly what is wrong with it.
-#ifndef DGMM_SERVICE_JOB_VALIDATOR_H_
-#define DGMM_SERVICE_JOB_VALIDATOR_H_
+#ifndef DGMM_SERVICE_CORE_VALIDATOR_H_
+#define DGMM_SERVICE_CORE_VALIDATOR_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "dgmm/v1/dgmm.pb.h"
-#include "service/problem.h"
+#include "service/core/problem.h"
 
 namespace dgmm {
 
@@ -50,6 +50,9 @@ struct JobRequest {
   // JobHeader.group when set (one part of a striped job), validated.
   std::optional<v1::JobGroup> group;
 };
+
+// The wire's name for a backend (JobStats.backend, GetServerInfo).
+v1::Backend WireBackend(BackendKind b);
 
 // Checks dims (positive, within max_dim), enums (known values), that
 // rows*cols*element size fits in int64, and the diagonal's length for the
@@ -97,4 +100,4 @@ class StreamAssembler {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_JOB_VALIDATOR_H_
+#endif  // DGMM_SERVICE_CORE_VALIDATOR_H_

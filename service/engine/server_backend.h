@@ -1,7 +1,7 @@
 // Flag types of dgmm-server that only the server has (sizes and budgets are
 // util/flag_types.h). Parsed and checked when the command line is read.
-#ifndef DGMM_SERVICE_SERVER_FLAGS_H_
-#define DGMM_SERVICE_SERVER_FLAGS_H_
+#ifndef DGMM_SERVICE_ENGINE_SERVER_BACKEND_H_
+#define DGMM_SERVICE_ENGINE_SERVER_BACKEND_H_
 
 #include <string>
 
@@ -20,4 +20,4 @@ std::string AbslUnparseFlag(ServerBackend backend);
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_SERVER_FLAGS_H_
+#endif  // DGMM_SERVICE_ENGINE_SERVER_BACKEND_H_

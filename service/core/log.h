@@ -1,7 +1,7 @@
 // dgmm's one logging approach: timestamped lines on stderr. (This Abseil
 // predates absl/log; gRPC's own logging stays gRPC's.)
-#ifndef DGMM_SERVICE_UTIL_LOG_H_
-#define DGMM_SERVICE_UTIL_LOG_H_
+#ifndef DGMM_SERVICE_CORE_LOG_H_
+#define DGMM_SERVICE_CORE_LOG_H_
 
 #include <cstdio>
 #include <cstdlib>
@@ -35,4 +35,4 @@ inline bool TraceJobs() {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_UTIL_LOG_H_
+#endif  // DGMM_SERVICE_CORE_LOG_H_

@@ -1,6 +1,6 @@
 // The shape of one multiply job and the vocabulary shared by every layer.
-#ifndef DGMM_SERVICE_PROBLEM_H_
-#define DGMM_SERVICE_PROBLEM_H_
+#ifndef DGMM_SERVICE_CORE_PROBLEM_H_
+#define DGMM_SERVICE_CORE_PROBLEM_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "service/backends/scalar_types.h"
+#include "service/core/scalar_types.h"
 
 namespace dgmm {
 
@@ -156,4 +156,4 @@ struct Tile {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_PROBLEM_H_
+#endif  // DGMM_SERVICE_CORE_PROBLEM_H_

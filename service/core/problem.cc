@@ -1,7 +1,9 @@
-#include "service/problem.h"
+#include "service/core/problem.h"
 
 #include <cstring>
 #include <type_traits>
+
+#include "service/core/enum_names.h"
 
 namespace dgmm {
 
@@ -10,26 +12,15 @@ absl::string_view LayoutName(Layout l) {
   return l == Layout::kRowMajor ? "row-major" : "column-major";
 }
 absl::string_view SideName(Side s) {
-  switch (s) {
-    case Side::kRight:
-      return "right";
-    case Side::kLeft:
-      return "left";
-    case Side::kBoth:
-      return "both";
-  }
-  return "?";
+  static constexpr EnumName<Side> kNames[] = {
+      {Side::kRight, "right"}, {Side::kLeft, "left"}, {Side::kBoth, "both"}};
+  return NameOf(kNames, s);
 }
 absl::string_view BackendName(BackendKind b) {
-  switch (b) {
-    case BackendKind::kCpu:
-      return "cpu";
-    case BackendKind::kCudaKernel:
-      return "cuda-kernel";
-    case BackendKind::kCublas:
-      return "cublas";
-  }
-  return "?";
+  static constexpr EnumName<BackendKind> kNames[] = {{BackendKind::kCpu, "cpu"},
+                                                     {BackendKind::kCudaKernel, "cuda-kernel"},
+                                                     {BackendKind::kCublas, "cublas"}};
+  return NameOf(kNames, b);
 }
 
 namespace {

@@ -1,6 +1,6 @@
 // Why a job ended: the outcome counters of GetServerInfo and /metrics.
-#ifndef DGMM_SERVICE_OUTCOME_H_
-#define DGMM_SERVICE_OUTCOME_H_
+#ifndef DGMM_SERVICE_CORE_OUTCOME_H_
+#define DGMM_SERVICE_CORE_OUTCOME_H_
 
 #include "absl/status/status.h"
 
@@ -45,4 +45,4 @@ Outcome OutcomeOf(const absl::Status& s);
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_OUTCOME_H_
+#endif  // DGMM_SERVICE_CORE_OUTCOME_H_

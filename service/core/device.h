@@ -1,8 +1,8 @@
 // A place jobs run: the CPU or one GPU. The engine owns one Device per GPU
 // (service/backends/cuda) and one for the CPU (service/backends/cpu); the
 // handlers and the admission layer see only this interface.
-#ifndef DGMM_SERVICE_DEVICE_H_
-#define DGMM_SERVICE_DEVICE_H_
+#ifndef DGMM_SERVICE_CORE_DEVICE_H_
+#define DGMM_SERVICE_CORE_DEVICE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -15,11 +15,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "service/problem.h"
+#include "service/core/problem.h"
 
 namespace dgmm {
 
-class HostBufferPool;  // service/host_buffers.h
+class HostBufferPool;  // service/core/host_buffers.h
 
 // How a job hands its matrix to a device: all at once (Multiply), as a
 // sequence of blocks of at most `max_block_bytes` (MultiplyStream), from a
@@ -80,7 +80,7 @@ class Device {
   // the shape alone. kWhole: what the whole-matrix job holds (input and output
   // matrices plus diagonal). kStreamed: a fixed tile working set that does not
   // grow with the number of lines. The host side of every job (its payload
-  // in host memory) is HostFootprint (service/engine/footprint.h),
+  // in host memory) is HostFootprint (service/core/footprint.h),
   // which the engine reserves from the host budget for every job.
   virtual int64_t Footprint(const Problem& p, JobMode mode,
                             int64_t max_block_bytes) const = 0;
@@ -127,4 +127,4 @@ inline constexpr int64_t kBlockBufferCacheBytes = int64_t{64} << 20;
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_DEVICE_H_
+#endif  // DGMM_SERVICE_CORE_DEVICE_H_

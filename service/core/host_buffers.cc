@@ -1,4 +1,4 @@
-#include "service/host_buffers.h"
+#include "service/core/host_buffers.h"
 
 #include <sys/mman.h>
 
@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "service/core/read_locked.h"
 
 namespace dgmm {
 namespace {
@@ -152,19 +153,10 @@ void HostBufferPool::Give(std::byte* data, int64_t capacity) {
   for (const Cached& c : evicted) release_(c.data, c.capacity);
 }
 
-int64_t HostBufferPool::lent_bytes() const {
-  std::lock_guard lock(mu_);
-  return lent_bytes_;
-}
+int64_t HostBufferPool::lent_bytes() const { return ReadLocked(mu_, lent_bytes_); }
 
-int64_t HostBufferPool::cached_bytes() const {
-  std::lock_guard lock(mu_);
-  return cached_bytes_;
-}
+int64_t HostBufferPool::cached_bytes() const { return ReadLocked(mu_, cached_bytes_); }
 
-int64_t HostBufferPool::allocations() const {
-  std::lock_guard lock(mu_);
-  return allocations_;
-}
+int64_t HostBufferPool::allocations() const { return ReadLocked(mu_, allocations_); }
 
 }  // namespace dgmm

@@ -2,8 +2,8 @@
 // the client should wait before it tries again. gRPC-free, so that admission
 // can attach it; status_map.h turns it into the `grpc-retry-pushback-ms`
 // trailer.
-#ifndef DGMM_SERVICE_UTIL_RETRY_PUSHBACK_H_
-#define DGMM_SERVICE_UTIL_RETRY_PUSHBACK_H_
+#ifndef DGMM_SERVICE_CORE_RETRY_PUSHBACK_H_
+#define DGMM_SERVICE_CORE_RETRY_PUSHBACK_H_
 
 #include <cstdint>
 #include <optional>
@@ -35,4 +35,4 @@ inline std::optional<int64_t> RetryPushbackMs(const absl::Status& s) {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_UTIL_RETRY_PUSHBACK_H_
+#endif  // DGMM_SERVICE_CORE_RETRY_PUSHBACK_H_

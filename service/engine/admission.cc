@@ -1,10 +1,10 @@
-#include "service/job/admission.h"
+#include "service/engine/admission.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "service/util/retry_pushback.h"
+#include "service/core/retry_pushback.h"
 
 namespace dgmm {
 Reservation& Reservation::operator=(Reservation&& other) noexcept {

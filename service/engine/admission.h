@@ -43,8 +43,8 @@
 // is never refused for a full queue while another queues more.
 // `max_queued_per_client` (off by default) is a hard cap per connection.
 // Thread-safe.
-#ifndef DGMM_SERVICE_JOB_ADMISSION_H_
-#define DGMM_SERVICE_JOB_ADMISSION_H_
+#ifndef DGMM_SERVICE_ENGINE_ADMISSION_H_
+#define DGMM_SERVICE_ENGINE_ADMISSION_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -61,7 +61,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "service/outcome.h"
+#include "service/core/outcome.h"
 
 namespace dgmm {
 
@@ -278,4 +278,4 @@ class Admission {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_JOB_ADMISSION_H_
+#endif  // DGMM_SERVICE_ENGINE_ADMISSION_H_

@@ -1,11 +1,11 @@
-#include "service/job/validator.h"
+#include "service/core/validator.h"
 
 #include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "service/outcome.h"
+#include "service/core/outcome.h"
 
 namespace dgmm {
 namespace {
@@ -141,6 +141,18 @@ absl::Status ValidateGroup(const v1::JobGroup& g, int64_t lines) {
 }
 
 }  // namespace
+
+v1::Backend WireBackend(BackendKind b) {
+  switch (b) {
+    case BackendKind::kCpu:
+      return v1::BACKEND_CPU;
+    case BackendKind::kCudaKernel:
+      return v1::BACKEND_CUDA_KERNEL;
+    case BackendKind::kCublas:
+      return v1::BACKEND_CUBLAS;
+  }
+  return v1::BACKEND_AUTO;
+}
 
 absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
                                           const RequestLimits& limits,

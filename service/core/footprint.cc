@@ -1,11 +1,12 @@
-#include "service/engine/footprint.h"
+#include "service/core/footprint.h"
 
 #include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "service/outcome.h"
+#include "service/core/enum_names.h"
+#include "service/core/outcome.h"
 
 namespace dgmm {
 
@@ -27,17 +28,11 @@ int64_t StreamBlockBytes(const Problem& p, int64_t max_block_bytes) {
 }
 
 const char* ModeName(JobMode mode) {
-  switch (mode) {
-    case JobMode::kWhole:
-      return "unary";
-    case JobMode::kStreamed:
-      return "streamed";
-    case JobMode::kHostRegion:
-      return "host-region";
-    case JobMode::kDeviceRegion:
-      return "cuda-ipc-region";
-  }
-  return "?";
+  static constexpr EnumName<JobMode> kNames[] = {{JobMode::kWhole, "unary"},
+                                                 {JobMode::kStreamed, "streamed"},
+                                                 {JobMode::kHostRegion, "host-region"},
+                                                 {JobMode::kDeviceRegion, "cuda-ipc-region"}};
+  return NameOf(kNames, mode);
 }
 
 namespace {

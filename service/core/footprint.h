@@ -2,14 +2,14 @@
 // hold it. The one place footprints and the too-large message are made:
 // admission reserves HostFootprint plus the device's Device::Footprint, and a
 // job over a budget's capacity is refused with TooLargeError.
-#ifndef DGMM_SERVICE_ENGINE_FOOTPRINT_H_
-#define DGMM_SERVICE_ENGINE_FOOTPRINT_H_
+#ifndef DGMM_SERVICE_CORE_FOOTPRINT_H_
+#define DGMM_SERVICE_CORE_FOOTPRINT_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "service/device.h"
-#include "service/problem.h"
+#include "service/core/device.h"
+#include "service/core/problem.h"
 
 namespace dgmm {
 
@@ -52,4 +52,4 @@ const char* ModeName(JobMode mode);
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_ENGINE_FOOTPRINT_H_
+#endif  // DGMM_SERVICE_CORE_FOOTPRINT_H_

@@ -1,4 +1,4 @@
-#include "service/server_flags.h"
+#include "service/engine/server_backend.h"
 
 #include <utility>
 

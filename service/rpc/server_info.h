@@ -1,7 +1,8 @@
 // GetServerInfo's reply: the engine's devices, budgets, counters and limits
-// (Engine::Info) and, when regions are on, their limits. gRPC-free.
-#ifndef DGMM_SERVICE_ENGINE_SERVER_INFO_H_
-#define DGMM_SERVICE_ENGINE_SERVER_INFO_H_
+// (Engine::Snapshot and its options) and, when regions are on, their limits.
+// gRPC-free.
+#ifndef DGMM_SERVICE_RPC_SERVER_INFO_H_
+#define DGMM_SERVICE_RPC_SERVER_INFO_H_
 
 #include "dgmm/v1/dgmm.pb.h"
 #include "service/engine/engine.h"
@@ -18,4 +19,4 @@ RegionMemoryOps GpuRegionOps(Engine& engine);
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_ENGINE_SERVER_INFO_H_
+#endif  // DGMM_SERVICE_RPC_SERVER_INFO_H_

@@ -13,8 +13,8 @@
 // that it gives back the least recently returned ones, so the sizes in use
 // stay cached. When an allocation fails, the cache is given back and the
 // allocation tried once more.
-#ifndef DGMM_SERVICE_HOST_BUFFERS_H_
-#define DGMM_SERVICE_HOST_BUFFERS_H_
+#ifndef DGMM_SERVICE_CORE_HOST_BUFFERS_H_
+#define DGMM_SERVICE_CORE_HOST_BUFFERS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -111,4 +111,4 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
 
 }  // namespace dgmm
 
-#endif  // DGMM_SERVICE_HOST_BUFFERS_H_
+#endif  // DGMM_SERVICE_CORE_HOST_BUFFERS_H_

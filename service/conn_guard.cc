@@ -1,4 +1,4 @@
-#include "service/util/conn_guard.h"
+#include "service/conn_guard.h"
 
 #include <errno.h>
 #include <fcntl.h>
