@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end streaming benchmark over loopback (issues 5 and 26): for each N,
+# End-to-end streaming benchmark over loopback: for each N,
 # a dgmm multiply and an echo of the same bytes through the same streaming RPC
 # shape (one MultiplyStream, one connection), against the raw TCP loopback
 # bandwidth of one connection measured in the same run, one way and both ways

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Striping benchmark (issues 15 and 26): one float32 job at N = 10000 and
+# Striping benchmark: one float32 job at N = 10000 and
 # 20000 with K = 1, 2, 4, 8 and the client's auto K, against the loopback's
 # TCP capacity for the same K measured in the same run: K separate iperf3
 # server+client pairs started at once (bench/loopback_ceiling.sh), one way and
@@ -198,7 +198,7 @@ def fmt(x, f="{:.3f}"):
 def verdict(ok):
     return "MET" if ok else "MISSED"
 
-print("# Striped jobs over loopback (issues 15 and 26)\n")
+print("# Striped jobs over loopback\n")
 for key in ("date", "machine", "load", "commit", "command", "server_flags"):
     print(f"- {key}: `{meta.get(key, '')}`")
 print("- client: bench/stripe_bench (dgmm::Client, ClientOptions.stripes = K; 0 = auto), "

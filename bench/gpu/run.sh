@@ -27,13 +27,15 @@ declare -A QUESTION=(
   [user-path]=user_path
   [gpu-tests]=gpu_tests
   [same-host]=same_host
+  [cli-exit]=cli_exit
 )
 declare -A DESCRIBE=(
   [user-path]="user_path_bench.py --n 10000 20000 --reps 3: dgmm's Python and C++ clients and dgmm-cli with .npy files (first job and warm) next to NumPy, CuPy and the PCIe floor"
   [gpu-tests]="ctest -L gpu --output-on-failure: every GPU test"
+  [cli-exit]="dgmm-cli processes against a started dgmm-server, each timed as a whole against its job's own wall time: a process must end within 1 s of its job"
   [same-host]="same_host_after_unary.sh BUILD 46000 (the same-host sequence after unary jobs, then --random=46000 --check), and ipc_bench --kind vmm --n 4000 --reps 5 against a started dgmm-server"
 )
-SUITES="user-path gpu-tests same-host"
+SUITES="user-path gpu-tests same-host cli-exit"
 
 die() { echo "gpu/run.sh: $*" >&2; exit 2; }
 say() { echo "gpu/run.sh: $*" >&2; }
@@ -143,6 +145,7 @@ ENV
   rm -f "$out/pack.tar.xz"
   say "compressing $(du -sh "$stage" | cut -f1) (xz, a minute or two)"
   tar -C "$stage" -cf - . | nice -n 19 xz -T2 -6 > "$out/pack.tar.xz" || die "xz failed"
+  printf 'DGMM_SRC=%q\n' "$src" > "$out/pack.env"
   cp "$0" "$out/run.sh"
   say "wrote $out/pack.tar.xz ($(du -h "$out/pack.tar.xz" | cut -f1)), $(ls "$opt/lib" | wc -l) libraries; commit $sha$dirty"
 }
@@ -208,12 +211,54 @@ suite_same_host() {
 
 kv() { printf '%s=%q\n' "$1" "$2"; }
 
+# A dgmm-cli process timed as a whole; for a multiply, the job's own wall
+# time as dgmm-cli prints it and whether the process ended within 1 s of it.
+timed_cli() {
+  local label=$1 t0 t1 rc job after
+  shift
+  t0=$(date +%s%N)
+  "$@" > "$R/last.out" 2>&1
+  rc=$?
+  t1=$(date +%s%N)
+  job=$(sed -n 's/.* \([0-9.]*\) ms wall (client).*/\1/p' "$R/last.out")
+  printf '%-50s rc=%d  process %d ms' "$label" "$rc" $(((t1 - t0) / 1000000))
+  if [[ -n $job ]]; then
+    after=$(((t1 - t0) / 1000000 - ${job%.*}))
+    printf '  job %s ms  exit %d ms after the job: %s' "$job" "$after" \
+      "$( ((after < 1000)) && echo 'within 1 s: OK' || echo 'over 1 s: FAILED')"
+    ((after < 1000)) || CLI_FAILED=1
+  fi
+  printf '\n'
+  ((rc == 0)) || CLI_FAILED=1
+}
+
+suite_cli_exit() {
+  local cli=$DGMM_BUILD/client/cpp/dgmm-cli i
+  echo "dgmm-server --allow_regions=false; dgmm-cli health, info, 3 x (multiply --random=4000, multiply --random=2000 --mode=unary)" > "$R/command"
+  start_server --allow_regions=false || return 1
+  CLI_FAILED=0
+  timed_cli health "$cli" health --server "$ADDR"
+  for i in 1 2 3; do
+    timed_cli "multiply --random=4000 #$i" "$cli" multiply --random=4000 --server "$ADDR"
+    timed_cli "multiply --random=2000 --mode=unary #$i" "$cli" multiply --random=2000 --mode=unary --server "$ADDR"
+  done
+  timed_cli info "$cli" info --server "$ADDR"
+  stop_server
+  return $CLI_FAILED
+}
+
 cmd_device() {
   local here out
   here=$(cd "$(dirname "$0")" && pwd)
   out=${OUT:-$PWD/gpu-out}
   mkdir -p "$out"
   if [[ -f $here/pack.tar.xz && ! -f /opt/dgmm-gpu/env.sh ]]; then
+    # The pack unpacks at the absolute paths it was built at (the build tree
+    # names them); never over a checkout that is there already.
+    local DGMM_SRC=""
+    # shellcheck disable=SC1091
+    source "$here/pack.env"
+    [[ ! -e $DGMM_SRC ]] || die "$DGMM_SRC exists here: the pack would unpack over it"
     tar -C / -xJf "$here/pack.tar.xz" || die "unpacking $here/pack.tar.xz failed"
   fi
   [[ -f /opt/dgmm-gpu/env.sh ]] || die "no pack: run 'bench/gpu/run.sh pack' here and carry .gpu"
