@@ -19,7 +19,9 @@
 #   bench/gpu/run.sh list
 #       The suites, with their question folders.
 # There (the GPU machine, from the repository root, the pack carried as .gpu):
-#   bash .gpu/run.sh SUITE...        writes $OUT/gpu-results.tgz
+#   bash .gpu/run.sh [--within SECONDS] SUITE...
+#       writes $OUT/gpu-results.tgz after each suite; --within: cut each
+#       suite's time limit so that all end within SECONDS (the call's limit)
 set -uo pipefail
 
 # suite -> question (the folder under bench/results/) and what it runs.
@@ -72,7 +74,7 @@ add_python312() {
 }
 
 cmd_pack() {
-  local root build="" out="" commit=HEAD
+  local root build="" out="" commit=HEAD invocation="bench/gpu/run.sh pack $*"
   root=$(cd "$(dirname "$0")/../.." && pwd)
   while (($#)); do
     case $1 in
@@ -101,15 +103,16 @@ cmd_pack() {
     src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
     [[ -d $src ]] || die "$build has no CMakeCache.txt naming its sources"
   fi
-  grep -q '^DGMM_HAVE_CUDA\|CMAKE_CUDA_COMPILER:' "$build/CMakeCache.txt" || say "warning: $build may not be a CUDA build"
+  compgen -G "$build/CMakeFiles/*/CMakeCUDACompiler.cmake" > /dev/null ||
+    die "$build is not a CUDA build (configure it with -DDGMM_CUDA=ON)"
   [[ -x $build/service/dgmm-server ]] || die "$build has no service/dgmm-server: build it first"
   local sha dirty=""
   sha=$(git -C "$src" rev-parse --short=7 HEAD) || die "$src is not a git checkout"
   [[ -z $(git -C "$src" status --porcelain --untracked-files=no) ]] || dirty=-dirty
 
-  local stage
-  stage=$(mktemp -d "${TMPDIR:-/tmp}/dgmm-pack.XXXXXX")
-  trap 'rm -rf "$stage"' EXIT
+  STAGE=$(mktemp -d "${TMPDIR:-/tmp}/dgmm-pack.XXXXXX")
+  trap 'rm -rf "$STAGE"' EXIT
+  local stage=$STAGE
   local opt=$stage/opt/dgmm-gpu
   mkdir -p "$opt/lib" "$stage$src"
   # The sources (tests and bench scripts read them at their absolute paths;
@@ -139,7 +142,7 @@ export LD_LIBRARY_PATH=/opt/dgmm-gpu/lib:/usr/local/cuda/lib64\${LD_LIBRARY_PATH
 export PATH=/usr/local/cuda/bin:\$PATH
 export PYTHONPATH=$build/python\${PYTHONPATH:+:\$PYTHONPATH}
 ENV
-  { echo "packed: $(date -u +%FT%TZ) on $(hostname) from $build"
+  { echo "packed: $(date -u +%FT%TZ) from $build by $invocation"
     echo "commit: $(git -C "$src" log -1 --format='%h %cI %s' | cut -c1-120)$dirty"; } > "$opt/PACKED"
   mkdir -p "$out"
   rm -f "$out/pack.tar.xz"
@@ -164,6 +167,12 @@ start_server() {
 }
 stop_server() { kill -TERM "$SERVER_PID" 2> /dev/null; wait "$SERVER_PID" 2> /dev/null; }
 
+# Seconds a suite may take: its own limit, cut to what is left of --within.
+limit() {
+  local left=$((DEADLINE - $(date +%s) - 20))
+  ((left < $1)) && { ((left > 10)) && echo "$left" || echo 10; } || echo "$1"
+}
+
 # A program of the packed sources or build, by file name.
 program() {
   local where=$1 name=$2 hit
@@ -183,13 +192,14 @@ suite_user_path() {
   local bench
   bench=$(program "$DGMM_SRC/bench" user_path_bench.py) || return 1
   echo "python3 ${bench#"$DGMM_SRC"/} --build build --commit $DGMM_COMMIT --n 10000 20000 --reps 3" > "$R/command"
-  timeout 420 python3 "$bench" --build "$DGMM_BUILD" --commit "$DGMM_COMMIT" --n 10000 20000 \
+  timeout "$(limit 420)" python3 "$bench" --build "$DGMM_BUILD" --commit "$DGMM_COMMIT" --n 10000 20000 \
     --reps 3 --out "$R/report.md"
 }
 
 suite_gpu_tests() {
-  echo "ctest --test-dir build -L gpu --output-on-failure" > "$R/command"
-  timeout 540 ctest --test-dir "$DGMM_BUILD" -L gpu --output-on-failure
+  local jobs=${DGMM_CTEST_JOBS:-1}
+  echo "ctest --test-dir build -L gpu --output-on-failure -j $jobs" > "$R/command"
+  timeout "$(limit 540)" ctest --test-dir "$DGMM_BUILD" -L gpu --output-on-failure -j "$jobs"
 }
 
 suite_same_host() {
@@ -199,10 +209,10 @@ suite_same_host() {
   { echo "bash ${script#"$DGMM_SRC"/} build 46000"
     echo "dgmm-server --listen=127.0.0.1:0; ipc_bench --kind vmm --server ADDR --n 4000 --reps 5"; } > "$R/command"
   echo "## same_host_after_unary.sh build 46000"
-  timeout 300 bash "$script" "$DGMM_BUILD" 46000 || rc=1
+  timeout "$(limit 300)" bash "$script" "$DGMM_BUILD" 46000 || rc=1
   echo "## ipc_bench --kind vmm --n 4000 --reps 5"
   start_server || return 1
-  timeout 120 "$ipc" --kind vmm --server "$ADDR" --n 4000 --reps 5 || rc=1
+  timeout "$(limit 120)" "$ipc" --kind vmm --server "$ADDR" --n 4000 --reps 5 || rc=1
   stop_server
   echo "## dgmm-server log (last lines)"
   tail -5 "$R/server.log"
@@ -249,6 +259,11 @@ suite_cli_exit() {
 
 cmd_device() {
   local here out
+  DEADLINE=$(($(date +%s) + 100000))
+  if [[ ${1:-} == --within ]]; then
+    DEADLINE=$(($(date +%s) + $2))
+    shift 2
+  fi
   here=$(cd "$(dirname "$0")" && pwd)
   out=${OUT:-$PWD/gpu-out}
   mkdir -p "$out"
@@ -313,6 +328,7 @@ cmd_collect() {
   root=$(cd "$(dirname "$0")/../.." && pwd)
   tmp=$(mktemp -d)
   tar -C "$tmp" -xzf "$tarball" || die "cannot read $tarball"
+  local date="" gpu="" gpus="" driver="" commit="" kernel="" cpus="" pack_commit=""
   # shellcheck disable=SC1091
   source "$tmp/meta.env"
   local gpu_name=$gpu short
@@ -334,10 +350,10 @@ cmd_collect() {
       echo "- gpu: $gpu_name (x$gpus), driver $driver; kernel $kernel, $cpus CPUs"
       echo "- commit: $commit (${pack_commit:-})"
       echo "- suite: ${DESCRIBE[$suite]}"
-      echo "- command: \`bench/gpu/run.sh pack\`, then on the GPU machine \`$command\` (the suite ran:"
-      sed 's/^/  `/; s/$/`/' "$tmp/$suite/command" 2> /dev/null
-      echo "  ), then \`bench/gpu/run.sh collect gpu-results.tgz\`"
-      echo "- exit status $exit after $seconds s"
+      echo "- packed: ${packed:-}"
+      echo "- command on the GPU machine: \`$command\`; the suite ran:"
+      sed 's/^/  - `/; s/$/`/' "$tmp/$suite/command" 2> /dev/null
+      echo "- filed by \`bench/gpu/run.sh collect gpu-results.tgz\`; exit status $exit after $seconds s"
       echo
       case $suite in
         user-path)
@@ -371,6 +387,6 @@ case ${1:-} in
   pack) shift; cmd_pack "$@" ;;
   collect) shift; cmd_collect "$@" ;;
   list) for s in $SUITES; do printf '%-10s bench/results/%s/  %s\n' "$s" "${QUESTION[$s]}" "${DESCRIBE[$s]}"; done ;;
-  "" | -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' ;;
+  "" | -h | --help) sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0" ;;
   *) cmd_device "$@" ;;
 esac
