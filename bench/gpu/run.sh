@@ -212,7 +212,10 @@ suite_same_host() {
   timeout "$(limit 300)" bash "$script" "$DGMM_BUILD" 46000 || rc=1
   echo "## ipc_bench --kind vmm --n 4000 --reps 5"
   start_server || return 1
-  timeout "$(limit 120)" "$ipc" --kind vmm --server "$ADDR" --n 4000 --reps 5 || rc=1
+  timeout "$(limit 120)" "$ipc" --kind vmm --server "$ADDR" --n 4000 --reps 5
+  local ipc_rc=$?
+  # 3: a timing target missed, which the table shows; anything else: failed.
+  ((ipc_rc == 0 || ipc_rc == 3)) || rc=1
   stop_server
   echo "## dgmm-server log (last lines)"
   tail -5 "$R/server.log"
@@ -287,6 +290,7 @@ cmd_device() {
     kv gpus "$(nvidia-smi -L 2> /dev/null | wc -l)"
     kv driver "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2> /dev/null | head -1)"
     kv commit "$DGMM_COMMIT"
+    kv src "$DGMM_SRC"
     kv kernel "$(uname -r)"
     kv cpus "$(nproc)"
     kv packed "$(sed -n 's/^packed: //p' /opt/dgmm-gpu/PACKED)"
@@ -328,9 +332,14 @@ cmd_collect() {
   root=$(cd "$(dirname "$0")/../.." && pwd)
   tmp=$(mktemp -d)
   tar -C "$tmp" -xzf "$tarball" || die "cannot read $tarball"
-  local date="" gpu="" gpus="" driver="" commit="" kernel="" cpus="" pack_commit=""
+  local date="" gpu="" gpus="" driver="" commit="" kernel="" cpus="" pack_commit="" packed="" src=""
   # shellcheck disable=SC1091
   source "$tmp/meta.env"
+  # The packed checkout's absolute path and the device's scratch folders
+  # name nothing in this repository: the READMEs say paths relative to it.
+  [[ -n $src ]] || src=$(sed -n 's|^.* from \(.*\)/build by .*$|\1|p' <<< "$packed")
+  local relative=(-e 's|/tmp/tmp\.[A-Za-z0-9]*/[a-z-]*/|$OUT/|g')
+  [[ -n $src ]] && relative+=(-e "s|$src/||g" -e "s|$src\b|.|g")
   local gpu_name=$gpu short
   short=$(gpu_short "$gpu_name")
   local suite dir q
@@ -369,7 +378,9 @@ cmd_collect() {
           grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|Total Test time|\*\*\*' \
             "$tmp/$suite/console.log"
           echo '```'
-          if [[ $exit != 0 ]]; then
+          if [[ $exit == 124 ]]; then
+            echo; echo "Cut by the suite's time limit: a test without a line above did not finish."
+          elif [[ $exit != 0 ]]; then
             echo; echo "The failures' output:"; echo; echo '```'
             grep -vE '^ *[0-9]+/[0-9]+ Test|^ *Start ' "$tmp/$suite/console.log" | tail -n 150
             echo '```'
@@ -378,6 +389,7 @@ cmd_collect() {
           echo '```'; cat "$tmp/$suite/console.log"; echo '```' ;;
       esac
     } > "$dir/README.md"
+    sed -i "${relative[@]}" "$dir/README.md"
     say "wrote ${dir#"$root"/}/README.md"
   done
   rm -rf "$tmp"
