@@ -18,6 +18,7 @@
 #       (date, GPU, commit, command). TEXT: the device command, for the READMEs.
 #   bench/gpu/run.sh list
 #       The suites, with their question folders.
+# On a GPU host with a CUDA build of its own: DGMM_BUILD=build bench/gpu/run.sh SUITE...
 # There (the GPU machine, from the repository root, the pack carried as .gpu):
 #   bash .gpu/run.sh [--within SECONDS] SUITE...
 #       writes $OUT/gpu-results.tgz after each suite; --within: cut each
@@ -279,9 +280,18 @@ cmd_device() {
     [[ ! -e $DGMM_SRC ]] || die "$DGMM_SRC exists here: the pack would unpack over it"
     tar -C / -xJf "$here/pack.tar.xz" || die "unpacking $here/pack.tar.xz failed"
   fi
-  [[ -f /opt/dgmm-gpu/env.sh ]] || die "no pack: run 'bench/gpu/run.sh pack' here and carry .gpu"
-  # shellcheck disable=SC1091
-  source /opt/dgmm-gpu/env.sh
+  if [[ -f /opt/dgmm-gpu/env.sh ]]; then
+    # shellcheck disable=SC1091
+    source /opt/dgmm-gpu/env.sh
+  elif [[ -n ${DGMM_BUILD:-} ]]; then  # a GPU host with a build of its own
+    DGMM_SRC=$(cd "$here/../.." && pwd)
+    DGMM_BUILD=$(cd "$DGMM_BUILD" && pwd)
+    DGMM_COMMIT=$(git -C "$DGMM_SRC" rev-parse --short=7 HEAD)
+    export DGMM_SRC DGMM_BUILD DGMM_COMMIT PYTHONPATH=$DGMM_BUILD/python${PYTHONPATH:+:$PYTHONPATH}
+    mkdir -p /tmp/dgmm-gpu && echo "packed: none, the build $DGMM_BUILD" > /tmp/dgmm-gpu/PACKED
+  else
+    die "no pack: run 'bench/gpu/run.sh pack' on the build machine and carry .gpu, or set DGMM_BUILD=BUILD_DIR on a GPU host"
+  fi
   local res
   res=$(mktemp -d)
   {
@@ -293,8 +303,8 @@ cmd_device() {
     kv src "$DGMM_SRC"
     kv kernel "$(uname -r)"
     kv cpus "$(nproc)"
-    kv packed "$(sed -n 's/^packed: //p' /opt/dgmm-gpu/PACKED)"
-    kv pack_commit "$(sed -n 's/^commit: //p' /opt/dgmm-gpu/PACKED)"
+    kv packed "$(sed -n 's/^packed: //p' /opt/dgmm-gpu/PACKED /tmp/dgmm-gpu/PACKED 2> /dev/null | head -1)"
+    kv pack_commit "$(sed -n 's/^commit: //p' /opt/dgmm-gpu/PACKED 2> /dev/null)"
   } > "$res/meta.env"
   cat "$res/meta.env"
   local suite fn failed=0 t0
