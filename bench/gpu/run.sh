@@ -11,7 +11,8 @@
 #       build-gpu/<commit>/, built with CUDA and a Python 3.12 binding.
 #       With --build: that CUDA build as it is (a clean clone of one commit;
 #       a missing Python 3.12 binding is built beside it). Writes OUT
-#       (default .gpu/): pack.tar.xz and run.sh (this script).
+#       (default .gpu/): pack.tar.xz, pack.env (where it unpacks) and run.sh
+#       (this script).
 #   bench/gpu/run.sh collect TARBALL [--command TEXT]
 #       Files the suites of a device run (TARBALL: its gpu-results.tgz) into
 #       bench/results/<question>/<gpu>_<commit>/, each with a README.md
