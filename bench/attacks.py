@@ -21,7 +21,7 @@ exits non-zero when a target is missed:
   2 s of its first health answer, and no CANCELLED while draining.
 
 The honest-load rows (honest_mixed, honest_fair, honest_fair_proxy,
-honest_flood, honest_drain; issue 22) run tests/load/honest_load.py: many
+honest_flood, honest_drain) run tests/load/honest_load.py: many
 well-behaved client processes (Python binding, Node, dgmm-cli) with every
 result checked; MET only when none is lost, wrong, refused after retries or
 hung, the server's counters match the clients', and each refusal is counted. They need the built Python
@@ -636,7 +636,7 @@ def drain(args, budget):
                 check=("drain", codes.get("CANCELLED", 0)))
 
 
-# ------------------------------------------------------- honest load (issue 22)
+# ------------------------------------------------------- honest load
 #
 # Not attacks: what well-behaved clients must get while the server defends
 # itself. Each runs one test of tests/load/honest_load.py (many client

@@ -1,4 +1,4 @@
-// dtype_bench: the kernel layer of issue 27 against its ceiling, on the GPU.
+// dtype_bench: the kernels of every dtype and the two-sided kernel against their ceiling, on the GPU.
 //
 //   dtype_bench [--n=10000] [--reps=30] [--out=FILE.md] [--only=promoted]
 //

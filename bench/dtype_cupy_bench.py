@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CuPy's l[:, None] * A * r and A * r at N = 10000 per dtype, next to a D2D
-copy of the same bytes: the peer figures for bench/dtype_bench (issue 27).
+copy of the same bytes: the peer figures for bench/dtype_bench.
 
     python3 bench/dtype_cupy_bench.py [--n 10000] [--reps 30]
 

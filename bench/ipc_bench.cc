@@ -1,7 +1,7 @@
 // ipc_bench: a client process whose matrix is already in GPU memory (as
 // CuPy's or PyTorch's would be) runs dgmm jobs on it through CUDA IPC
 // regions, and the same process times dgmm's kernel alone on the same
-// buffers. Target (issue 14): the IPC job, as the client sees it (one
+// buffers. Target: the IPC job, as the client sees it (one
 // MultiplyRegion call, wall time), within the kernel's time + 0.2 ms.
 //
 //   ipc_bench --server 127.0.0.1:50051 --n 4000,10000,20000 --reps 50

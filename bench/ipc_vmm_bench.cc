@@ -1,5 +1,5 @@
 // ipc_vmm_bench: dgmm's kernel on GPU memory shared by another process, by
-// the way it was shared (issue 24), with no server involved. One process
+// the way it was shared, with no server involved. One process
 // (the owner) allocates A and C; a second process (this binary re-executed,
 // --child) maps them and times the same kernel there:
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The loopback's TCP capacity for K connections (issue 26): K separate iperf3
+# The loopback's TCP capacity for K connections: K separate iperf3
 # server+client process pairs on K ports, all clients started at once, their
 # rates summed. One iperf3 3.12 process is single-threaded, so `iperf3 -P K`
 # stops near one core's worth (about 5 GB/s on the H200 host) and is not a

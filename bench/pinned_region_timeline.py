@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a job on pinned region memory spends its time (issue 25's dgmm.empty
+"""Where a job on pinned region memory spends its time (the dgmm.empty
 target: <= 1.15 x the PCIe duplex floor). GPU host only (CuPy).
 
 For each server configuration (a fresh dgmm-server per --config), one

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots gpu_bench's CSV (run here, not on the GPU machine).
 
-    /usr/bin/python3 bench/plot_gpu_bench.py bench/results/gpu_bench.csv bench/results/gpu_bench.png
+    /usr/bin/python3 bench/plot_gpu_bench.py bench/results/kernel/h200_6b105dd/gpu_bench.csv bench/results/kernel/h200_6b105dd/gpu_bench.png
 
 Left: the original question's table (float32, median ms, log scale), each
 method kernel-only and with transfers. Right: our kernel's and cuBLAS dgmm's

@@ -25,7 +25,7 @@ Targets (the issue "The Python client at C++ speed"):
   - throughput at each N: C++ time / Python time >= 0.9;
   - 1x1 per call: Python time / C++ time <= 1.2.
 Each is printed as MET or MISSED with its ratio. The Node client has no
-target (issue 23, item 5 asks for the measurement): its line per N gives
+target (it is measured for comparison): its line per N gives
 C++/Node and Node's MB/s. --out also writes the report (with date,
 machine, commit and command) to a file.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regions benchmark (issue 14): what one float32 job costs a client on the
+"""Regions benchmark: what one float32 job costs a client on the
 server's host, side by side, in one run.
 
 For each N (an N x N float32 matrix A and a diagonal d, C = A·diag(d), the
@@ -437,7 +437,7 @@ def main():
                 raise SystemExit("region_bench: the server has regions off")
             if gpu and not any(dv.index >= 0 for dv in info.devices):
                 raise SystemExit("region_bench: --mode gpu, but the server has no GPU")
-            # The local-socket session (issue 24), once per client: opened
+            # The local-socket session, once per client: opened
             # here so that no size's register time includes it.
             client.local_session()
             for n in sizes:

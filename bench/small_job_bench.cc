@@ -1,12 +1,11 @@
 // small_job_bench: the C++ client's rate for small jobs (1x1 and 100x100
 // float32, Multiply) against an empty RPC (a grpc.health.v1 Check) on the
-// same Client, at 1 and 8 threads sharing that Client (issue 26, "Small
-// jobs"). Each measurement runs for --seconds after a warm-up; the ratios
+// same Client, at 1 and 8 threads sharing that Client . Each measurement runs for --seconds after a warm-up; the ratios
 // are printed next to the target (1x1 jobs >= 0.8 x the empty-RPC rate).
 //
 //   small_job_bench --server=127.0.0.1:50051 --threads=1,8 --seconds=3
 //
-// --batch=1,16,256 adds the batched call (MultiplyBatch, issue 26 item 4):
+// --batch=1,16,256 adds the batched call (MultiplyBatch):
 // jobs per second for 1x1 and 100x100 float32 jobs sent B at a time, next
 // to the per-job Multiply rate and the empty RPC of the same run and thread
 // count, with MET or MISSED for "batched wins by more than 2x over per-job"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end streaming benchmark over loopback (issues 5 and 26): for each N,
+# End-to-end streaming benchmark over loopback: for each N,
 # a dgmm multiply and an echo of the same bytes through the same streaming RPC
 # shape (one MultiplyStream, one connection), against the raw TCP loopback
 # bandwidth of one connection measured in the same run, one way and both ways
@@ -21,7 +21,8 @@
 #                      multiply and one echo against a second server run under
 #                      bench/stream_bench_copycount.cc's LD_PRELOAD shim, which
 #                      counts the bytes the server copies with memcpy/memmove
-#     --out DIR        where results go (default $OUT, else bench/results/stream/latest)
+#     --out DIR        where results go (default $OUT, else $build/bench-out/stream; file a
+#                      run worth keeping as bench/results/stream/<machine>_<commit>/)
 #     --commit SHA     commit to record (default: git rev-parse HEAD, with +dirty)
 #
 # iperf3 is looked up in PATH, then next to stream_bench (the bench's CMake
@@ -30,8 +31,8 @@
 # with a Python socket pair instead, and the table says so.
 #
 # Targets: multiply <= 1.15 x echo and in+out >= 50% of one connection one way
-# (issue 5, N >= 4000); one stream >= 0.8 x one TCP connection both ways at
-# the largest N (issue 26: >= 3.2 GB/s in+out on the H200 host); server peak
+# (N >= 4000); one stream >= 0.8 x one TCP connection both ways at
+# the largest N (>= 3.2 GB/s in+out on the H200 host); server peak
 # RSS <= 512 MiB for the N = --rss_n job.
 set -uo pipefail
 
@@ -63,7 +64,7 @@ while [[ $# -gt 0 ]]; do
 done
 server_flags=("$@")
 cd "$root"
-out=${out:-bench/results/stream/latest}
+out=${out:-${OUT:-$build/bench-out/stream}}
 mkdir -p "$out"
 server_bin=$build/service/dgmm-server
 bench_bin=$build/bench/stream_bench
@@ -237,7 +238,7 @@ runs = list(csv.DictReader(open(sys.argv[3])))
 rss = list(csv.DictReader(open(sys.argv[4])))
 rss_n = int(sys.argv[5])
 RATIO_MAX, SHARE_MIN, RSS_MAX_MIB, RATIO_FROM_N = 1.15, 0.50, 512, 4000
-ONE_STREAM_MIN = 0.8  # issue 26: one stream >= 0.8 x one TCP connection both ways
+ONE_STREAM_MIN = 0.8  # one stream >= 0.8 x one TCP connection both ways
 
 def verdict(ok): return "MET" if ok else "MISSED"
 def walls(mode, n): return [float(r["wall_s"]) for r in runs if r["mode"] == mode and int(r["n"]) == n]
@@ -311,9 +312,9 @@ if m_top and ceiling_bidir:
     g = 2 * 4 * n_top * n_top / m_top / 1e9
     r = g / ceiling_bidir
     note = "" if "GPU" in meta.get("machine", "") else " (no GPU here: the target is the H200 host's, recorded for the ratio)"
-    print(f"| one stream ≥ 0.8 × one TCP connection both ways (issue 26), N={n_top} | {g:.3f} vs {ceiling_bidir:.3f} GB/s | {r:.3f} | {verdict(r >= ONE_STREAM_MIN)}{note} |")
+    print(f"| one stream ≥ 0.8 × one TCP connection both ways, N={n_top} | {g:.3f} vs {ceiling_bidir:.3f} GB/s | {r:.3f} | {verdict(r >= ONE_STREAM_MIN)}{note} |")
 else:
-    print("| one stream ≥ 0.8 × one TCP connection both ways (issue 26) | not measured | | n/a |")
+    print("| one stream ≥ 0.8 × one TCP connection both ways | not measured | | n/a |")
 chk = next((r for r in rss if r["phase"] == "rss_check"), None)
 if chk:
     mib = int(chk["server_peak_rss_kib"]) / 1024

@@ -9,7 +9,7 @@
 //   n,k_option,k_used,mode,reps,median_s,best_s,gbps_in_out,attempts,checked,max_rel_err
 // gbps_in_out = 2 x matrix bytes / median wall time of Client::Multiply.
 //
-// For profiling (bench/profile_wire.sh): --check=false and --poison=false
+// For profiling (perf attached to both processes): --check=false and --poison=false
 // leave the client's own work out of the timed jobs, and --ready_file /
 // --go_file make it wait, after its warm-up job, until a profiler attached
 // (it writes its pid to --ready_file, then polls for --go_file); after the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Striping benchmark (issues 15 and 26): one float32 job at N = 10000 and
+# Striping benchmark: one float32 job at N = 10000 and
 # 20000 with K = 1, 2, 4, 8 and the client's auto K, against the loopback's
 # TCP capacity for the same K measured in the same run: K separate iperf3
 # server+client pairs started at once (bench/loopback_ceiling.sh), one way and
@@ -10,7 +10,7 @@
 # K = 1 is the unstriped job: one MultiplyStream on one connection. Starts
 # one dgmm-server, runs bench/stripe_bench (the C++ client), prints a
 # Markdown table with each job's GB/s in+out and its share of the --bidir
-# ceiling at its K, and the issue 26 targets MET or MISSED with their ratio;
+# ceiling at its K, and the targets MET or MISSED with their ratio;
 # writes it, the CSVs and the log to the output folder.
 #
 #   bench/stripe_bench.sh [options] [-- extra dgmm-server flags]
@@ -26,12 +26,13 @@
 #     --cli_stripes L  K values of the dgmm-cli rows, at the largest N
 #                      (default 1,8; "" skips dgmm-cli)
 #     --cli_reps R     dgmm-cli runs per K, median reported (default 3)
-#     --out DIR        where results go (default $OUT, else bench/results/stripe/latest)
+#     --out DIR        where results go (default $OUT, else $build/bench-out/stripe; file a
+#                      run worth keeping as bench/results/stripe/<machine>_<commit>/)
 #     --commit SHA     commit to record (default: git rev-parse HEAD, +dirty)
 #
 # Needs python3 (the table) and iperf3: from PATH, else $build/bench/iperf3
 # (bench/CMakeLists.txt copies this machine's there; it loads libiperf.so.0,
-# libsctp.so.1 and libcrypto.so.3, which ../shared/device/pack.sh carries
+# libsctp.so.1 and libcrypto.so.3, which bench/gpu/run.sh pack carries
 # with a packed tree). Without a working iperf3 the ceiling columns say n/a.
 #
 # Time: the ceiling takes 2 x (number of K) x (S + ~1) s (about 35 s with the
@@ -71,7 +72,7 @@ while [[ $# -gt 0 ]]; do
 done
 server_flags=("$@")
 cd "$root"
-out=${out:-bench/results/stripe/latest}
+out=${out:-${OUT:-$build/bench-out/stripe}}
 mkdir -p "$out"
 server_bin=$build/service/dgmm-server
 bench_bin=$build/bench/stripe_bench
@@ -197,7 +198,7 @@ def fmt(x, f="{:.3f}"):
 def verdict(ok):
     return "MET" if ok else "MISSED"
 
-print("# Striped jobs over loopback (issues 15 and 26)\n")
+print("# Striped jobs over loopback\n")
 for key in ("date", "machine", "load", "commit", "command", "server_flags"):
     print(f"- {key}: `{meta.get(key, '')}`")
 print("- client: bench/stripe_bench (dgmm::Client, ClientOptions.stripes = K; 0 = auto), "
@@ -260,7 +261,7 @@ if n_big:
                   float(by[(n_big, 1)]["gbps_in_out"]), iperf.get((1, "bidir")), ONE_STREAM_MIN)
     if (n_big, 0) in by:
         g = float(by[(n_big, 0)]["gbps_in_out"])
-        print(f"| issue 15: one N={n_big} job >= 8 GB/s in+out (auto K = {by[(n_big, 0)]['k_used']}) | {g:.3f} GB/s | {g / 8:.2f} | {verdict(g >= 8)}{host_note} |")
+        print(f"| one N={n_big} job >= 8 GB/s in+out (auto K = {by[(n_big, 0)]['k_used']}) | {g:.3f} GB/s | {g / 8:.2f} | {verdict(g >= 8)}{host_note} |")
 for (n, kopt), (g, b, ratio, kused) in sorted(cli_med.items()):
     name = f"dgmm-cli --random={n} --stripes={'auto' if kopt == 0 else kopt} (K={kused}) >= 0.9 x the bench's figure"
     if ratio is None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Two-sided scaling through the server (issue 27): one job C = diag(l)·A·diag(r)
+"""Two-sided scaling through the server: one job C = diag(l)·A·diag(r)
 (side="both") against two one-sided jobs (diag(l)·A, then ·diag(r)), the
 way a user of the Python client would run either, in one run on one server,
 with the ratio of their warm medians (target on the GPU host: <= 0.55).
@@ -39,7 +39,7 @@ def main():
                            flags=["--allow_regions"], backend=args.backend)
     try:
         client = dgmm.Client(server.address)
-        print("# Two-sided scaling: one job against two (issue 27)")
+        print("# Two-sided scaling: one job against two")
         print()
         print("- date: %s, host %s, %d CPUs" % (
             datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The user's path (issue 25): one float32 job C = A·diag(d), N x N, as a user
+"""The user's path: one float32 job C = A·diag(d), N x N, as a user
 with NumPy arrays or .npy files on the server's host runs it, next to what
 that user would run instead. Every row has its ratio to NumPy `A*d` measured
 in the same run, and dgmm's rows are timed as a first job (cold: a new
@@ -38,7 +38,7 @@ Rows:
                           in the background after its second job): the steady state of
                           memory that is reused, median of max(reps, 7) jobs
 
-Targets (issue 25; on the GPU host at N = 10000 and 20000): Python shm warm
+Targets (on the GPU host at N = 10000 and 20000): Python shm warm
 <= 0.33 x NumPy and faster than CuPy pageable; Python dgmm.empty warm <= 1.15
 x the PCIe duplex floor; dgmm-cli .npy (default flags) <= 0.8 x NumPy load +
 multiply + save; C++ shm warm <= 0.25 x NumPy; a first shm job no slower
@@ -343,7 +343,7 @@ def main():
              "--max_region_share_percent=100"] + shlex.split(args.server_flags)
     server = ServerProcess(binary=server_bin, flags=flags, backend=args.backend)
     try:
-        say("# The user's path (issue 25)")
+        say("# The user's path")
         say()
         say("- date: %s" % datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
         say("- host: %s, %d CPUs, Python %s" % (platform.node(), os.cpu_count(),

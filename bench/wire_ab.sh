@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26 A/B on one host: one N=20000 float32 job at K = 1 and 8
+# A/B on one host: one N=20000 float32 job at K = 1 and 8
 # (bench/stripe_bench, warm client, median of --reps) against dgmm-servers
 # started with different settings, one at a time, in one run:
 #   base        the defaults

@@ -9,7 +9,8 @@
 #                                                each harness (default: all) for N
 #                                                executions (default 10000000), one
 #                                                at a time under nice -n 10, logged to
-#                                                bench/results/fuzz/HARNESS.log
+#                                                BUILD_DIR/logs/HARNESS.log (a run worth
+#                                                recording: bench/results/fuzz/README.md)
 #   --build-dir DIR                              default: build-fuzz
 #   --jobs J                                     build parallelism, default 2
 #
@@ -91,8 +92,8 @@ for h in "${harnesses[@]}"; do
     runner=()
   else
     args=(-runs="$runs" -print_final_stats=1)
-    mkdir -p "$root/bench/results/fuzz"
-    log="$root/bench/results/fuzz/$h.log"
+    mkdir -p "$build/logs"
+    log="$build/logs/$h.log"
     runner=(nice -n 10)
     {
       echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"

@@ -359,7 +359,7 @@ TEST_F(CliIntegrationTest, InfoPrintsVersionLimitsAndDevices) {
 // callback queue's threads; dgmm-cli now selects the poll poller:
 // dgmm::ConfigureGrpcForQuickExit). The process must end
 // within 1 s of its job; here it always did, the GPU run script checks it
-// there (bench/run_gpu_exit.sh).
+// there (bench/gpu/run.sh cli-exit).
 TEST_F(CliIntegrationTest, ProcessExitsWithinOneSecondOfItsJob) {
   for (const char* mode : {"unary", "stream"}) {
     const auto start = std::chrono::steady_clock::now();
