@@ -192,7 +192,7 @@ ABSL_FLAG(std::string, region_pin, "reuse",
           "pinned in the background once a second job uses it) or 'register' (while "
           "RegisterRegion runs: ~50 ms per 100 MB on an H200). On the H200, registering and "
           "running a first job at N=10000 took 67 ms with 'reuse' and 212 ms with 'register' "
-          "(bench/results/regions/first_job_h200).");
+          "(bench/results/regions/h200_c40dbc3/).");
 ABSL_FLAG(int, max_regions_per_client, 64,
           "Most regions one owner (a uid, with its bearer token when the server has several) "
           "may have registered at once.");

@@ -164,7 +164,7 @@ class Engine {
   // waits on the device, for a few hundred us at this size, and must not
   // hold more than one of gRPC's threads): on the H200 the hop to a worker
   // took 124-230 us of such a job's 0.8-1 ms
-  // (bench/results/user_path/h200_latency_552b227/).
+  // (bench/results/user_path/h200_552b227/).
   static constexpr int64_t kRunHereGpuMaxMatrixBytes = int64_t{16} << 20;
   static constexpr int kRunHereGpuMaxJobs = 1;
   // The footprint check of Start alone: OK if the job could ever fit, else

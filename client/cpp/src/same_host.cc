@@ -104,7 +104,7 @@ bool SocketCanStillDoIt(const absl::Status& s) {
 // matrix, columns of a column-major one), one region job each, so that
 // copying block k+1 in, the job on block k and copying block k-1 out
 // overlap: ClientOptions.same_host_blocks > 1. Not by default: on the H200
-// host (bench/results/user_path/h200_blocks_ae98e10.md) the overlapped
+// host (bench/results/user_path/h200_ae98e10/README.md) the overlapped
 // copies share the host's memory bandwidth with each other and with the
 // GPU's DMA (warm jobs 0.88-1.22 x one block), and a new region's second
 // block makes the server pin it while the rest of the job runs (first jobs

@@ -18,7 +18,7 @@ struct CudaOptions {
   int streams = 4;
   // Pieces of one job queued on the GPU at once (1..256); 0 means
   // 2 × streams. Deeper queues keep both copy engines busy (see
-  // bench/results: the pipeline-shape sweep).
+  // bench/results/kernel/h200_6b105dd/gpu_bench.md: the pipeline-shape sweep).
   int pieces_in_flight = 0;
   // Bytes of one pipeline piece, i.e. of one pinned host staging buffer and
   // of one device slot (at least 16). A streamed job holds

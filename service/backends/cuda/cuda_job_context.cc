@@ -358,7 +358,7 @@ absl::Status CudaJobContext::Process(const Tile& tile, const CancelFn& cancelled
   // H200 the pipeline of an N=20000 float32 job took 35.1 ms with it against
   // 36.2 without; at N=10000 9.04 and 9.07; a job of a few pieces only got
   // more of them (N=1000: 0.28 against 0.19 ms), so it has none
-  // (bench/results/user_path/h200_timeline_ramp_ec561f3.md).
+  // (bench/results/user_path/h200_ec561f3/README.md).
   // DGMM_PIECE_RAMP=0 turns it off (A/B).
   static const bool ramp_on = [] {
     const char* v = std::getenv("DGMM_PIECE_RAMP");

@@ -30,7 +30,7 @@ constexpr int kFullVector =
 
 // A C wider than A (a promoted pair) runs its full vectors two per thread
 // (one and two are built; dtype_bench times the other). Measured on an H200
-// (dtype_bench, N = 10000, two-sided, bench/results/dtypes/h200_items_*):
+// (dtype_bench, N = 10000, two-sided, bench/results/dtypes/h200_5d9ae3c/):
 // against a copy of as many bytes, float32 -> float64 0.93 at one vector
 // per thread, 0.98 at two, 0.97 at four; float16 -> float64 0.88 / 0.97 /
 // 0.96; float16 -> complex128 0.82 / 0.95 / 0.91. Vectors of 32 bytes of C,
@@ -281,7 +281,7 @@ LaunchPolicy ChooseScalePolicy(const ScaleTile<TA, TC>& tile_in, int multiproces
   LaunchPolicy policy;
   policy.block_threads = impl::kBlockThreads;
   policy.vector_width = vectorizable ? kFull : 1;
-  // Measured on an H200 (bench/results, launch-policy sweep): one vector per
+  // Measured on an H200 (bench/results/kernel/h200_6b105dd/gpu_bench.md, launch-policy sweep): one vector per
   // thread and a grid that covers the tile in one pass beat fewer, longer-
   // lived blocks by 5-8% at N = 16384 (the block scheduler evens out the
   // tail better than a grid-stride loop); promoted pairs take two (see

@@ -220,7 +220,7 @@ struct ClientOptions {
   // whole lines, one region job each, so that copying A in, the block jobs
   // and copying C out overlap. One by default: on the H200 host the
   // overlapped copies only shared the memory bandwidth
-  // (bench/results/user_path/h200_blocks_ae98e10.md).
+  // (bench/results/user_path/h200_ae98e10/README.md).
   int same_host_blocks = 0;
   // On the same-host path, ask the server to read A from, and write C to,
   // this process's own memory (docs/protocol.md "Process memory"): no
