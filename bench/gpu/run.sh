@@ -66,6 +66,7 @@ add_python312() {
   local src=$1 side=$2 dest=$3 py
   py=$(find_python312) || { say "no Python 3.12 found (DGMM_GPU_PYTHON=...): the user-path suite will fail"; return 0; }
   say "building dgmm._core for $py in $side"
+  mkdir -p "$(dirname "$side")"
   CCACHE_BASEDIR=$src nice -n 19 cmake -S "$src" -B "$side" -DCMAKE_BUILD_TYPE=Release \
     -DDGMM_CUDA=OFF -DDGMM_EXTRA_PYTHONS="$py" \
     -DCMAKE_CXX_COMPILER_LAUNCHER=ccache > "$side.log" 2>&1 &&
