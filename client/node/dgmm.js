@@ -393,12 +393,12 @@ function call(fn, ...args) {
 }
 
 // The server's GetServerInfoResponse (devices, budgets, limits). Not retried.
-function serverInfo(client) {
+async function serverInfo(client) {
   return call(native.serverInfo, client._core(''));
 }
 
 // The grpc.health.v1 status ('SERVING', 'NOT_SERVING', ...) of `service`.
-function health(client, service = '') {
+async function health(client, service = '') {
   return call(native.health, client._core(''), service);
 }
 

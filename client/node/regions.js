@@ -55,8 +55,14 @@ class SharedMemoryRegion {
     await call(native.unregisterOwnRegion, this._native);
   }
 
-  close() {
-    return this.unregister();
+  // As unregister(), ignoring its error (a region unregistered by name, or
+  // one its session's end took): the C++ destructor's rule.
+  async close() {
+    try {
+      await this.unregister();
+    } catch {
+      // Nothing left to do.
+    }
   }
 }
 
@@ -96,18 +102,18 @@ function multiplyRegion(client, spec) {
 }
 
 // This client's regions (one with `name`), the bytes of all, the budget.
-function regionStatus(client, name = '') {
+async function regionStatus(client, name = '') {
   return call(native.regionStatus, client._core(''), name);
 }
 
 // Unregisters region `name`, or all of this owner's with ''; resolves to how many.
-function unregisterRegion(client, name = '') {
+async function unregisterRegion(client, name = '') {
   return call(native.unregisterRegion, client._core(''), name);
 }
 
 // The client's session on the server's local socket: its hello (uid, gid,
 // pid, processMemory, ...).
-function regionSession(client) {
+async function regionSession(client) {
   return call(native.regionSession, client._core(''));
 }
 
