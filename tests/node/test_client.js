@@ -393,3 +393,33 @@ test('timeoutMs bounds the whole job: DEADLINE_EXCEEDED', async () => {
   await assert.rejects(dgmm.multiply(client, a, n, n, d, 'right', { stream: true, timeoutMs: 5 }),
     (err) => err.codeName === 'DEADLINE_EXCEEDED');
 });
+
+test('a full queue: RESOURCE_EXHAUSTED with the server\'s retryAfterMs', async () => {
+  // The budget holds one streamed job and the queue one more: a third job,
+  // from the client with the most waiting, is refused at once with the
+  // grpc-retry-pushback-ms trailer.
+  const busy = await startServer(['--max_queue=1', '--host_memory_budget=40MiB']);
+  const c = dgmm.createClient(busy.address, undefined, { retry: { maxAttempts: 1 } });
+  try {
+    const big = new Float32Array(8000 * 2000).fill(1);
+    const bigD = new Float32Array(2000).fill(2);
+    let started;
+    const running = dgmm.multiply(c, big, 8000, 2000, bigD, 'right', { stripes: 1, out: new Float32Array(big.length),
+      progress: () => started && started() });
+    await new Promise((r) => { started = r; });
+    const waiting = dgmm.multiply(c, big, 8000, 2000, bigD, 'right', { stripes: 1 });
+    await new Promise((r) => setTimeout(r, 200));
+    await assert.rejects(dgmm.multiply(c, new Float32Array(200), 20, 10, new Float32Array(10), 'right'), (err) => {
+      assert.equal(err.codeName, 'RESOURCE_EXHAUSTED', err.message);
+      assert.ok(err.retryAfterMs > 0, `retryAfterMs ${err.retryAfterMs}`);
+      assert.equal(err.attempts, 1);
+      return true;
+    });
+    const [first, second] = await Promise.all([running, waiting]);
+    assert.equal(first[0], 2);
+    assert.equal(second[big.length - 1], 2);
+  } finally {
+    c.close();
+    await stopServer(busy);
+  }
+});

@@ -1,5 +1,5 @@
 'use strict';
-// npm pack's prepack step: copies what the addon is built from -- proto/
+// npm pack's prepack step (postpack: --clean removes them again): copies what the addon is built from -- proto/
 // and client/cpp/ of the repository, and its LICENSE -- into core/ and
 // LICENSE, so that the tarball builds on a machine without the repository
 // (CMakeLists.txt builds from core/ when it is there). Both are ignored by git.
@@ -9,6 +9,15 @@ const path = require('node:path');
 const PACKAGE = path.resolve(__dirname, '..');
 const REPO = path.resolve(PACKAGE, '..', '..');
 const CORE = path.join(PACKAGE, 'core');
+
+// postpack: the copies go again once the tarball is made.
+if (process.argv[2] === '--clean') {
+  if (fs.existsSync(path.join(REPO, 'proto', 'CMakeLists.txt'))) {
+    fs.rmSync(CORE, { recursive: true, force: true });
+    fs.rmSync(path.join(PACKAGE, 'LICENSE'), { force: true });
+  }
+  process.exit(0);
+}
 
 if (!fs.existsSync(path.join(REPO, 'proto', 'CMakeLists.txt'))) {
   // Packing an unpacked tarball: core/ is already there.
