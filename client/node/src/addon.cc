@@ -117,6 +117,15 @@ napi_value Prop(napi_env env, napi_value object, const char* key) {
   return v;
 }
 
+// The call's first N arguments (undefined for those not given).
+template <size_t N>
+bool Args(napi_env env, napi_callback_info info, napi_value (&argv)[N]) {
+  size_t argc = N;
+  return napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr) == napi_ok;
+}
+
+int64_t Int(napi_env env, napi_value v) { return static_cast<int64_t>(GetNumber(env, v, 0)); }
+
 // A typed array's bytes, in place.
 struct Bytes {
   void* data = nullptr;
@@ -527,8 +536,8 @@ bool ReadJob(napi_env env, napi_value* argv, Call* call, JobArgs* args) {
   }
   job.matrix.data = a->data;
   job.matrix.dtype = static_cast<dgmm::v1::DType>(GetNumber(env, argv[1], 0));
-  job.matrix.rows = static_cast<int64_t>(GetNumber(env, argv[2], 0));
-  job.matrix.cols = static_cast<int64_t>(GetNumber(env, argv[3], 0));
+  job.matrix.rows = Int(env, argv[2]);
+  job.matrix.cols = Int(env, argv[3]);
   job.matrix.layout = static_cast<dgmm::v1::Layout>(GetNumber(env, argv[4], 0));
   job.side = static_cast<dgmm::v1::Side>(GetNumber(env, argv[5], 0));
   job.backend = static_cast<dgmm::v1::Backend>(GetNumber(env, argv[6], 0));
@@ -653,9 +662,8 @@ napi_value NewCancelToken(napi_env env, napi_callback_info) {
 }
 
 napi_value Cancel(napi_env env, napi_callback_info info) {
-  size_t argc = 1;
   napi_value argv[1];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   void* data = nullptr;
   NAPI_OK(napi_get_value_external(env, argv[0], &data));
   static_cast<CancelBox*>(data)->token->Cancel();
@@ -667,9 +675,8 @@ napi_value Cancel(napi_env env, napi_callback_info info) {
 //          wantInfo, callback)
 // mode: 0 the policy's choice, 1 unary, 2 stream. timeoutMs < 0: none.
 napi_value Multiply(napi_env env, napi_callback_info info) {
-  size_t argc = 19;
   napi_value argv[19];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   auto call = std::make_unique<MultiplyCall>();
   call->client = ClientOf(env, argv[0]);
   if (call->client == nullptr) return nullptr;
@@ -735,9 +742,8 @@ class BatchCall : public Call {
 };
 
 napi_value MultiplyBatch(napi_env env, napi_callback_info info) {
-  size_t argc = 4;
   napi_value argv[4];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   auto call = std::make_unique<BatchCall>();
   call->client = ClientOf(env, argv[0]);
   if (call->client == nullptr) return nullptr;
@@ -786,9 +792,8 @@ absl::StatusOr<std::unique_ptr<google::protobuf::Message>> Boxed(absl::StatusOr<
 
 // serverInfo(client, callback)
 napi_value ServerInfo(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   std::shared_ptr<dgmm::Client> client = ClientOf(env, argv[0]);
   if (client == nullptr) return nullptr;
   auto call = std::make_unique<MessageCall>();
@@ -813,9 +818,8 @@ class HealthCall : public Call {
 };
 
 napi_value Health(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
   napi_value argv[3];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   auto call = std::make_unique<HealthCall>();
   call->client = ClientOf(env, argv[0]);
   if (call->client == nullptr) return nullptr;
@@ -876,9 +880,8 @@ class CreateRegionCall : public Call {
 
 // createRegion(client, bytes, name, callback)
 napi_value CreateRegion(napi_env env, napi_callback_info info) {
-  size_t argc = 4;
   napi_value argv[4];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   auto call = std::make_unique<CreateRegionCall>();
   call->client = ClientOf(env, argv[0]);
   if (call->client == nullptr) return nullptr;
@@ -902,9 +905,8 @@ class StatusCall : public Call {
 
 // unregisterOwnRegion(native, callback): the region's Unregister().
 napi_value UnregisterOwnRegion(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   void* data = nullptr;
   NAPI_OK(napi_get_value_external(env, argv[0], &data));
   std::shared_ptr<RegionBox> box = *static_cast<std::shared_ptr<RegionBox>*>(data);
@@ -928,9 +930,8 @@ class CountCall : public Call {
 
 // unregisterRegion(client, name, callback)
 napi_value UnregisterRegion(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
   napi_value argv[3];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   std::shared_ptr<dgmm::Client> client = ClientOf(env, argv[0]);
   if (client == nullptr) return nullptr;
   auto call = std::make_unique<CountCall>();
@@ -942,9 +943,8 @@ napi_value UnregisterRegion(napi_env env, napi_callback_info info) {
 
 // regionStatus(client, name, callback)
 napi_value RegionStatus(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
   napi_value argv[3];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   std::shared_ptr<dgmm::Client> client = ClientOf(env, argv[0]);
   if (client == nullptr) return nullptr;
   auto call = std::make_unique<MessageCall>();
@@ -956,9 +956,8 @@ napi_value RegionStatus(napi_env env, napi_callback_info info) {
 
 // regionSession(client, callback): the session's hello.
 napi_value RegionSession(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   std::shared_ptr<dgmm::Client> client = ClientOf(env, argv[0]);
   if (client == nullptr) return nullptr;
   auto call = std::make_unique<MessageCall>();
@@ -990,9 +989,8 @@ class RegionJobCall : public Call {
 };
 
 napi_value MultiplyRegionJs(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
   napi_value argv[3];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   auto call = std::make_unique<RegionJobCall>();
   call->client = ClientOf(env, argv[0]);
   if (call->client == nullptr) return nullptr;
@@ -1041,32 +1039,29 @@ napi_value MultiplyRegionJs(napi_env env, napi_callback_info info) {
 // ---- The policy's pure functions and defaults, for the JS layer and tests.
 
 napi_value TransferModeJs(napi_env env, napi_callback_info info) {
-  size_t argc = 4;
   napi_value argv[4];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   const dgmm::TransferMode mode = dgmm::ChooseTransferMode(
-      static_cast<int64_t>(GetNumber(env, argv[0], 0)),
-      static_cast<int64_t>(GetNumber(env, argv[1], 0)),
-      static_cast<int64_t>(GetNumber(env, argv[2], 0)),
-      static_cast<int64_t>(GetNumber(env, argv[3], 0)));
+      Int(env, argv[0]),
+      Int(env, argv[1]),
+      Int(env, argv[2]),
+      Int(env, argv[3]));
   return Str(env, dgmm::TransferModeName(mode));
 }
 
 napi_value ChooseStripesJs(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
   napi_value argv[3];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
-  return Num(env, dgmm::ChooseStripes(static_cast<int64_t>(GetNumber(env, argv[0], 0)),
-                                      static_cast<int64_t>(GetNumber(env, argv[1], 0)),
+  if (!Args(env, info, argv)) return nullptr;
+  return Num(env, dgmm::ChooseStripes(Int(env, argv[0]),
+                                      Int(env, argv[1]),
                                       static_cast<int>(GetNumber(env, argv[2], 0))));
 }
 
 napi_value SplitLinesJs(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   const std::vector<dgmm::LineRange> ranges =
-      dgmm::SplitLines(static_cast<int64_t>(GetNumber(env, argv[0], 0)),
+      dgmm::SplitLines(Int(env, argv[0]),
                        static_cast<int>(GetNumber(env, argv[1], 1)));
   napi_value list;
   NAPI_OK(napi_create_array_with_length(env, ranges.size(), &list));
@@ -1081,28 +1076,25 @@ napi_value SplitLinesJs(napi_env env, napi_callback_info info) {
 }
 
 napi_value UnaryThresholdJs(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   return Num(env, static_cast<double>(
-                      dgmm::UnaryThreshold(static_cast<int64_t>(GetNumber(env, argv[0], 0)),
-                                           static_cast<int64_t>(GetNumber(env, argv[1], 0)))));
+                      dgmm::UnaryThreshold(Int(env, argv[0]),
+                                           Int(env, argv[1]))));
 }
 
 napi_value LinesPerBlockJs(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   return Num(env, static_cast<double>(
-                      dgmm::LinesPerBlock(static_cast<int64_t>(GetNumber(env, argv[0], 0)),
-                                          static_cast<int64_t>(GetNumber(env, argv[1], 0)))));
+                      dgmm::LinesPerBlock(Int(env, argv[0]),
+                                          Int(env, argv[1]))));
 }
 
 // parseBackend(name): the Backend enum value, or throws { code, message }.
 napi_value ParseBackendJs(napi_env env, napi_callback_info info) {
-  size_t argc = 1;
   napi_value argv[1];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   absl::StatusOr<dgmm::v1::Backend> backend = dgmm::ParseBackendName(GetString(env, argv[0]));
   if (!backend.ok()) {
     napi_throw(env, ErrorValue(env, backend.status()));
@@ -1112,9 +1104,8 @@ napi_value ParseBackendJs(napi_env env, napi_callback_info info) {
 }
 
 napi_value PromoteJs(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   return Num(env, dgmm::PromoteDTypes(static_cast<dgmm::v1::DType>(GetNumber(env, argv[0], 0)),
                                       static_cast<dgmm::v1::DType>(GetNumber(env, argv[1], 0))));
 }
@@ -1122,9 +1113,8 @@ napi_value PromoteJs(napi_env env, napi_callback_info info) {
 // retryDelay(policy, attemptsMade, code, pushbackMs|null, nowMs, deadlineMs,
 // jitter, fromServer): ms to wait before the next attempt, or null.
 napi_value RetryDelayJs(napi_env env, napi_callback_info info) {
-  size_t argc = 8;
   napi_value argv[8];
-  NAPI_OK(napi_get_cb_info(env, info, &argc, argv, nullptr, nullptr));
+  if (!Args(env, info, argv)) return nullptr;
   dgmm::RetryPolicy policy;
   napi_value p = argv[0];
   policy.max_attempts = static_cast<int>(GetNumber(env, Prop(env, p, "maxAttempts"), 4));
