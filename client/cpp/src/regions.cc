@@ -394,6 +394,7 @@ RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result
   rj.right_diagonal_bytes = job.right_diagonal_bytes;
   rj.diagonal_dtype = job.diagonal_dtype;
   rj.result_dtype = job.result_dtype;
+  rj.deadline = job.deadline;
   return rj;
 }
 
@@ -423,7 +424,7 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
   }
 
   const RetryPolicy& policy = client.options().retry;
-  const absl::Time deadline = DeadlineFromNow(client);
+  const absl::Time deadline = std::min(DeadlineFromNow(client), job.deadline);
   for (int made = 1;; ++made) {
     grpc::ClientContext context;
     if (absl::Status ok = PrepareRegionCall(client, &context, deadline); !ok.ok()) return ok;
@@ -446,9 +447,12 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
                         absl::Now(), deadline, RandomJitter());
     }
     if (!wait.has_value()) {
-      if (made == 1) return failure;
-      return absl::Status(failure.code(),
-                          absl::StrCat(failure.message(), " (after ", made, " attempts)"));
+      absl::Status final_status =
+          made == 1 ? failure
+                    : absl::Status(failure.code(),
+                                   absl::StrCat(failure.message(), " (after ", made, " attempts)"));
+      if (pushback.has_value()) SetRetryAfter(&final_status, *pushback);
+      return final_status;
     }
     absl::SleepFor(*wait);
   }

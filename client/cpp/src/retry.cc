@@ -5,7 +5,9 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace dgmm {
@@ -83,6 +85,20 @@ std::optional<absl::Duration> RetryDelay(const RetryPolicy& policy, int attempts
 double RandomJitter() {
   thread_local std::mt19937 rng{std::random_device{}()};
   return std::uniform_real_distribution<double>(-1.0, 1.0)(rng);
+}
+
+constexpr char kRetryAfterPayload[] = "type.dgmm.dev/dgmm.client.retry_after_ms";
+
+void SetRetryAfter(absl::Status* status, absl::Duration pushback) {
+  status->SetPayload(kRetryAfterPayload,
+                     absl::Cord(absl::StrCat(absl::ToInt64Milliseconds(pushback))));
+}
+
+std::optional<int64_t> RetryAfterMsOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kRetryAfterPayload);
+  int64_t ms = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &ms)) return std::nullopt;
+  return ms;
 }
 
 }  // namespace dgmm

@@ -56,6 +56,9 @@ std::optional<absl::Duration> RetryDelay(const RetryPolicy& policy, int attempts
 // A random jitter for RetryDelay, uniform in [-1, 1].
 double RandomJitter();
 
+// Attaches `pushback` to a final `status` (read back by RetryAfterMsOf).
+void SetRetryAfter(absl::Status* status, absl::Duration pushback);
+
 }  // namespace dgmm
 
 #endif  // DGMM_CLIENT_CPP_SRC_RETRY_H_

@@ -16,23 +16,16 @@
 //   milliseconds. Other signals are handled when the call returns. Job.start()
 //   runs the job on a pool thread instead and calls add_done_callback's
 //   callables when it ends (dgmm.aio).
-// - Cancellation: dgmm::Client has no cancel hook, so a process-wide gRPC
-//   client interceptor (CancelInterceptor) finds each call's ClientContext
-//   and files it under its job: by the thread that made it (the job's own
-//   thread runs every unstriped job and the first part of a striped one) or,
-//   for the other parts' threads, by the job's matrix bytes that the call's
-//   first message lends (proto/wire.h sends them from the caller's memory).
-//   Cancelling a job TryCancels its calls; the first CANCELLED part fails
-//   the job, which cancels the others (dgmm::Client's JobRun::Fail).
-//   The interceptor also keeps the last grpc-retry-pushback-ms trailer of a
-//   job's calls, for DgmmError.retry_after_ms.
+// - Cancellation: a job's dgmm::CancelToken (its calls in flight and its
+//   waits between attempts end at once); a region call's own context. The
+//   server's pushback of a failed job is the core's (dgmm::RetryAfterMsOf),
+//   for DgmmError.retry_after_ms. No gRPC interceptor: nothing here touches
+//   the calls the core makes.
 #include <Python.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/client_interceptor.h>
-#include <grpcpp/support/interceptor.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -63,10 +56,6 @@ namespace py = pybind11;
 namespace dgmm_py {
 namespace {
 
-constexpr char kMultiply[] = "/dgmm.v1.Dgmm/Multiply";
-constexpr char kMultiplySmall[] = "/dgmm.v1.Dgmm/MultiplySmall";
-constexpr char kMultiplyStream[] = "/dgmm.v1.Dgmm/MultiplyStream";
-
 // The grpc-retry-pushback-ms value of a call's trailers, if it has one.
 std::optional<int64_t> PushbackMs(
     const std::multimap<grpc::string_ref, grpc::string_ref>& trailers) {
@@ -79,17 +68,10 @@ std::optional<int64_t> PushbackMs(
   return ms;
 }
 
-// The calls of one job, to cancel them; and what the calls' trailers said.
+// Cancels one job (its CancelToken) or one region call (its context).
 class JobToken {
  public:
-  JobToken(const char* matrix, size_t matrix_bytes)
-      : matrix_(matrix), matrix_bytes_(matrix_bytes) {}
-
-  bool Holds(const void* p) const {
-    const char* c = static_cast<const char*>(p);
-    return c >= matrix_ && c < matrix_ + matrix_bytes_;
-  }
-  // A call of this job began; true if the job was cancelled already.
+  // A call began; true if the job was cancelled already.
   bool Add(grpc::ClientContext* context) {
     std::lock_guard lock(mu_);
     live_.push_back(context);
@@ -105,112 +87,15 @@ class JobToken {
       cancelled_ = true;
       for (grpc::ClientContext* c : live_) c->TryCancel();
     }
-    // Also ends a wait between attempts (a backoff, a reconnect), where no
-    // call is in flight.
     cancel_.Cancel();
   }
   dgmm::CancelToken* cancel_token() { return &cancel_; }
-  bool cancelled() {
-    std::lock_guard lock(mu_);
-    return cancelled_;
-  }
-  void SetPushback(int64_t ms) {
-    std::lock_guard lock(mu_);
-    pushback_ms_ = ms;
-  }
-  std::optional<int64_t> pushback_ms() {
-    std::lock_guard lock(mu_);
-    return pushback_ms_;
-  }
 
  private:
-  const char* const matrix_;
-  const size_t matrix_bytes_;
   std::mutex mu_;
   bool cancelled_ = false;                  // guarded by mu_
   std::vector<grpc::ClientContext*> live_;  // guarded by mu_
-  std::optional<int64_t> pushback_ms_;      // guarded by mu_
   dgmm::CancelToken cancel_;
-};
-
-// Jobs in flight, for the interceptor to find a part's job by its matrix.
-std::mutex g_jobs_mu;
-std::vector<JobToken*> g_jobs;  // guarded by g_jobs_mu
-// The job whose thread this is (null elsewhere).
-thread_local JobToken* t_job = nullptr;
-
-JobToken* FindJobHolding(const void* p) {
-  std::lock_guard lock(g_jobs_mu);
-  for (JobToken* job : g_jobs) {
-    if (job->Holds(p)) return job;
-  }
-  return nullptr;
-}
-
-class CancelInterceptor : public grpc::experimental::Interceptor {
- public:
-  explicit CancelInterceptor(grpc::experimental::ClientRpcInfo* info)
-      : info_(info),
-        job_method_(std::string_view(info->method()) == kMultiply ||
-                    std::string_view(info->method()) == kMultiplySmall ||
-                    std::string_view(info->method()) == kMultiplyStream) {}
-  ~CancelInterceptor() override {
-    if (job_ != nullptr) job_->Remove(info_->client_context());
-  }
-
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    using grpc::experimental::InterceptionHookPoints;
-    bool cancel_now = false;
-    if (job_method_ && job_ == nullptr) {
-      if (methods->QueryInterceptionHookPoint(
-              InterceptionHookPoints::PRE_SEND_INITIAL_METADATA) &&
-          t_job != nullptr) {
-        cancel_now = Attach(t_job);
-      } else if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
-        // A part running on a thread of dgmm::Client's: its job by the matrix
-        // bytes its message lends (the stream's first message, the header,
-        // holds none; its first block does).
-        grpc::ByteBuffer* message = methods->GetSerializedSendMessage();
-        std::vector<grpc::Slice> slices;
-        if (message != nullptr && message->Dump(&slices).ok()) {
-          for (const grpc::Slice& s : slices) {
-            if (s.size() == 0) continue;
-            if (JobToken* job = FindJobHolding(s.begin())) {
-              cancel_now = Attach(job);
-              break;
-            }
-          }
-        }
-      }
-    }
-    if (job_ != nullptr &&
-        methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_STATUS)) {
-      auto* trailers = methods->GetRecvTrailingMetadata();
-      if (trailers != nullptr) {
-        if (std::optional<int64_t> ms = PushbackMs(*trailers)) job_->SetPushback(*ms);
-      }
-    }
-    methods->Proceed();
-    if (cancel_now) info_->client_context()->TryCancel();
-  }
-
- private:
-  bool Attach(JobToken* job) {
-    job_ = job;
-    return job->Add(info_->client_context());
-  }
-
-  grpc::experimental::ClientRpcInfo* const info_;
-  const bool job_method_;
-  JobToken* job_ = nullptr;
-};
-
-class CancelInterceptorFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
- public:
-  grpc::experimental::Interceptor* CreateClientInterceptor(
-      grpc::experimental::ClientRpcInfo* info) override {
-    return new CancelInterceptor(info);
-  }
 };
 
 // A Py_buffer held for a job; released under the GIL.
@@ -418,11 +303,7 @@ class Job {
     const int64_t lines = col_major ? cols : rows;
     total_lines_ = lines;
     line_bytes_ = static_cast<int64_t>(a_.size()) / std::max<int64_t>(lines, 1);
-    token_ = std::make_unique<JobToken>(static_cast<const char*>(a_.data()), a_.size());
-    {
-      std::lock_guard lock(g_jobs_mu);
-      g_jobs.push_back(token_.get());
-    }
+    token_ = std::make_unique<JobToken>();
   }
 
   // Runs the job on a pool thread (dgmm.aio); add_done_callback's callables
@@ -501,7 +382,7 @@ class Job {
     }
     const absl::StatusOr<dgmm::JobResult>& result = state_->result;  // done: no more writes
     if (!result.ok()) {
-      Raise(result.status(), dgmm::AttemptsOf(result.status()), token_->pushback_ms(),
+      Raise(result.status(), dgmm::AttemptsOf(result.status()), dgmm::RetryAfterMsOf(result.status()),
             plan_.stripes, dgmm::TransferModeName(plan_.mode));
     }
     py::list stats;
@@ -523,7 +404,6 @@ class Job {
   // On a pool thread, or the caller's. `this` is used only until `done` is
   // set (the Job waits for that before it goes); `state` after.
   void Body(const std::shared_ptr<JobState>& state) {
-    t_job = token_.get();
     dgmm::ProgressCallback progress;
     if (!progress_.is_none()) {
       progress = [this](int64_t, int64_t received, int64_t) { Progress(received); };
@@ -537,11 +417,6 @@ class Job {
     } else {
       result = client_->MultiplyStream(job_, out_.data(), out_.size(), progress,
                                        token_->cancel_token());
-    }
-    t_job = nullptr;
-    {
-      std::lock_guard lock(g_jobs_mu);
-      g_jobs.erase(std::remove(g_jobs.begin(), g_jobs.end(), token_.get()), g_jobs.end());
     }
     std::vector<py::object> callbacks;
     {
@@ -604,7 +479,7 @@ class Job {
 class RegionCall {
  public:
   explicit RegionCall(std::shared_ptr<dgmm::Client> client)
-      : client_(std::move(client)), token_(nullptr, 0) {}
+      : client_(std::move(client)) {}
   RegionCall(const RegionCall&) = delete;
   RegionCall& operator=(const RegionCall&) = delete;
 
@@ -718,9 +593,6 @@ std::shared_ptr<dgmm::Client> MakeClient(const std::string& target, const py::di
 PYBIND11_MODULE(_core, m) {
   using namespace dgmm_py;
   m.doc() = "dgmm's C++ client (dgmm::Client) for the Python package; use dgmm.Client.";
-  // Before any channel exists: the interceptor that lets jobs be cancelled.
-  static CancelInterceptorFactory factory;
-  grpc::experimental::RegisterGlobalClientInterceptorFactory(&factory);
   // For short-lived processes: see dgmm::ConfigureGrpcForQuickExit.
   dgmm::ConfigureGrpcForQuickExit();
   sigint::main_thread =

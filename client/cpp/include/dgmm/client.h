@@ -270,6 +270,9 @@ struct Job {
   size_t right_diagonal_bytes = 0;
   v1::DType diagonal_dtype = v1::DTYPE_UNSPECIFIED;
   v1::DType result_dtype = v1::DTYPE_UNSPECIFIED;
+  // This job's own deadline over all its parts and attempts; the earlier of
+  // it and ClientOptions.deadline applies. InfiniteFuture: the client's only.
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // C's dtype for `job`: `result_dtype` when stated, else
@@ -355,6 +358,18 @@ struct JobResult {
 // them as a status payload); 0 when the status has none (an error found
 // before any call, or another status).
 int AttemptsOf(const absl::Status& status);
+
+// The server's pushback (`grpc-retry-pushback-ms`, its admission queue was
+// full) carried by a failed job's or batch's final status, in milliseconds;
+// nullopt when the last failed call had none.
+std::optional<int64_t> RetryAfterMsOf(const absl::Status& status);
+
+// Rule 1 as a number: the largest matrix-plus-diagonal request sent in one
+// Multiply message when no line is longer than chunk_bytes,
+// min(chunk_bytes, 7/8 of max_unary_message_bytes).
+int64_t UnaryThreshold(int64_t max_unary_message_bytes, int64_t chunk_bytes);
+// Whole lines per stream block: max(1, chunk_bytes / line_bytes).
+int64_t LinesPerBlock(int64_t line_bytes, int64_t chunk_bytes);
 
 // The client policy as pure functions (docs/protocol.md; the conformance
 // suite's policy vectors check them).

@@ -173,6 +173,9 @@ struct RegionJob {
   std::optional<v1::RegionRef> right_diagonal_ref;
   v1::DType diagonal_dtype = v1::DTYPE_UNSPECIFIED;
   v1::DType result_dtype = v1::DTYPE_UNSPECIFIED;
+  // The job's own deadline (Job::deadline); the earlier of it and
+  // ClientOptions.deadline applies.
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // A place in this process's own memory, for a session granted process
