@@ -148,7 +148,7 @@ def main():
         for v in raw.values():
             v["modes"] = sorted(v["modes"])
         with open(os.path.join(args.out, "raw.json"), "w") as f:
-            json.dump(raw, f, indent=1)
+            json.dump(raw, f, separators=(",", ":"))
     return 0 if all_met else 1
 
 
