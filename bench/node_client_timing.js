@@ -1,6 +1,6 @@
 'use strict';
 // node_client_timing: times the Node client's multiply() (client/node/dgmm.js,
-// grpc-js) on one N x N job, the Node side of bench/python_client_bench.py,
+// the Node-API addon over the C++ client) on one N x N job, the Node side of bench/python_client_bench.py,
 // with the interface of client/python/tools/cpp_client_timing.cc:
 //
 //   node bench/node_client_timing.js SERVER N REPEATS [WARMUP] [f32|f64]
@@ -16,12 +16,8 @@
 // `{"n": N, "seconds": [t1, t2, ...]}`. Exits 1 on an RPC error, 2 on bad
 // arguments, 3 when the first result is wrong.
 //
-// client/node's dependencies must be installed (cd client/node && npm ci).
-//
-// For diagnosis only (python_client_bench.py never sets it):
-// DGMM_NODE_CHANNEL_OPTIONS='{"grpc-node.flow_control_window": 16777216}'
-// passes that JSON object as createClient's channelOptions, e.g. to see what
-// a larger HTTP/2 receive window than grpc-js's 64 KiB default would change.
+// client/node's addon must be built (npm install ./client/node, or the
+// repository build's dgmm_node target; client/node/README.md).
 
 const path = require('node:path');
 const { performance } = require('node:perf_hooks');
@@ -65,9 +61,7 @@ async function main() {
   for (let k = 0; k < d.length; k++) d[k] = Math.random() * 8 - 4;
   const c = new Ctor(a.length).fill(NaN); // Poisoned: the first call must write every element.
 
-  const channelOptions = process.env.DGMM_NODE_CHANNEL_OPTIONS
-    ? JSON.parse(process.env.DGMM_NODE_CHANNEL_OPTIONS) : {};
-  const client = dgmm.createClient(server, undefined, { channelOptions });
+  const client = dgmm.createClient(server);
   const seconds = [];
   try {
     for (let i = 0; i < warmup + repeats; i++) {

@@ -10,7 +10,7 @@ through
   - the Python client: dgmm.Client.multiply(a, d, out=c), and also without
     out= (a new array per call);
   - NumPy: np.multiply(a, d, out=c) in this process (no server);
-  - the Node client (client/node/dgmm.js, grpc-js): bench/node_client_timing.js,
+  - the Node client (client/node/dgmm.js, the addon over the C++ client): bench/node_client_timing.js,
     multiply(client, a, n, n, d, 'right', {out: c}) in a loop, when node
     (--node) and client/node/node_modules are there (else the column is
     skipped with a note).
@@ -108,19 +108,16 @@ def node_check(node):
     path = shutil.which(node) if node else None
     if not path:
         return None, None, "node not found (%s); --node PATH" % (node or "no --node")
-    modules = os.path.join(REPO, "client", "node", "node_modules")
-    for package in ("@grpc/grpc-js", "@grpc/proto-loader"):
-        if not os.path.isfile(os.path.join(modules, package, "package.json")):
-            return None, None, ("%s is missing from %s (cd client/node && npm ci)"
-                                % (package, modules))
+    addon = os.path.join(REPO, "client", "node", "build", "dgmm.node")
+    if not os.path.isfile(addon):
+        return None, None, ("%s is missing (npm install ./client/node, or ctest's node_package "
+                            "fixture)" % addon)
     try:
         version = subprocess.run([path, "--version"], capture_output=True, text=True,
                                  timeout=60).stdout.strip()
-        with open(os.path.join(modules, "@grpc", "grpc-js", "package.json")) as f:
-            grpc_js = json.load(f)["version"]
-    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+    except (OSError, subprocess.TimeoutExpired) as e:
         return None, None, "cannot run %s: %s" % (path, e)
-    return path, "%s, @grpc/grpc-js %s" % (version, grpc_js), None
+    return path, "%s, the client/node addon" % version, None
 
 
 def node_times(node, address, n, repeats, warmup):

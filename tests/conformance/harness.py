@@ -17,7 +17,6 @@ The runners and the contract: tests/conformance/README.md.
 import argparse
 import json
 import os
-import re
 import selectors
 import shlex
 import socket
@@ -591,39 +590,7 @@ def compare(case, result):
 
 
 # npm output that means "no registry", which skips rather than fails the suite.
-_OFFLINE = re.compile(r"ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH|"
-                      r"EHOSTUNREACH|ERR_SOCKET_TIMEOUT|network|offline|request to .* failed",
-                      re.IGNORECASE)
 SKIP = 77
-
-
-def ensure_node_deps(client_dir, npm):
-    """npm ci in client/node unless @grpc/grpc-js and @grpc/proto-loader resolve
-    there; exits 77 when npm cannot reach a registry."""
-    probe = subprocess.run(
-        ["node", "-e", "for (const m of ['@grpc/grpc-js', '@grpc/proto-loader']) "
-         "require.resolve(m, { paths: [process.argv[1]] })", client_dir],
-        capture_output=True, text=True)
-    if probe.returncode == 0:
-        return
-    print("# %s ci in %s" % (npm, client_dir))
-    try:
-        run = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--fetch-retries=1",
-                              "--fetch-timeout=30000"], cwd=client_dir, capture_output=True,
-                             text=True, timeout=240)
-    except FileNotFoundError:
-        print("SKIP: npm not found (%s)" % npm)
-        sys.exit(SKIP)
-    except subprocess.TimeoutExpired:
-        print("SKIP: npm ci took over 240 s (offline?)")
-        sys.exit(SKIP)
-    if run.returncode != 0:
-        output = run.stdout + run.stderr
-        if _OFFLINE.search(output):
-            print("SKIP: npm could not install the Node client's dependencies (offline?):\n"
-                  + output[-2000:])
-            sys.exit(SKIP)
-        raise SystemExit("npm ci failed with status %d:\n%s" % (run.returncode, output[-4000:]))
 
 
 def main():
@@ -636,9 +603,6 @@ def main():
     parser.add_argument("--only", default="", help="run only cases whose name contains this")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per runner call")
     parser.add_argument("--verbose", action="store_true", help="print each runner's JSON line")
-    parser.add_argument("--node-deps", default="",
-                        help="client/node: npm ci there first when its dependencies are missing")
-    parser.add_argument("--npm", default="npm")
     parser.add_argument("--skip-unless-python-deps", action="store_true",
                         help="exit 77 when this interpreter lacks grpcio, protobuf or numpy")
     args = parser.parse_args()
@@ -651,8 +615,6 @@ def main():
         except ImportError as missing:
             print("SKIP: %s lacks a Python client dependency (%s)" % (sys.executable, missing))
             return SKIP
-    if args.node_deps:
-        ensure_node_deps(args.node_deps, args.npm)
     failures = 0
     start = time.monotonic()
 

@@ -3,7 +3,7 @@
 `proto/wire.{h,cc}`, `bench/results/x/`) exists in the tree.
 
 A path is a backquoted word that starts with one of the repository's top
-folders; `{a,b}` expands to each choice; a trailing `:LINE` or `#anchor` is
+folders (found from the root, or from the document's own folder); `{a,b}` expands to each choice; a trailing `:LINE` or `#anchor` is
 dropped. Globs (`*`) and placeholders (`<...>`) are skipped.
 
 Usage: check_doc_paths.py SOURCE_DIR DOC...
@@ -40,7 +40,9 @@ def main():
             word = re.sub(r"(:\d+(-\d+)?|#.*)$", "", word).rstrip(".,;")
             for path in expand(word):
                 named += 1
-                if not (src / path).exists():
+                # From the repository's root, or from the document's folder
+                # (a package's README names its own files).
+                if not (src / path).exists() and not ((src / doc).parent / path).exists():
                     line = text.count("\n", 0, m.start()) + 1
                     missing.append(f"{doc}:{line}: {path}")
     for m in missing:

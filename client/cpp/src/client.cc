@@ -589,10 +589,12 @@ namespace {
 // the server could not be reached, which is what the caller needs to know (a
 // deadline that passed without any call made is not a slow job).
 absl::Status NoConnectionWithin(absl::Time start, bool deadline_first) {
-  return absl::UnavailableError(absl::StrCat(
+  absl::Status s = absl::UnavailableError(absl::StrCat(
       "no connection to the server within ",
       absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
       deadline_first ? " (the job's deadline)" : " (RetryPolicy.max_reconnect_wait)"));
+  MarkReconnectWaitSpent(&s);
+  return s;
 }
 
 }  // namespace

@@ -11,6 +11,18 @@
 #include "absl/strings/string_view.h"
 
 namespace dgmm {
+
+namespace {
+constexpr char kWaitSpentPayload[] = "type.dgmm.dev/dgmm.client.reconnect-wait-spent";
+}  // namespace
+
+void MarkReconnectWaitSpent(absl::Status* status) {
+  status->SetPayload(kWaitSpentPayload, absl::Cord("1"));
+}
+
+bool ReconnectWaitSpent(const absl::Status& status) {
+  return status.GetPayload(kWaitSpentPayload).has_value();
+}
 namespace {
 
 constexpr char kPushbackTrailer[] = "grpc-retry-pushback-ms";

@@ -13,6 +13,13 @@
 
 namespace dgmm {
 
+// A wait for a connection that ran out its RetryPolicy.max_reconnect_wait
+// marks its UNAVAILABLE status, so that the job does not wait that long again
+// on another path (a same-host job that found no connection does not fall
+// back to the socket, where it would wait once more).
+void MarkReconnectWaitSpent(absl::Status* status);
+bool ReconnectWaitSpent(const absl::Status& status);
+
 // Who ended a failed call. A dgmm server marks every error status it makes
 // with the trailing metadata `dgmm-origin: server`; a status without it was
 // made by gRPC or the network: an RST_STREAM (INTERNAL "Received RST_STREAM

@@ -23,6 +23,7 @@
 #include "dgmm/client.h"
 #include "dgmm/regions.h"
 #include "src/job_lines.h"
+#include "src/retry.h"
 
 namespace dgmm {
 
@@ -344,7 +345,9 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     *why = reason(s);
     // The server's own verdicts (no socket path, regions off, ...) hold
     // for a while; a connection that could not be had is tried again next
-    // job.
+    // job. One waited for in vain for the whole reconnect wait ends the job:
+    // the socket would wait as long again for the same server.
+    if (ReconnectWaitSpent(s)) return absl::StatusOr<JobResult>(s);
     if (s.code() == absl::StatusCode::kUnavailable) return std::nullopt;
     std::lock_guard lock(staging_mu_);
     same_host_off_ = s;
@@ -466,7 +469,9 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     } else {
       ReturnStaging(*std::move(staging));  // still registered and good
     }
-    if (!SocketCanStillDoIt(done.status())) return absl::StatusOr<JobResult>(done.status());
+    if (!SocketCanStillDoIt(done.status()) || ReconnectWaitSpent(done.status())) {
+      return absl::StatusOr<JobResult>(done.status());
+    }
     *why =
         absl::StrCat("the same-host job failed, so the socket carried it: ", reason(done.status()));
     return std::nullopt;

@@ -1,5 +1,5 @@
 // Scale the columns, then the rows, of a matrix on a dgmm server.
-// Usage: node client/node/examples/quickstart.js [HOST:PORT]   (after npm ci in client/node)
+// Usage: node client/node/examples/quickstart.js [HOST:PORT]   (after npm install ./client/node)
 const { createClient, multiply, health, DgmmError } = require('../dgmm');
 
 async function main(address = '127.0.0.1:50051') {

@@ -339,12 +339,13 @@ class Pool {
     std::unique_lock lock(mu_);
     queue_.push_back(call);
     queued_.store(queue_.size(), std::memory_order_release);
-    if (watching_ > 0) return;  // a watching worker takes it
-    if (idle_ == 0) {
-      std::thread([this] { Work(); }).detach();
-    } else {
-      cv_.notify_one();
-    }
+    // Each watching worker takes one queued call, each idle one another
+    // once woken; a call beyond them all gets a thread of its own, so that
+    // two calls queued at once never wait on each other.
+    const size_t queued = queue_.size();
+    if (queued <= static_cast<size_t>(watching_)) return;
+    if (idle_ > 0) cv_.notify_one();
+    if (queued > static_cast<size_t>(watching_ + idle_)) std::thread([this] { Work(); }).detach();
   }
 
  private:

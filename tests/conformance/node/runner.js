@@ -2,7 +2,7 @@
 // Conformance runner for the Node client (tests/conformance/README.md).
 //   node runner.js --case FILE --target TARGET   one case; prints one JSON line
 //   node runner.js --vectors FILE                the policy vectors; prints one JSON line
-// Needs client/node's dependencies (npm ci in client/node).
+// Needs client/node's addon (tests/node's node_package fixture builds it).
 
 const fs = require('node:fs');
 const path = require('node:path');

@@ -194,7 +194,6 @@ struct ClientOptions {
   //    is what kept a client whose connect hung (no answer to its SYN) from
   //    trying again. Keep it above the slowest handshake you expect (TLS to
   //    a distant or loaded server), or connections never complete.
-  // grpc-js (the Node client) has initial and max but no min.
   absl::Duration initial_reconnect_backoff = absl::Milliseconds(100);
   absl::Duration min_reconnect_backoff = absl::Seconds(2);
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
