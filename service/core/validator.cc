@@ -257,7 +257,11 @@ absl::StatusOr<JobRequest> ValidateHeader(const v1::JobHeader& header,
   }
   if (header.has_group()) {
     if (absl::Status g = ValidateGroup(header.group(), p.lines()); !g.ok()) return g;
-    job.group = header.group();
+    const v1::JobGroup& g = header.group();
+    job.group = JobGroup{.id = g.id(),
+                         .first_line = g.first_line(),
+                         .total_lines = g.total_lines(),
+                         .parts = g.parts()};
   }
   job.diagonal = header.diagonal();
   job.right_diagonal = header.right_diagonal();

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "dgmm/v1/dgmm.pb.h"
+#include "service/core/job_stats.h"
 #include "service/core/problem.h"
 
 namespace dgmm {
@@ -48,7 +49,7 @@ struct JobRequest {
   // Jobs on CUDA IPC regions: the GPU ordinal they must run on; -1: any.
   int gpu = -1;
   // JobHeader.group when set (one part of a striped job), validated.
-  std::optional<v1::JobGroup> group;
+  std::optional<JobGroup> group;
 };
 
 // The wire's name for a backend (JobStats.backend, GetServerInfo).

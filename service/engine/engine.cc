@@ -23,11 +23,11 @@ void ActiveJob::End(const absl::Status& status) {
   ended_ = true;
   if (gpu_here_ != nullptr) gpu_here_->fetch_sub(1);
   const absl::Time now = absl::Now();
-  stats_.set_queue_wait_ns(absl::ToInt64Nanoseconds(admitted_ - arrived_));
-  stats_.set_h2d_ns(absl::ToInt64Nanoseconds(times_.h2d));
-  stats_.set_compute_ns(absl::ToInt64Nanoseconds(times_.compute));
-  stats_.set_d2h_ns(absl::ToInt64Nanoseconds(times_.d2h));
-  stats_.set_total_ns(absl::ToInt64Nanoseconds(now - arrived_));
+  stats_.queue_wait_ns = (absl::ToInt64Nanoseconds(admitted_ - arrived_));
+  stats_.h2d_ns = (absl::ToInt64Nanoseconds(times_.h2d));
+  stats_.compute_ns = (absl::ToInt64Nanoseconds(times_.compute));
+  stats_.d2h_ns = (absl::ToInt64Nanoseconds(times_.d2h));
+  stats_.total_ns = (absl::ToInt64Nanoseconds(now - arrived_));
   engine_->admission_->RecordHoldTime(now - admitted_);
   engine_->JobEnded(this, status);
 }
@@ -154,7 +154,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
     return route.status();
   }
   const Problem problem = job.problem;
-  const std::optional<v1::JobGroup> group = job.group;
+  const std::optional<JobGroup> group = job.group;
   // Start's caller may run the job itself when admission admits it within
   // Submit below: the admission callback, run by Submit on this thread,
   // leaves the reservation here instead of posting the job. `here` is this
@@ -199,7 +199,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
     });
   };
   GroupRef group_ref;
-  if (job.group.has_value()) group_ref = {job.group->id(), job.group->parts()};
+  if (job.group.has_value()) group_ref = {job.group->id, job.group->parts};
   submitting = here.get();
   auto ticket =
       admission_->Submit(route->need, deadline, std::move(on_admit), client, group_ref);
@@ -225,7 +225,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
 
 absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Activate(
     const Route& r, const Problem& problem, JobMode mode, absl::Time arrived,
-    const std::string& diag, const std::optional<v1::JobGroup>& group,
+    const std::string& diag, const std::optional<JobGroup>& group,
     absl::StatusOr<Reservation> res) {
   if (!res.ok()) {
     metrics_->Refused(r.pool, res.status(), group.has_value() ? &*group : nullptr,
@@ -240,13 +240,13 @@ absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Activate(
   active->arrived_ = arrived;
   active->admitted_ = absl::Now();
   active->reservation_ = std::move(*res);
-  active->stats_.set_job_id(next_job_id_++);
-  active->stats_.set_backend(WireBackend(r.backend));
-  active->stats_.set_device(r.device->index() < 0
+  active->stats_.job_id = next_job_id_++;
+  active->stats_.backend = r.backend;
+  active->stats_.device = r.device->index() < 0
                                 ? r.device->name()
-                                : absl::StrCat("cuda:", r.device->index(), " ", r.device->name()));
-  active->stats_.set_device_index(r.device->index());
-  if (group.has_value()) *active->stats_.mutable_group() = *group;
+                                : absl::StrCat("cuda:", r.device->index(), " ", r.device->name());
+  active->stats_.device_index = r.device->index();
+  active->stats_.group = group;
   active->lines_ = problem.lines();
   auto context = r.device->Begin(problem, r.backend,
                                  reinterpret_cast<const std::byte*>(diag.data()), mode,

@@ -17,7 +17,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "dgmm/v1/dgmm.pb.h"
 #include "service/core/device.h"
 #include "service/engine/job_metrics.h"
 #include "service/engine/admission.h"
@@ -64,7 +63,7 @@ class ActiveJob {
   absl::Status Process(const Tile& tile, const CancelFn& cancelled);
   // Records the job's outcome for the counters and fills stats() totals.
   void End(const absl::Status& status);
-  v1::JobStats& stats() { return stats_; }
+  JobStats& stats() { return stats_; }
   // Where this job's streamed blocks live on the host (its device's pool).
   HostBufferPool& block_buffers() { return device_->block_buffers(); }
 
@@ -84,7 +83,7 @@ class ActiveJob {
   int64_t lines_ = 0;  // the job's lines (rows or columns), for its group's log line
   std::unique_ptr<JobContext> context_;
   StageTimes times_;
-  v1::JobStats stats_;
+  JobStats stats_;
   bool ended_ = false;
 };
 
@@ -247,7 +246,7 @@ class Engine {
   absl::StatusOr<std::unique_ptr<ActiveJob>> Activate(const Route& r, const Problem& problem,
                                                       JobMode mode, absl::Time arrived,
                                                       const std::string& diag,
-                                                      const std::optional<v1::JobGroup>& group,
+                                                      const std::optional<JobGroup>& group,
                                                       absl::StatusOr<Reservation> res);
   void JobEnded(ActiveJob* job, const absl::Status& status);
   void NotifyServing();
@@ -283,7 +282,7 @@ class AdmittedBatch {
     Engine::Route route;
     Problem problem;
     std::string diagonal;
-    std::optional<v1::JobGroup> group;
+    std::optional<JobGroup> group;
   };
   Engine* engine_ = nullptr;
   absl::Time arrived_;

@@ -13,18 +13,18 @@ int LatencyIndex(JobMode m) {
 
 }  // namespace
 
-void JobMetrics::Refused(int pool, const absl::Status& s, const v1::JobGroup* group,
+void JobMetrics::Refused(int pool, const absl::Status& s, const JobGroup* group,
                          int64_t lines) {
   admission_->RecordOutcome(pool, OutcomeOf(s));
   if (group != nullptr) GroupPartEnded(*group, lines, 0, s);
 }
 
-void JobMetrics::Ended(int pool, JobMode mode, const v1::JobStats& stats, int64_t lines,
+void JobMetrics::Ended(int pool, JobMode mode, const JobStats& stats, int64_t lines,
                        const absl::Status& s) {
   admission_->RecordOutcome(pool, OutcomeOf(s));
-  if (stats.has_group()) GroupPartEnded(stats.group(), lines, stats.job_id(), s);
+  if (stats.group.has_value()) GroupPartEnded(*stats.group, lines, stats.job_id, s);
   if (!s.ok()) return;
-  const double seconds = static_cast<double>(stats.total_ns()) * 1e-9;
+  const double seconds = static_cast<double>(stats.total_ns) * 1e-9;
   std::lock_guard lock(mu_);
   LatencyHistogram& h = latency_[LatencyIndex(mode)];
   std::size_t b = 0;
@@ -34,7 +34,7 @@ void JobMetrics::Ended(int pool, JobMode mode, const v1::JobStats& stats, int64_
   h.count++;
 }
 
-void JobMetrics::GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
+void JobMetrics::GroupPartEnded(const JobGroup& group, int64_t lines, uint64_t job_id,
                                 const absl::Status& s) {
   const std::string outcome = s.ok() ? "completed" : std::string(OutcomeName(OutcomeOf(s)));
   {
@@ -43,8 +43,8 @@ void JobMetrics::GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64
   }
   // One line per part, so that an operator (and the fault test) can follow a
   // logical job's line ranges over the replicas.
-  LogInfo("job ", job_id, " group ", group.id(), " lines [", group.first_line(), ",",
-          group.first_line() + lines, ") of ", group.total_lines(), " (", group.parts(),
+  LogInfo("job ", job_id, " group ", group.id, " lines [", group.first_line, ",",
+          group.first_line + lines, ") of ", group.total_lines, " (", group.parts,
           " parts): ", outcome,
           s.ok() ? std::string()
                  : absl::StrCat(" (", absl::StatusCodeToString(s.code()), ": ", s.message(), ")"));

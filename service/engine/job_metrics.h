@@ -14,7 +14,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "dgmm/v1/dgmm.pb.h"
 #include "service/core/device.h"
 #include "service/engine/admission.h"
 #include "service/core/validator.h"
@@ -42,7 +41,7 @@ class JobMetrics {
   // the host, or not routed yet) under the outcome `s` carries. `group`:
   // the job's JobHeader.group when it is a part of a striped job (null: none
   // or not known yet), with its `lines`.
-  void Refused(int pool, const absl::Status& s, const v1::JobGroup* group = nullptr,
+  void Refused(int pool, const absl::Status& s, const JobGroup* group = nullptr,
                int64_t lines = 0);
   // The same for a job whose header was valid: its group part, if any.
   void Refused(int pool, const absl::Status& s, const JobRequest& job) {
@@ -50,7 +49,7 @@ class JobMetrics {
   }
   // An admitted job ended with `s`: its outcome, its group part and, when
   // OK, its latency (stats.total_ns) in `mode`'s histogram.
-  void Ended(int pool, JobMode mode, const v1::JobStats& stats, int64_t lines,
+  void Ended(int pool, JobMode mode, const JobStats& stats, int64_t lines,
              const absl::Status& s);
 
   // Latency histogram of completed jobs, per mode ("unary", "stream",
@@ -61,7 +60,7 @@ class JobMetrics {
   std::map<std::string, int64_t> GroupParts() const;
 
  private:
-  void GroupPartEnded(const v1::JobGroup& group, int64_t lines, uint64_t job_id,
+  void GroupPartEnded(const JobGroup& group, int64_t lines, uint64_t job_id,
                       const absl::Status& s);
 
   Admission* const admission_;

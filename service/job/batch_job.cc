@@ -124,7 +124,7 @@ void BatchJob::Run(std::unique_ptr<AdmittedBatch> batch) {
     const int64_t lines = problem.lines();
     std::byte* place = reply_.results.data() + out.offset;
     absl::Status s;
-    if (stage.job().stats().device_index() < 0) {
+    if (stage.job().stats().device_index < 0) {
       if (!wider) {
         // The CPU computes in place, in the reply's buffer.
         s = request_->CopyMatrix(i, place, bytes);

@@ -75,7 +75,7 @@ class BatchRequest {
 struct BatchReply {
   struct Job {
     absl::Status status;
-    v1::JobStats stats;
+    JobStats stats;
     int64_t offset = 0;
     int64_t bytes = 0;
   };

@@ -88,7 +88,7 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
   const int64_t bytes = job_.job.problem.matrix_bytes();
   if (TraceJobs()) trace_.tile = absl::Now();
   stage->End(s, s.ok() ? bytes : 0, s.ok() ? job_.job.problem.out_matrix_bytes() : 0);
-  const v1::JobStats stats = stage->job().stats();
+  const JobStats stats = stage->job().stats();
   if (TraceJobs()) trace_.ended = absl::Now();
   stage.reset();  // the reservation goes back before the reply
   if (TraceJobs()) {
@@ -114,7 +114,7 @@ void RegionJob::ReleaseRegions() {
   job_.diagonal_region.reset();
 }
 
-void RegionJob::Finish(const absl::Status& s, const v1::JobStats& stats) {
+void RegionJob::Finish(const absl::Status& s, const JobStats& stats) {
   RegionIo* io = nullptr;
   {
     std::lock_guard lock(mu_);

@@ -37,7 +37,7 @@ class RegionIo {
  public:
   virtual ~RegionIo() = default;
   // Ends the call (once); OK replies with `stats`.
-  virtual void Finish(const absl::Status& status, const v1::JobStats& stats) = 0;
+  virtual void Finish(const absl::Status& status, const JobStats& stats) = 0;
 };
 
 class RegionJob final : public std::enable_shared_from_this<RegionJob> {
@@ -58,7 +58,7 @@ class RegionJob final : public std::enable_shared_from_this<RegionJob> {
 
  private:
   void Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted);
-  void Finish(const absl::Status& s, const v1::JobStats& stats = {});
+  void Finish(const absl::Status& s, const JobStats& stats = {});
   // Lets go of the regions before a refusal is answered.
   void ReleaseRegions();
 

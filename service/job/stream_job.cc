@@ -28,7 +28,7 @@ class ComputeStages final : public StreamStages {
           stage_ = stage;
           done(Started{.stage = stage,
                        .pool = &stage->job().block_buffers(),
-                       .job_id = stage->job().stats().job_id()});
+                       .job_id = stage->job().stats().job_id});
         });
     if (!s.ok()) return s;
     return std::nullopt;
@@ -36,9 +36,9 @@ class ComputeStages final : public StreamStages {
   void Cancel() override { session_->Cancel(); }
   absl::Status cancelled_status() const override { return session_->cancelled_status(); }
   // Asked only once the pipeline ended OK; the pipeline holds the stage.
-  v1::JobStats stats() const override {
+  JobStats stats() const override {
     std::shared_ptr<ComputeStage> stage = stage_.lock();
-    return stage != nullptr ? stage->job().stats() : v1::JobStats();
+    return stage != nullptr ? stage->job().stats() : JobStats();
   }
 
  private:
@@ -67,7 +67,7 @@ class EchoStages final : public StreamStages {
   }
   void Cancel() override {}
   absl::Status cancelled_status() const override { return CancelledStatus(deadline_); }
-  v1::JobStats stats() const override { return stage_->stats(); }
+  JobStats stats() const override { return stage_->stats(); }
 
  private:
   Engine* const engine_;
@@ -214,7 +214,7 @@ void StreamJob::Detach() {
 void StreamJob::Finish(const absl::Status& status) {
   finished_at_ns_ = absl::ToUnixNanos(absl::Now());
   finished_ = true;
-  io_->Finish(status, status.ok() ? stages_->stats() : v1::JobStats());
+  io_->Finish(status, status.ok() ? stages_->stats() : JobStats());
 }
 
 void StreamJob::CheckIdle(absl::Time now) {
@@ -296,7 +296,7 @@ void StreamJob::FailLocked(const absl::Status& s) {
   if (phase_ == Phase::kAdmission) stages_->Cancel();
   finished_at_ns_ = absl::ToUnixNanos(absl::Now());
   finished_ = true;
-  io_->Finish(s, v1::JobStats());
+  io_->Finish(s, JobStats());
 }
 
 }  // namespace dgmm

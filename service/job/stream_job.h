@@ -58,7 +58,7 @@ class StreamIo {
   virtual void WriteAccepted(const v1::StreamAccepted& accepted) = 0;
   virtual void WriteBlock(OutBlock block) = 0;
   // Ends the call; OK sends `stats` as the last message.
-  virtual void Finish(const absl::Status& status, const v1::JobStats& stats) = 0;
+  virtual void Finish(const absl::Status& status, const JobStats& stats) = 0;
   // Cancels the call at the transport (a client that stopped reading).
   virtual void CancelCall() = 0;
 };
@@ -80,7 +80,7 @@ class StreamStages {
   virtual void Cancel() = 0;
   virtual absl::Status cancelled_status() const = 0;
   // The stats sent when the stream ends OK.
-  virtual v1::JobStats stats() const = 0;
+  virtual JobStats stats() const = 0;
 };
 
 // A dgmm job: intake, then a JobSession; blocks computed on its device.

@@ -54,7 +54,7 @@ class UnaryRequest {
 class UnaryIo : public GatedCallIo {
  public:
   // OK: `bytes` of result in `result` and the job's stats.
-  virtual void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) = 0;
+  virtual void Reply(HostBuffer result, size_t bytes, const JobStats& stats) = 0;
 };
 
 class UnaryJob final : public GatedCall {

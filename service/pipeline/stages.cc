@@ -19,17 +19,17 @@ absl::Status ComputeStage::ProcessTile(const Tile& tile, const CancelFn& cancell
 }
 
 void ComputeStage::End(const absl::Status& outcome, int64_t bytes_in, int64_t bytes_out) {
-  job_->stats().set_bytes_in(bytes_in);
-  job_->stats().set_bytes_out(bytes_out);
+  job_->stats().bytes_in = bytes_in;
+  job_->stats().bytes_out = bytes_out;
   job_->End(outcome);
 }
 
 void EchoStage::End(const absl::Status&, int64_t bytes_in, int64_t bytes_out) {
-  stats_.set_device("echo");
-  stats_.set_device_index(-1);
-  stats_.set_bytes_in(bytes_in);
-  stats_.set_bytes_out(bytes_out);
-  stats_.set_total_ns(absl::ToInt64Nanoseconds(absl::Now() - started_));
+  stats_.device = "echo";
+  stats_.device_index = -1;
+  stats_.bytes_in = bytes_in;
+  stats_.bytes_out = bytes_out;
+  stats_.total_ns = absl::ToInt64Nanoseconds(absl::Now() - started_);
 }
 
 }  // namespace dgmm

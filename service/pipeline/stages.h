@@ -46,11 +46,11 @@ class EchoStage final : public BlockStage {
     return absl::OkStatus();
   }
   void End(const absl::Status& outcome, int64_t bytes_in, int64_t bytes_out) override;
-  const v1::JobStats& stats() const { return stats_; }
+  const JobStats& stats() const { return stats_; }
 
  private:
   const absl::Time started_ = absl::Now();
-  v1::JobStats stats_;
+  JobStats stats_;
 };
 
 }  // namespace dgmm

@@ -10,6 +10,7 @@
 #include "service/job/batch_job.h"
 #include "service/rpc/reactors.h"
 #include "service/rpc/wire_buffers.h"
+#include "service/rpc/wire_stats.h"
 
 namespace dgmm {
 namespace {
@@ -53,6 +54,7 @@ class MultiplyBatchReactor final : public GatedReactor<BatchJob, BatchIo, GrpcBa
 
   void Reply(BatchReply reply) override {
     std::vector<wire::BatchResultView> results(reply.jobs.size());
+    std::vector<v1::JobStats> stats(reply.jobs.size());
     for (size_t i = 0; i < reply.jobs.size(); ++i) {
       const BatchReply::Job& job = reply.jobs[i];
       wire::BatchResultView& r = results[i];
@@ -61,7 +63,8 @@ class MultiplyBatchReactor final : public GatedReactor<BatchJob, BatchIo, GrpcBa
         r.message = job.status.message();
         continue;
       }
-      r.stats = &job.stats;
+      stats[i] = ToWire(job.stats);
+      r.stats = &stats[i];
       r.has_result = true;
       r.offset = static_cast<size_t>(job.offset);
       r.bytes = static_cast<size_t>(job.bytes);

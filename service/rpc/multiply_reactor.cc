@@ -13,6 +13,7 @@
 #include "service/job/unary_job.h"
 #include "service/rpc/reactors.h"
 #include "service/rpc/wire_buffers.h"
+#include "service/rpc/wire_stats.h"
 
 namespace dgmm {
 namespace {
@@ -42,9 +43,9 @@ class MultiplyReactor final : public GatedReactor<UnaryJob, UnaryIo, GrpcUnaryRe
  public:
   using GatedReactor::GatedReactor;
 
-  void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) override {
+  void Reply(HostBuffer result, size_t bytes, const JobStats& stats) override {
     // The result goes out from the buffer it was computed in.
-    response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), stats);
+    response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), ToWire(stats));
     SendResponse();
   }
 };
@@ -64,8 +65,8 @@ class MultiplySmallReactor final : public InlineJobReactor<UnaryJob>, public Una
 
   // UnaryIo, called under the job's lock.
   void StartRead() override {}  // BeginRead: the request came with the call
-  void Reply(HostBuffer result, size_t bytes, const v1::JobStats& stats) override {
-    *response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), stats);
+  void Reply(HostBuffer result, size_t bytes, const JobStats& stats) override {
+    *response_ = wire::EncodeMultiplyResponse(ToSlice(std::move(result), bytes), ToWire(stats));
     GrpcOpScope op;
     grpc::ServerUnaryReactor::Finish(grpc::Status::OK);
   }

@@ -9,6 +9,7 @@
 #include "service/core/enum_names.h"
 #include "service/job/region_job.h"
 #include "service/rpc/reactors.h"
+#include "service/rpc/wire_stats.h"
 
 namespace dgmm {
 namespace {
@@ -73,10 +74,10 @@ class MultiplyRegionReactor final : public InlineJobReactor<RegionJob>, public R
   }
 
   // RegionIo, once.
-  void Finish(const absl::Status& status, const v1::JobStats& stats) override {
+  void Finish(const absl::Status& status, const JobStats& stats) override {
     if (status.ok()) {
       v1::MultiplyRegionResponse reply;
-      *reply.mutable_stats() = stats;
+      *reply.mutable_stats() = ToWire(stats);
       *response_ = wire::EncodeMessage(reply);
     }
     GrpcOpScope op;

@@ -8,6 +8,7 @@
 #include "service/job/stream_job.h"
 #include "service/rpc/reactors.h"
 #include "service/rpc/wire_buffers.h"
+#include "service/rpc/wire_stats.h"
 
 namespace dgmm {
 namespace {
@@ -96,14 +97,14 @@ class StreamReactor final : public StreamReactorBase, public StreamIo {
     GrpcOpScope op;
     StartWrite(&block_write_);
   }
-  void Finish(const absl::Status& status, const v1::JobStats& stats) override {
+  void Finish(const absl::Status& status, const JobStats& stats) override {
     GrpcOpScope op;
     if (!status.ok()) {
       StreamReactorBase::Finish(call_.Status(status));
       return;
     }
     v1::MultiplyStreamResponse message;
-    *message.mutable_stats() = stats;
+    *message.mutable_stats() = ToWire(stats);
     control_write_ = wire::EncodeMessage(message);
     StartWriteAndFinish(&control_write_, grpc::WriteOptions(), grpc::Status::OK);
   }

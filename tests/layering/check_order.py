@@ -5,6 +5,8 @@ a loop (docs/architecture.md section 1).
 - service/'s folders stand in one order (ORDER below); a file includes only
   files of its own folder or of folders before it. The files directly in
   service/ (the server, its flags, the metrics endpoint, main.cc) come last.
+- service/engine/ names no proto type (v1::..., dgmm.pb.h): the RPC layer
+  writes what the engine says into its replies.
 - No C++ file of service/, client/, util/ or proto/ reaches itself through its
   includes, and no Python module of client/python or JavaScript file of
   client/node reaches itself through its relative imports.
@@ -146,6 +148,14 @@ def main():
             if theirs in ORDER and ORDER.index(theirs) > ORDER.index(mine):
                 failures.append(f"{f} includes {dep}: service/{theirs or '.'} comes after "
                                 f"service/{mine or '.'} in the order")
+    # The engine knows no proto type: the RPC layer puts what it says on the wire.
+    for f in sorted(service_files):
+        if folder(f) != "engine":
+            continue
+        text = (src / f).read_text(encoding="utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            if re.search(r"\bv1::|dgmm\.pb\.h", line.split("//")[0]):
+                failures.append(f"{f}:{number}: the engine names a proto type: {line.strip()}")
     for comp in cycles(graph):
         failures.append("C++ files include each other in a loop: " + ", ".join(comp))
     py = import_graph(src, "client/python", r"^\s*from\s+(\.[\w.]*)\s+import", resolve_py)

@@ -15,6 +15,8 @@ CASES = {
               None),
     "back include": ({"service/core/a.h": '#include "service/job/b.h"\n',
                       "service/job/b.h": ""}, 1, "comes after"),
+    "proto in the engine": ({"service/engine/e.h": "v1::JobStats stats;\n"}, 1,
+                            "names a proto type"),
     "C++ loop": ({"service/job/a.h": '#include "service/job/b.h"\n',
                   "service/job/b.h": '#include "service/job/a.h"\n'}, 1, "C++ files include"),
     "Python loop": ({"client/python/dgmm/a.py": "from .b import x\n",

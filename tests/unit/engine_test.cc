@@ -221,7 +221,7 @@ TEST(Engine, OneSmallGpuRegionJobAtATimeComesBackToTheCaller) {
         here);
     ASSERT_TRUE(ticket.ok()) << ticket.status();
     ASSERT_NE(*here, nullptr);
-    EXPECT_EQ((*here)->stats().backend(), v1::BACKEND_CUDA_KERNEL);
+    EXPECT_EQ(WireBackend(*(*here)->stats().backend), v1::BACKEND_CUDA_KERNEL);
   };
   std::unique_ptr<ActiveJob> first;
   start_here(&first);
@@ -284,14 +284,14 @@ TEST(Engine, SmallAutoJobsRunOnTheCpuOfAGpuServer) {
         job, mode, absl::Now(), absl::InfiniteFuture(),
         [&](absl::StatusOr<std::unique_ptr<ActiveJob>> active) {
           EXPECT_TRUE(active.ok()) << active.status();
-          posted.set_value(active.ok() ? (*active)->stats().backend() : v1::BACKEND_AUTO);
+          posted.set_value(active.ok() ? WireBackend(*(*active)->stats().backend) : v1::BACKEND_AUTO);
         },
         {}, &here);
     EXPECT_TRUE(ticket.ok()) << ticket.status();
     if (here == nullptr) return posted.get_future().get();
-    if (here->stats().backend() != v1::BACKEND_CPU) {  // a (fake) GPU region job, here
+    if (WireBackend(*here->stats().backend) != v1::BACKEND_CPU) {  // a (fake) GPU region job, here
       here->End(absl::OkStatus());
-      return here->stats().backend();
+      return WireBackend(*here->stats().backend);
     }
     // Admitted here on the CPU: it computes, correctly.
     std::vector<float> in = {1, 2, 3, 4}, out(4, -1.0f);
@@ -300,7 +300,7 @@ TEST(Engine, SmallAutoJobsRunOnTheCpuOfAGpuServer) {
     EXPECT_TRUE(here->Process(t, nullptr).ok());
     EXPECT_EQ(out, (std::vector<float>{2, 6, 6, 12}));
     here->End(absl::OkStatus());
-    return here->stats().backend();
+    return WireBackend(*here->stats().backend);
   };
   JobRequest small = Request(diag);  // 2x2 float32: 16 bytes
   JobRequest larger = small;

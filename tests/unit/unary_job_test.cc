@@ -55,7 +55,7 @@ struct Replied {
 class FakeIo final : public UnaryIo {
  public:
   void StartRead() override { reads++; }
-  void Reply(HostBuffer result, size_t bytes, const v1::JobStats&) override {
+  void Reply(HostBuffer result, size_t bytes, const JobStats&) override {
     Replied r;
     r.result.assign(result.data(), result.data() + bytes);
     r.thread = std::this_thread::get_id();

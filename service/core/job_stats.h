@@ -1,0 +1,40 @@
+// What a job reports of itself, as plain values: where it ran, how long each
+// stage took, its bytes, and the striped job it is a part of. The RPC layer
+// writes it into the wire's JobStats (service/rpc/wire_stats.h).
+#ifndef DGMM_SERVICE_CORE_JOB_STATS_H_
+#define DGMM_SERVICE_CORE_JOB_STATS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "service/core/problem.h"
+
+namespace dgmm {
+
+// One part of a striped job (JobHeader.group), validated.
+struct JobGroup {
+  std::string id;
+  int64_t first_line = 0;
+  int64_t total_lines = 0;
+  int parts = 0;
+};
+
+struct JobStats {
+  std::optional<BackendKind> backend;  // nullopt: no backend ran it (the Echo bench)
+  std::string device;                  // "cpu (16 threads)", "cuda:0 NVIDIA H200", "echo"
+  int device_index = -1;               // -1: the CPU
+  int64_t queue_wait_ns = 0;
+  int64_t h2d_ns = 0;
+  int64_t compute_ns = 0;
+  int64_t d2h_ns = 0;
+  int64_t total_ns = 0;
+  int64_t bytes_in = 0;
+  int64_t bytes_out = 0;
+  uint64_t job_id = 0;
+  std::optional<JobGroup> group;
+};
+
+}  // namespace dgmm
+
+#endif  // DGMM_SERVICE_CORE_JOB_STATS_H_
