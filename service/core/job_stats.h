@@ -24,13 +24,10 @@ struct JobStats {
   std::optional<BackendKind> backend;  // nullopt: no backend ran it (the Echo bench)
   std::string device;                  // "cpu (16 threads)", "cuda:0 NVIDIA H200", "echo"
   int device_index = -1;               // -1: the CPU
-  int64_t queue_wait_ns = 0;
-  int64_t h2d_ns = 0;
-  int64_t compute_ns = 0;
-  int64_t d2h_ns = 0;
-  int64_t total_ns = 0;
-  int64_t bytes_in = 0;
-  int64_t bytes_out = 0;
+  // Nanoseconds waiting for admission, copying host to device, in the
+  // multiply, copying device to host, and from arrival to the result ready.
+  int64_t queue_wait_ns = 0, h2d_ns = 0, compute_ns = 0, d2h_ns = 0, total_ns = 0;
+  int64_t bytes_in = 0, bytes_out = 0;  // payload received and sent
   uint64_t job_id = 0;
   std::optional<JobGroup> group;
 };
