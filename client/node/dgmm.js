@@ -335,7 +335,13 @@ function multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
   }
   job.args[11] = out;
   const wantInfo = Boolean(options.returnStats || options.returnInfo);
-  const timeout = options.timeoutMs ?? -1;
+  let timeout;
+  try {
+    timeout = timeoutOf(options);
+  } catch (e) {
+    if (cancel) cancel.done();
+    return Promise.reject(e);
+  }
   return new Promise((resolve, reject) => {
     native.multiply(core, ...job.args, MODES[options.stream], timeout, options.progress || null,
       cancel ? cancel.token : null, wantInfo, (err, info) => {
@@ -392,14 +398,23 @@ function call(fn, ...args) {
   });
 }
 
-// The server's GetServerInfoResponse (devices, budgets, limits). Not retried.
-async function serverInfo(client) {
-  return call(native.serverInfo, client._core(''));
+// A call's timeoutMs option: a number >= 0, or none (-1).
+function timeoutOf(options) {
+  const ms = options.timeoutMs ?? -1;
+  if (typeof ms !== 'number' || Number.isNaN(ms)) throw new TypeError('dgmm: timeoutMs must be a number of ms');
+  return ms;
+}
+
+// The server's GetServerInfoResponse (devices, budgets, limits). Not
+// retried. options: timeoutMs (DEADLINE_EXCEEDED after it).
+async function serverInfo(client, options = {}) {
+  return call(native.serverInfo, client._core(''), timeoutOf(options));
 }
 
 // The grpc.health.v1 status ('SERVING', 'NOT_SERVING', ...) of `service`.
-async function health(client, service = '') {
-  return call(native.health, client._core(''), service);
+// Not retried. options: timeoutMs.
+async function health(client, service = '', options = {}) {
+  return call(native.health, client._core(''), service, timeoutOf(options));
 }
 
 module.exports = {

@@ -386,6 +386,27 @@ test('an AbortSignal ends a job within 100 ms: mid-job, in a backoff, and before
     (err) => err.codeName === 'CANCELLED');
 });
 
+test('serverInfo and health take timeoutMs: a stopped server is DEADLINE_EXCEEDED after it', async () => {
+  const frozen = await startServer();
+  const c = dgmm.createClient(frozen.address);
+  try {
+    assert.equal(await dgmm.health(c, '', { timeoutMs: 5000 }), 'SERVING');  // connected
+    frozen.proc.kill('SIGSTOP');
+    for (const [what, call] of [['serverInfo', () => dgmm.serverInfo(c, { timeoutMs: 200 })],
+      ['health', () => dgmm.health(c, '', { timeoutMs: 200 })]]) {
+      const start = performance.now();
+      await assert.rejects(call(), (err) => err.codeName === 'DEADLINE_EXCEEDED', what);
+      const ms = performance.now() - start;
+      assert.ok(ms >= 150, `${what} gave up after ${ms.toFixed(0)} ms, before its timeout`);
+    }
+    await assert.rejects(dgmm.health(c, '', { timeoutMs: 'soon' }), TypeError);
+  } finally {
+    frozen.proc.kill('SIGCONT');
+    c.close();
+    await stopServer(frozen);
+  }
+});
+
 test('timeoutMs bounds the whole job: DEADLINE_EXCEEDED', async () => {
   const n = 4000;
   const a = new Float32Array(n * n).fill(1);

@@ -7,7 +7,8 @@
 // passed by descriptor; also from a server started with its defaults.
 // Without regions, with sameHost: false, with a forced RPC or with a region
 // budget smaller than the staging region, they go over the socket
-// (info.socketReason says why when the path was tried). Ends with the warm
+// (info.socketReason says why when the path was tried). An AbortSignal ends
+// a same-host job whose region call a stopped server holds. Ends with the warm
 // job time at N=2000 float32, same-host vs socket. Run by ctest (test
 // `node_same_host`), or by hand after `npm install` in client/node:
 //   DGMM_SERVER_BIN=build/service/dgmm-server node tests/node/test_same_host.js
@@ -138,6 +139,40 @@ test('a region job the socket could not do better fails with its own error', asy
   // The staging region is still good.
   const info = await checkedJob(client, Float32Array, 601, 600, 'right', 'row');
   assert.equal(info.mode, 'shm', info.socketReason);
+});
+
+test('an AbortSignal ends a same-host job within 100 ms, its region call in flight', async () => {
+  // A stopped server holds the job's region call (its session is open from
+  // a first job): only the abort can end it.
+  const held = await startServer(['--threads=2', '--allow_regions']);
+  try {
+    for (const processMemory of [true, false]) {
+      const c = dgmm.createClient(held.address, undefined, { processMemory });
+      try {
+        const first = await checkedJob(c, Float32Array, 601, 600, 'right', 'row');
+        assert.equal(first.mode, 'shm', first.socketReason);
+        assert.equal(first.processMemory, processMemory);
+        held.proc.kill('SIGSTOP');
+        const controller = new AbortController();
+        const job = dgmm.multiply(c, randomArray(Float32Array, 601 * 600), 601, 600,
+          randomArray(Float32Array, 600), 'right', { signal: controller.signal });
+        await new Promise((r) => setTimeout(r, 200));
+        const start = performance.now();
+        controller.abort();
+        await assert.rejects(job, (err) => {
+          assert.equal(err.codeName, 'CANCELLED', err.message);
+          return true;
+        });
+        const ms = performance.now() - start;
+        assert.ok(ms < 100, `processMemory ${processMemory}: cancelled after ${ms.toFixed(1)} ms`);
+      } finally {
+        held.proc.kill('SIGCONT');
+        c.close();
+      }
+    }
+  } finally {
+    await stopServer(held);
+  }
 });
 
 test('a server started with its defaults: memory, without a flag on either side', async () => {

@@ -250,6 +250,28 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
 
 
+class CallTimeoutTest(unittest.TestCase):
+    def test_server_info_and_health_end_at_their_timeout_on_a_stopped_server(self):
+        server = Server()
+        client = dgmm.Client(server.address)
+        try:
+            self.assertEqual(client.health(timeout=5), "SERVING")  # connected
+            server.process.send_signal(signal.SIGSTOP)
+            for call in (lambda: client.server_info(timeout=0.2),
+                         lambda: client.health(timeout=0.2)):
+                start = time.monotonic()
+                with self.assertRaises(dgmm.DgmmError) as raised:
+                    call()
+                self.assertEqual(raised.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+                self.assertGreaterEqual(time.monotonic() - start, 0.15)  # not before it
+            with self.assertRaises(ValueError):
+                client.health(timeout=0)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+            client.close()
+            server.stop()
+
+
 class ConstrainedServerTest(unittest.TestCase):
     """A server with a small budget, unary limit and max_dim."""
 

@@ -93,11 +93,22 @@ class RegionTestCase(unittest.TestCase):
 
     def setUp(self):
         self.client = dgmm.Client((self.server or SERVER).address)
+        self._channel = None
         self.rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
         self.regions = []
         self.clients = []
 
+    @property
+    def stub(self):
+        """A grpcio stub of the server's Dgmm service: an independent client
+        for raw region calls, with the metadata each test gives."""
+        if self._channel is None:
+            self._channel = grpc.insecure_channel((self.server or SERVER).address)
+        return dgmm.pb_grpc.DgmmStub(self._channel)
+
     def tearDown(self):
+        if self._channel is not None:
+            self._channel.close()
         for region in self.regions:
             region.close()
         for client in self.clients:
@@ -156,7 +167,7 @@ class RegionTestCase(unittest.TestCase):
         ticket = session.pass_fd(fd)
         request = pb.RegisterRegionRequest(name=name, local_fd=pb.LocalFdRegion(
             ticket=ticket.ticket, offset=offset, byte_size=byte_size))
-        return raw(self.client._stub.RegisterRegion, request,
+        return raw(self.stub.RegisterRegion, request,
                    metadata=session.metadata() if metadata is None else metadata)
 
 
@@ -383,7 +394,7 @@ class SessionTest(RegionTestCase):
         ticket = session.pass_fd(shm.fd)
         request = pb.RegisterRegionRequest(name="nosession", local_fd=pb.LocalFdRegion(
             ticket=ticket.ticket, offset=0, byte_size=shm.byte_size))
-        stub = self.client._stub
+        stub = self.stub
         for metadata in (None, (("dgmm-session", "00" * 32),), (("dgmm-session", ""),)):
             with self.subTest(metadata=metadata):
                 error = self.assertCode(grpc.StatusCode.UNAUTHENTICATED, raw,
@@ -413,7 +424,7 @@ class SessionTest(RegionTestCase):
         ticket = mine.pass_fd(shm.fd)
         request = pb.RegisterRegionRequest(name="ticket", local_fd=pb.LocalFdRegion(
             ticket=ticket.ticket, offset=0, byte_size=4096))
-        stub = self.client._stub
+        stub = self.stub
         self.assertCode(grpc.StatusCode.NOT_FOUND, raw, stub.RegisterRegion, request,
                         metadata=other.metadata())
         raw(stub.RegisterRegion, request, metadata=mine.metadata())
@@ -428,7 +439,7 @@ class SessionTest(RegionTestCase):
         request = pb.RegisterRegionRequest(name="byname", system_shm=pb.SystemShmRegion(
             key=shm.key, offset=0, byte_size=4096))
         error = self.assertCode(grpc.StatusCode.INVALID_ARGUMENT, raw,
-                                self.client._stub.RegisterRegion, request,
+                                self.stub.RegisterRegion, request,
                                 metadata=self.session().metadata())
         self.assertIn("local socket", error.details)
 
@@ -476,7 +487,7 @@ class SessionTest(RegionTestCase):
         self.assertEqual(second.unregister_regions(), 0)
         self.assertEqual(len(first.region_status().regions), 1)
         # ... but a name is the uid's: the other Client may unregister it.
-        self.assertEqual(raw(second._stub.UnregisterRegion,
+        self.assertEqual(raw(self.stub.UnregisterRegion,
                              pb.UnregisterRegionRequest(name="shared"),
                              metadata=second.local_session().metadata()).unregistered, 1)
         self.assertEqual(list(first.region_status().regions), [])
@@ -672,7 +683,7 @@ class BadInputTest(RegionTestCase):
             os.ftruncate(fd, 8192)
             ticket = session.open_shm(key)
             self.assertEqual((ticket.object_bytes, ticket.sealed), (8192, False))
-            raw(self.client._stub.RegisterRegion, pb.RegisterRegionRequest(
+            raw(self.stub.RegisterRegion, pb.RegisterRegionRequest(
                 name="opened", local_fd=pb.LocalFdRegion(ticket=ticket.ticket, offset=0,
                                                          byte_size=8192)),
                 metadata=session.metadata())
@@ -808,7 +819,7 @@ class BadInputTest(RegionTestCase):
         request = pb.RegisterRegionRequest(name="gpu", cuda_ipc=pb.CudaIpcRegion(
             handle=os.urandom(64), device=0, offset=0, byte_size=4096))
         self.assertCode(grpc.StatusCode.FAILED_PRECONDITION, raw,
-                        self.client._stub.RegisterRegion, request,
+                        self.stub.RegisterRegion, request,
                         metadata=self.session().metadata())
 
 
@@ -912,7 +923,17 @@ class RegionsOffTest(RegionTestCase):
     def tearDownClass(cls):
         cls.server.stop()
 
+    @property
+    def stub(self):
+        """A grpcio stub of the server's Dgmm service: an independent client
+        for raw region calls, with the metadata each test gives."""
+        if self._channel is None:
+            self._channel = grpc.insecure_channel((self.server or SERVER).address)
+        return dgmm.pb_grpc.DgmmStub(self._channel)
+
     def tearDown(self):
+        if self._channel is not None:
+            self._channel.close()
         for region in self.regions:
             region.close()
         self.client.close()
@@ -933,7 +954,7 @@ class RegionsOffTest(RegionTestCase):
                 error = self.assertCode(grpc.StatusCode.FAILED_PRECONDITION, call, *args)
                 self.assertIn("--allow_regions", error.details)
         # And so does the server, before it looks for a session.
-        stub = self.client._stub
+        stub = self.stub
         self.assertCode(grpc.StatusCode.FAILED_PRECONDITION, raw, stub.GetRegionStatus,
                         pb.GetRegionStatusRequest())
         self.assertCode(grpc.StatusCode.FAILED_PRECONDITION, raw, stub.MultiplyRegion,

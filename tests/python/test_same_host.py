@@ -717,9 +717,10 @@ class ArraysTest(SameHostTestCase):
         c = dgmm.empty_like(a, client=self.client)
         c[:] = np.nan
         # Another client of this uid unregisters C's region by name.
-        self.assertEqual(self.observer._stub.UnregisterRegion(
-            pb.UnregisterRegionRequest(name=dgmm.region_of(c).name),
-            metadata=self.observer.local_session().metadata()).unregistered, 1)
+        with grpc.insecure_channel(self.address) as channel:  # a raw call, as any client
+            self.assertEqual(dgmm.pb_grpc.DgmmStub(channel).UnregisterRegion(
+                pb.UnregisterRegionRequest(name=dgmm.region_of(c).name),
+                metadata=self.observer.local_session().metadata()).unregistered, 1)
         d = self.random(40, np.float64)
         result, info = self.client.multiply(a, d, out=c, return_info=True)
         self.assertIs(result, c)

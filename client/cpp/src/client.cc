@@ -684,6 +684,30 @@ bool CancelToken::cancelled() const {
   return cancelled_;
 }
 
+CancelToken::Watch::Watch(CancelToken* token, std::function<void()> on_cancel) : token_(token) {
+  if (token_ == nullptr) return;
+  std::lock_guard lock(token_->mu_);
+  previous_ = std::exchange(token_->on_cancel_, std::move(on_cancel));
+  if (token_->cancelled_) token_->on_cancel_();
+}
+
+CancelToken::Watch::~Watch() {
+  if (token_ == nullptr) return;
+  std::lock_guard lock(token_->mu_);
+  token_->on_cancel_ = std::move(previous_);
+}
+
+bool CancelToken::SleepUnlessCancelled(absl::Duration wait, const CancelToken* token) {
+  const absl::Time until = absl::Now() + wait;
+  // In slices, so that a cancel ends the wait within 20 ms.
+  for (;;) {
+    if (token != nullptr && token->cancelled()) return false;
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) return true;
+    absl::SleepFor(std::min(left, absl::Milliseconds(20)));
+  }
+}
+
 absl::StatusOr<JobResult> Client::Multiply(const Job& job, void* out, size_t out_bytes,
                                            const ProgressCallback& progress,
                                            CancelToken* cancel) {
@@ -761,7 +785,7 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
       return absl::CancelledError("the job was cancelled before it started");
     }
     std::optional<absl::StatusOr<JobResult>> done = SameHostJob(
-        job, out, *bytes, progress, GetLane(0, plan->stripes > 1), &socket_reason);
+        job, out, *bytes, progress, GetLane(0, plan->stripes > 1), cancel, &socket_reason);
     if (done.has_value()) return *std::move(done);
   }
   JobRun run;
@@ -1051,20 +1075,20 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::InfoOn(Lane* lane) {
   return response;
 }
 
-absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
+absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo(absl::Time deadline) {
   if (!options_status_.ok()) return options_status_;
   grpc::ClientContext context;
-  PrepareContext(&context, Deadline());
+  PrepareContext(&context, std::min(Deadline(), deadline));
   v1::GetServerInfoResponse response;
   grpc::Status status = stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
 
-absl::StatusOr<HealthState> Client::Health(const std::string& service) {
+absl::StatusOr<HealthState> Client::Health(const std::string& service, absl::Time deadline) {
   if (!options_status_.ok()) return options_status_;
   grpc::ClientContext context;
-  PrepareContext(&context, Deadline());
+  PrepareContext(&context, std::min(Deadline(), deadline));
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "dgmm/grpc_status.h"
 #include "src/retry.h"
 
@@ -58,6 +60,9 @@ std::string UniqueName() {
   return absl::StrFormat("dgmm-%d-%d", static_cast<int>(getpid()), counter.fetch_add(1));
 }
 
+// The longest one request on the local socket may take.
+constexpr absl::Duration kLocalSocketWait = absl::Seconds(30);
+
 // Sends all of `data`, with `pass_fd` (>= 0) as SCM_RIGHTS on its first bytes.
 absl::Status SendFrame(int sock, const std::string& data, int pass_fd) {
   size_t sent = 0;
@@ -93,6 +98,11 @@ absl::Status RecvAll(int sock, char* p, size_t bytes) {
     if (n == 0) return absl::UnavailableError("the server closed its local socket");
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the server's local socket did not answer within ",
+                         absl::FormatDuration(kLocalSocketWait)));
+      }
       return absl::UnavailableError(
           absl::StrCat("reading the server's local socket: ", std::strerror(errno)));
     }
@@ -168,7 +178,12 @@ absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Open(const std::stri
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus(errno, "socket(AF_UNIX)");
-  std::unique_ptr<LocalSession> session(new LocalSession(fd));
+  std::unique_ptr<LocalSession> session(new LocalSession(fd, path));
+  // The server answers each request at once (one poll loop, no work), so
+  // this only bounds a hang: connecting, sending and each reply.
+  const timeval limit{absl::ToInt64Seconds(kLocalSocketWait), 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     const int error = errno;
     return absl::FailedPreconditionError(absl::StrCat(
@@ -195,13 +210,17 @@ absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Open(const std::stri
   session->hello_ = reply->hello();
   if (!instance_id.empty() && session->hello_.instance_id() != instance_id) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the local socket ", path, " belongs to another server (instance ",
+        absl::StrCat("the local socket ", path, " belongs to another dgmm server (instance ",
                      session->hello_.instance_id(), ", not ", instance_id, ")"));
   }
   return session;
 }
 
 LocalSession::~LocalSession() { close(fd_); }
+
+// shutdown, not close: the descriptor stays this object's until it dies, so
+// no other file can take its number while a request may still use it.
+void LocalSession::Close() { shutdown(fd_, SHUT_RDWR); }
 
 bool LocalSession::open() const {
   pollfd p{fd_, POLLIN, 0};
@@ -217,13 +236,23 @@ absl::StatusOr<v1::LocalResponse> LocalSession::Call(const v1::LocalRequest& req
   for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
   frame += body;
   std::lock_guard lock(mu_);
-  if (absl::Status sent = SendFrame(fd_, frame, pass_fd); !sent.ok()) return sent;
+  // A request that fails half-way leaves the stream out of step: the
+  // session is over (the server drops its regions when it sees the close).
+  auto broken = [this](absl::Status failure) {
+    Close();
+    return failure;
+  };
+  if (absl::Status sent = SendFrame(fd_, frame, pass_fd); !sent.ok()) return broken(sent);
   unsigned char head[4];
-  if (absl::Status got = RecvAll(fd_, reinterpret_cast<char*>(head), 4); !got.ok()) return got;
+  if (absl::Status got = RecvAll(fd_, reinterpret_cast<char*>(head), 4); !got.ok()) {
+    return broken(got);
+  }
   const uint32_t len = head[0] | (head[1] << 8) | (head[2] << 16) | (uint32_t{head[3]} << 24);
-  if (len > 4096) return absl::InternalError("the local socket sent a frame over 4096 bytes");
+  if (len > 4096) {
+    return broken(absl::InternalError("the local socket sent a frame over 4096 bytes"));
+  }
   std::string reply(len, '\0');
-  if (absl::Status got = RecvAll(fd_, reply.data(), len); !got.ok()) return got;
+  if (absl::Status got = RecvAll(fd_, reply.data(), len); !got.ok()) return broken(got);
   v1::LocalResponse response;
   if (!response.ParseFromString(reply)) {
     return absl::InternalError("the local socket's reply does not parse as a LocalResponse");
@@ -264,7 +293,20 @@ absl::StatusOr<std::shared_ptr<LocalSession>> Client::RegionSession() {
     std::lock_guard lock(session_mu_);
     if (session_ != nullptr && session_->open()) return session_;
   }
-  absl::StatusOr<v1::GetServerInfoResponse> info = GetServerInfo();
+  // Connected first: the session may be the first call on a new channel,
+  // or follow a server restart, where a call would fail at once. After a
+  // restart the first call may still meet the old connection's end
+  // (UNAVAILABLE): GetServerInfo is safe to repeat, so it is, twice.
+  const absl::Time deadline = Deadline();
+  absl::StatusOr<v1::GetServerInfoResponse> info;
+  for (int attempt = 0;; ++attempt) {
+    if (absl::Status up = AwaitChannel(deadline); !up.ok()) return up;
+    info = GetServerInfo(deadline);
+    if (info.ok() || info.status().code() != absl::StatusCode::kUnavailable || attempt == 2) break;
+    const absl::Duration wait = absl::Milliseconds(100) * (1 << attempt);
+    if (absl::Now() + wait >= deadline) break;
+    absl::SleepFor(wait);
+  }
   if (!info.ok()) return info.status();
   return RegionSessionWith(*info);
 }
@@ -429,7 +471,12 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
     grpc::ClientContext context;
     if (absl::Status ok = PrepareRegionCall(client, &context, deadline); !ok.ok()) return ok;
     v1::MultiplyRegionResponse response;
-    grpc::Status status = client.stub()->MultiplyRegion(&context, request, &response);
+    grpc::Status status;
+    {
+      // A cancel before the call starts cancels it as it starts.
+      CancelToken::Watch watch(job.cancel, [&context] { context.TryCancel(); });
+      status = client.stub()->MultiplyRegion(&context, request, &response);
+    }
     if (status.ok()) {
       JobResult result;
       result.stats = std::move(*response.mutable_stats());
@@ -454,7 +501,9 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
       if (pushback.has_value()) SetRetryAfter(&final_status, *pushback);
       return final_status;
     }
-    absl::SleepFor(*wait);
+    if (!CancelToken::SleepUnlessCancelled(*wait, job.cancel)) {
+      return absl::CancelledError("the job was cancelled");
+    }
   }
 }
 

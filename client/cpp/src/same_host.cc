@@ -162,7 +162,7 @@ size_t ResultOffset(size_t matrix_bytes, size_t out_bytes) {
 absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemoryRegion& region,
                                       void* out, size_t matrix_bytes, size_t out_bytes,
                                       const ProgressCallback& progress, bool fresh,
-                                      JobResult::SameHostPhases* phases) {
+                                      CancelToken* cancel, JobResult::SameHostPhases* phases) {
   const Blocks plan = PlanBlocks(job, matrix_bytes, client.options().same_host_blocks);
   const size_t count = plan.ranges.size();
   const char* a = static_cast<const char*>(job.matrix.data);
@@ -233,7 +233,9 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
     const v1::RegionRef at = region.Ref(static_cast<int64_t>(offset(k)));
     const v1::RegionRef to = region.Ref(static_cast<int64_t>(result_at + out_offset(k)));
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<JobResult> done = MultiplyRegion(client, RegionJobOf(part, at, to));
+    RegionJob region_job = RegionJobOf(part, at, to);
+    region_job.cancel = cancel;
+    absl::StatusOr<JobResult> done = MultiplyRegion(client, region_job);
     phases->job += SecondsSince(start);
     if (!done.ok()) {
       whole = done.status();
@@ -330,7 +332,8 @@ void Client::ReturnStaging(std::shared_ptr<Staging> staging) {
 std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, void* out,
                                                              size_t matrix_bytes,
                                                              const ProgressCallback& progress,
-                                                             Lane* probe, std::string* why) {
+                                                             Lane* probe, CancelToken* cancel,
+                                                             std::string* why) {
   const auto reason = [](const absl::Status& s) {
     return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
   };
@@ -361,7 +364,9 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
   if (std::optional<v1::RegionRef> in = OwnRegionRef(job.matrix.data, matrix_bytes)) {
     if (std::optional<v1::RegionRef> at = OwnRegionRef(out, out_bytes)) {
       const auto start = std::chrono::steady_clock::now();
-      absl::StatusOr<JobResult> done = MultiplyRegion(*this, RegionJobOf(job, *in, *at));
+      RegionJob region_job = RegionJobOf(job, *in, *at);
+      region_job.cancel = cancel;
+      absl::StatusOr<JobResult> done = MultiplyRegion(*this, region_job);
       if (done.ok()) {
         done->same_host.job = SecondsSince(start);
         done->mode = TransferMode::kRegion;
@@ -406,8 +411,10 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
   if (options_.process_memory && session != nullptr && session->process_memory()) {
     const double setup = SecondsSince(setup_start);
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<JobResult> done = MultiplyRegion(
-        *this, RegionJobOf(job, ProcessMemoryRef(job.matrix.data), ProcessMemoryRef(out)));
+    RegionJob region_job =
+        RegionJobOf(job, ProcessMemoryRef(job.matrix.data), ProcessMemoryRef(out));
+    region_job.cancel = cancel;
+    absl::StatusOr<JobResult> done = MultiplyRegion(*this, region_job);
     if (done.ok()) {
       done->same_host.setup = setup;
       done->same_host.job = SecondsSince(start);
@@ -446,7 +453,8 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
     const bool fresh = !(*staging)->used;
     (*staging)->used = true;
     absl::StatusOr<JobResult> done =
-        RunInBlocks(*this, job, region, out, matrix_bytes, out_bytes, progress, fresh, &phases);
+        RunInBlocks(*this, job, region, out, matrix_bytes, out_bytes, progress, fresh, cancel,
+                    &phases);
     if (done.ok()) {
       ReturnStaging(*std::move(staging));
       done->mode = TransferMode::kRegion;

@@ -791,23 +791,30 @@ absl::StatusOr<std::unique_ptr<google::protobuf::Message>> Boxed(absl::StatusOr<
   return std::unique_ptr<google::protobuf::Message>(new M(*std::move(m)));
 }
 
-// serverInfo(client, callback)
+// A call's deadline from timeoutMs (< 0: none), taken as the call starts.
+absl::Time DeadlineIn(int64_t timeout_ms) {
+  return timeout_ms < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(timeout_ms);
+}
+
+// serverInfo(client, timeoutMs, callback)
 napi_value ServerInfo(napi_env env, napi_callback_info info) {
-  napi_value argv[2];
+  napi_value argv[3];
   if (!Args(env, info, argv)) return nullptr;
   std::shared_ptr<dgmm::Client> client = ClientOf(env, argv[0]);
   if (client == nullptr) return nullptr;
+  const absl::Time deadline = DeadlineIn(IsNullish(env, argv[1]) ? -1 : Int(env, argv[1]));
   auto call = std::make_unique<MessageCall>();
-  call->run = [client] { return Boxed(client->GetServerInfo()); };
-  return Start(env, std::move(call), argv[1]);
+  call->run = [client, deadline] { return Boxed(client->GetServerInfo(deadline)); };
+  return Start(env, std::move(call), argv[2]);
 }
 
-// health(client, service, callback): the status's name.
+// health(client, service, timeoutMs, callback): the status's name.
 class HealthCall : public Call {
  public:
   std::shared_ptr<dgmm::Client> client;
   std::string service;
-  void Run() override { result_ = client->Health(service); }
+  absl::Time deadline = absl::InfiniteFuture();
+  void Run() override { result_ = client->Health(service, deadline); }
   std::pair<napi_value, napi_value> Complete(napi_env env) override {
     if (!result_.ok()) return {ErrorValue(env, result_.status()), Undefined(env)};
     return {Null(env),
@@ -819,13 +826,14 @@ class HealthCall : public Call {
 };
 
 napi_value Health(napi_env env, napi_callback_info info) {
-  napi_value argv[3];
+  napi_value argv[4];
   if (!Args(env, info, argv)) return nullptr;
   auto call = std::make_unique<HealthCall>();
   call->client = ClientOf(env, argv[0]);
   if (call->client == nullptr) return nullptr;
   call->service = GetString(env, argv[1]);
-  return Start(env, std::move(call), argv[2]);
+  call->deadline = DeadlineIn(IsNullish(env, argv[2]) ? -1 : Int(env, argv[2]));
+  return Start(env, std::move(call), argv[3]);
 }
 
 // ---- Regions (dgmm/regions.h).
@@ -1076,20 +1084,13 @@ napi_value SplitLinesJs(napi_env env, napi_callback_info info) {
   return list;
 }
 
-napi_value UnaryThresholdJs(napi_env env, napi_callback_info info) {
+// A policy function of two integers (UnaryThreshold, LinesPerBlock) as a
+// JS function of two numbers.
+template <int64_t (*F)(int64_t, int64_t)>
+napi_value TwoIntegersJs(napi_env env, napi_callback_info info) {
   napi_value argv[2];
   if (!Args(env, info, argv)) return nullptr;
-  return Num(env, static_cast<double>(
-                      dgmm::UnaryThreshold(Int(env, argv[0]),
-                                           Int(env, argv[1]))));
-}
-
-napi_value LinesPerBlockJs(napi_env env, napi_callback_info info) {
-  napi_value argv[2];
-  if (!Args(env, info, argv)) return nullptr;
-  return Num(env, static_cast<double>(
-                      dgmm::LinesPerBlock(Int(env, argv[0]),
-                                          Int(env, argv[1]))));
+  return Num(env, static_cast<double>(F(Int(env, argv[0]), Int(env, argv[1]))));
 }
 
 // parseBackend(name): the Backend enum value, or throws { code, message }.
@@ -1196,8 +1197,8 @@ napi_value Init(napi_env env, napi_value exports) {
       {"transferMode", TransferModeJs},
       {"chooseStripes", ChooseStripesJs},
       {"splitLines", SplitLinesJs},
-      {"unaryThreshold", UnaryThresholdJs},
-      {"linesPerBlock", LinesPerBlockJs},
+      {"unaryThreshold", TwoIntegersJs<dgmm::UnaryThreshold>},
+      {"linesPerBlock", TwoIntegersJs<dgmm::LinesPerBlock>},
       {"parseBackend", ParseBackendJs},
       {"promoteDtypes", PromoteJs},
       {"retryDelay", RetryDelayJs},

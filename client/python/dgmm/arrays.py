@@ -539,19 +539,19 @@ class _RegionJob:
         # The default core's channel whatever the timeout (RegionCall applies
         # the deadline itself): a core per timeout would be a channel each.
         core = client._core_for(None, None)
-        call = _core.RegionCall(core)
+        call = _core.RegionCall(core, "MultiplyRegion")
         with self._lock:
             self._core_call = call
             cancelled = self._cancelled
         if cancelled:
             call.cancel()  # It ends as it starts.
         try:
-            stats = call.run(request.SerializeToString(), self._session.metadata(),
-                             self._timeout)
+            response = call.run(request.SerializeToString(), self._session.session,
+                                self._timeout)
         except _core.Error as e:
             self._check_cancelled()
             raise _error(e) from None
-        return pb.JobStats.FromString(stats)
+        return pb.MultiplyRegionResponse.FromString(response).stats
 
     def _through_core(self, c, reason):
         """The job on the C++ client's path (same-host staging or the socket)."""

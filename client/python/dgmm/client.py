@@ -20,7 +20,6 @@ import numpy as np
 from . import _core
 from . import _health
 from .v1 import dgmm_pb2 as pb
-from .v1 import dgmm_pb2_grpc as pb_grpc
 
 _MIB = 1 << 20
 # The policy's defaults (docs/protocol.md, "Client policy"): the server's
@@ -629,6 +628,10 @@ def _tls_of(credentials, options):
             text(inner._private_key), server_name)
 
 
+# The gRPC channel options Client(options=...) takes (see Client).
+_CHANNEL_OPTIONS = ("grpc.ssl_target_name_override", "grpc.lb_policy_name")
+
+
 class Client:
     """A connection to a dgmm server. Thread-safe; close() it (or use `with`).
 
@@ -641,9 +644,9 @@ class Client:
         client_cert); None for plaintext.
       token: bearer token for servers started with --auth_token_file; sent as
         `authorization: Bearer <token>` on every dgmm call (use TLS with it).
-      options: extra gRPC channel options, as (name, value) pairs, for the
-        region calls' channel (grpcio); of them, the job channels (the C++
-        client's) take "grpc.ssl_target_name_override" and "grpc.lb_policy_name".
+      options: gRPC channel options, as (name, value) pairs, of the names the
+        client's channels (the C++ client's) take: "grpc.ssl_target_name_override"
+        and "grpc.lb_policy_name"; any other name is a ValueError.
       max_unary_message_bytes (U, default 16 MiB, the server's default) and
         chunk_bytes (C, default 4 MiB): a job (or one part of a striped job)
         whose matrix and diagonal bytes are at most min(C, 7/8 U) goes as one
@@ -718,6 +721,10 @@ class Client:
         self._stripes = stripes
         self._retry = retry if retry is not None else RetryPolicy()
         options = list(options)
+        for name, _value in options:
+            if name not in _CHANNEL_OPTIONS:
+                raise ValueError("dgmm.Client: the channel option %r is not one the client "
+                                 "takes (%s)" % (name, ", ".join(sorted(_CHANNEL_OPTIONS))))
         lb = dict(options).get("grpc.lb_policy_name", load_balancing_policy)
         self._options = {
             "max_unary_message_bytes": self._max_unary,
@@ -738,13 +745,11 @@ class Client:
         }
         self._same_host = bool(same_host)
         self._target = target
-        self._credentials = credentials
-        self._metadata = (("authorization", "Bearer " + token),) if token else None
         self._lock = threading.Lock()
         self._closed = False
-        # The region session (dgmm.local_socket.LocalSession), opened by
-        # dgmm.regions on the first region call; _session_lock serializes opening it.
-        self._local_socket = local_socket
+        # The region session (dgmm.regions.LocalSession: the C++ client's own),
+        # taken by dgmm.regions on the first region call; _session_lock
+        # serializes taking it.
         self._local_session = None
         self._session_lock = threading.Lock()
         try:
@@ -753,36 +758,6 @@ class Client:
             raise _error(e) from None
         # C++ clients for other (timeout, stripes) pairs; None: this one's.
         self._cores = {(None, None): self._core}
-        # The grpcio channel of the region calls (dgmm.regions), made on first use.
-        self._grpc_channel = None
-        self._grpc_stub = None
-        self._grpc_options = [("grpc.max_send_message_length", -1),
-                              ("grpc.max_receive_message_length", -1),
-                              ("grpc.use_local_subchannel_pool", 1),
-                              ("grpc.initial_reconnect_backoff_ms",
-                               _ms(initial_reconnect_backoff)),
-                              ("grpc.min_reconnect_backoff_ms", _ms(min_reconnect_backoff)),
-                              ("grpc.max_reconnect_backoff_ms", _ms(max_reconnect_backoff))]
-        if load_balancing_policy:
-            self._grpc_options.append(("grpc.lb_policy_name", load_balancing_policy))
-        self._grpc_options += options
-
-    # -- the region calls' grpcio channel (used by dgmm.regions)
-    @property
-    def _stub(self):
-        """A dgmm.pb_grpc.DgmmStub on this client's grpcio channel."""
-        with self._lock:
-            if self._closed:
-                raise DgmmError(grpc.StatusCode.CANCELLED, "dgmm: the client is closed")
-            if self._grpc_stub is None:
-                if self._credentials is None:
-                    self._grpc_channel = grpc.insecure_channel(self._target,
-                                                               options=self._grpc_options)
-                else:
-                    self._grpc_channel = grpc.secure_channel(
-                        self._target, self._credentials, options=self._grpc_options)
-                self._grpc_stub = pb_grpc.DgmmStub(self._grpc_channel)
-            return self._grpc_stub
 
     def _core_for(self, timeout, stripes):
         key = (None if timeout is None else float(timeout),
@@ -814,12 +789,9 @@ class Client:
             self._closed = True
             self._cores = {}
             self._core = None
-            channel, self._grpc_channel, self._grpc_stub = self._grpc_channel, None, None
             session, self._local_session = self._local_session, None
         if session is not None:
             session.close()  # The server drops this client's regions.
-        if channel is not None:
-            channel.close()
 
     def __enter__(self):
         return self
@@ -981,7 +953,8 @@ class Client:
     def server_info(self, timeout=None):
         """The server's dgmm.pb.GetServerInfoResponse (devices, budgets, limits)."""
         try:
-            return pb.GetServerInfoResponse.FromString(self._core_for(timeout, None).server_info())
+            return pb.GetServerInfoResponse.FromString(
+                self._core_for(None, None).server_info(_timeout_seconds(timeout)))
         except _core.Error as e:
             raise _error(e, info=False) from None
 
@@ -989,10 +962,19 @@ class Client:
         """The grpc.health.v1 status of `service` ("" = the whole server):
         "SERVING", "NOT_SERVING", "UNKNOWN" or "SERVICE_UNKNOWN"."""
         try:
-            state = self._core_for(timeout, None).health(service)
+            state = self._core_for(None, None).health(service, _timeout_seconds(timeout))
         except _core.Error as e:
             raise _error(e, info=False) from None
         return _HEALTH_NAMES.get(state, str(state))
+
+
+def _timeout_seconds(timeout):
+    """A call's timeout: positive seconds, or None (no deadline)."""
+    if timeout is None:
+        return None
+    if not float(timeout) > 0:
+        raise ValueError("dgmm: timeout must be positive seconds or None, got %r" % (timeout,))
+    return float(timeout)
 
 
 def _ms(seconds):

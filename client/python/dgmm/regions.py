@@ -35,8 +35,9 @@ whose path GetServerInfo reports as limits.local_socket; override it with
 Client(local_socket=...) or $DGMM_LOCAL_SOCKET), checks that the socket
 belongs to the server the client calls (instance_id), and keeps it until
 Client.close(); every region RPC carries the session (metadata
-`dgmm-session`). Host memory is registered by passing its descriptor
-through that socket for a one-time ticket (dgmm.local_socket). So regions
+`dgmm-session`). The session is the C++ client's own, which its same-host
+jobs share (LocalSession below). Host memory is registered by passing its
+descriptor through that socket for a one-time ticket. So regions
 need the server's host: a client elsewhere cannot reach the socket
 (FAILED_PRECONDITION) and streams instead.
 
@@ -62,9 +63,9 @@ import weakref
 import grpc
 import numpy as np
 
-from .client import _ALL_SIDES, Client, DgmmError, InvalidArgumentError, _enum_value, _promote, \
-    backend_value
-from .local_socket import ENV_SOCKET, LocalSession
+from . import _core
+from .client import _ALL_SIDES, Client, DgmmError, InvalidArgumentError, _enum_value, _error, \
+    _promote, backend_value
 from .v1 import dgmm_pb2 as pb
 
 _KEY = re.compile(r"/[A-Za-z0-9._-]{1,200}")
@@ -125,35 +126,100 @@ def _closed_client():
 # ---------------------------------------------------------------- sessions
 
 
-def _open_session(client, timeout):
-    """A new LocalSession for `client`: GetServerInfo, then the socket it names
-    (or the client's override), checked to be that server's."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for attempt in range(3):
-        left = None if deadline is None else max(0.001, deadline - time.monotonic())
+class LocalSession:
+    """This client's session on the server's local socket (docs/protocol.md
+    "The local socket"): the C++ client's own (dgmm::LocalSession, which its
+    same-host jobs share), seen from Python.
+
+    The server maps only memory its client opened itself: a client on the
+    server's host connects to the server's Unix socket (GetServerInfo's
+    limits.local_socket, or Client(local_socket=...) or $DGMM_LOCAL_SOCKET),
+    where the kernel tells the server the client's uid; says hello and gets
+    a session; passes the descriptor of its memory (SCM_RIGHTS) for a
+    one-time ticket; and names the ticket in RegisterRegion. Every region
+    RPC carries the session in the metadata `dgmm-session`. The session, and
+    every region registered under it, lasts while the connection stays open.
+
+    Attributes (from the server's LocalHelloReply): path (the socket as this
+    process reached it), session (the secret sent as `dgmm-session`), uid,
+    gid, pid (this process's credentials as the server's kernel saw them),
+    instance_id, max_tickets, ticket_timeout_ms. Thread-safe.
+    """
+
+    def __init__(self, core_session):
+        hello = pb.LocalHelloReply.FromString(core_session.hello)
+        self._core = core_session
+        self._closed = False
+        self.path = core_session.path
+        self.session = hello.session
+        self.uid = hello.uid
+        self.gid = hello.gid
+        self.pid = hello.pid
+        self.instance_id = hello.instance_id
+        self.max_tickets = hello.max_tickets
+        self.ticket_timeout_ms = hello.ticket_timeout_ms
+
+    @property
+    def closed(self):
+        """Closed at this end (close(), or a request that failed half-way)."""
+        return self._closed
+
+    def alive(self):
+        """Whether the connection is still open at both ends."""
+        if self._closed:
+            return False
+        if not self._core.alive():
+            self._closed = True
+            return False
+        return True
+
+    def pass_fd(self, fd, kind=pb.LOCAL_FD_KIND_MEMORY, device=0, allocation_bytes=0):
+        """Passes descriptor `fd` (this process keeps its own) and returns the
+        server's dgmm.pb.LocalTicket (ticket, object_bytes, sealed). Raises
+        DgmmError with the server's code (INVALID_ARGUMENT for a descriptor
+        that is not memory, RESOURCE_EXHAUSTED for too many unclaimed
+        tickets)."""
+        return self._ticket(lambda: self._core.pass_fd(fd, kind, device, allocation_bytes))
+
+    def open_shm(self, key):
+        """Asks the server to open POSIX shared-memory object `key` ("/name")
+        itself (LocalOpenShm: only an object this uid owns and nobody else may
+        write) and returns its dgmm.pb.LocalTicket. Passing the descriptor
+        (pass_fd) needs no such rule; this is for clients that cannot."""
+        return self._ticket(lambda: self._core.open_shm(key))
+
+    def metadata(self, extra=None):
+        """The metadata of a region RPC: `dgmm-session`, plus `extra` pairs."""
+        return tuple(extra or ()) + (("dgmm-session", self.session),)
+
+    def close(self):
+        """Ends the session: the server drops every region registered under it."""
+        self._closed = True
+        self._core.close()
+
+    def _ticket(self, request):
+        if self._closed:
+            raise DgmmError(grpc.StatusCode.CANCELLED,
+                            "dgmm: the local session on %s is closed" % self.path)
         try:
-            info = client._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=left,
-                                              metadata=client._metadata)
-            break
-        except grpc.RpcError as e:
-            # GetServerInfo is safe to repeat: after a server restart the
-            # channel's first call may still meet the old connection's end.
-            wait = 0.1 * 2 ** attempt
-            if (e.code() != grpc.StatusCode.UNAVAILABLE or attempt == 2 or
-                    (deadline is not None and time.monotonic() + wait >= deadline)):
-                raise DgmmError.from_rpc_error(e) from None
-            time.sleep(wait)
-    if not info.limits.regions_enabled:
-        raise DgmmError(grpc.StatusCode.FAILED_PRECONDITION,
-                        "dgmm: regions are off on this server (it runs without "
-                        "--allow_regions; GetServerInfo limits.regions_enabled is false): "
-                        "stream the job (Client.multiply) instead")
-    path = client._local_socket or os.environ.get(ENV_SOCKET) or info.limits.local_socket
-    if not path:
-        raise DgmmError(grpc.StatusCode.FAILED_PRECONDITION,
-                        "dgmm: the server reports no local socket (limits.local_socket), "
-                        "which region calls need; is it an older dgmm server?")
-    return LocalSession.connect(path, instance_id=info.instance_id, timeout=timeout)
+            return pb.LocalTicket.FromString(request())
+        except _core.Error as e:
+            raise _error(e, info=False) from None
+
+    def __repr__(self):
+        return ("LocalSession(path=%r, uid=%d, pid=%d, instance_id=%r%s)"
+                % (self.path, self.uid, self.pid, self.instance_id,
+                   ", closed" if self._closed else ""))
+
+
+def _open_session(client):
+    """The C++ client's session, opened now if it is not open: GetServerInfo,
+    then the socket it names (or the client's override), checked to be that
+    server's."""
+    try:
+        return LocalSession(client._core_for(None, None).region_session())
+    except _core.Error as e:
+        raise _error(e, info=False) from None
 
 
 def _session(client, timeout=None):
@@ -175,7 +241,7 @@ def _session(client, timeout=None):
             if session.alive():
                 return session
             _lose_session(client, session)
-        session = _open_session(client, timeout)
+        session = _open_session(client)
         with client._lock:
             closed = client._closed
             if not closed:
@@ -203,14 +269,21 @@ def _lose_session(client, session):
         client._regions_lost = sorted(lost)
 
 
+_RESPONSES = {"MultiplyRegion": pb.MultiplyRegionResponse,
+              "RegisterRegion": pb.RegisterRegionResponse,
+              "UnregisterRegion": pb.UnregisterRegionResponse,
+              "GetRegionStatus": pb.GetRegionStatusResponse}
+
+
 def _call(client, method, request, timeout, session):
-    """One region RPC on the client's own channel with `session`'s metadata,
-    DgmmError on failure."""
+    """One region RPC on the client's own channel (the C++ client's, without
+    the GIL) with `session`'s metadata; DgmmError on failure."""
     try:
-        return getattr(client._stub, method)(request, timeout=timeout,
-                                              metadata=session.metadata(client._metadata))
-    except grpc.RpcError as e:
-        raise DgmmError.from_rpc_error(e) from None
+        response = _core.RegionCall(client._core_for(None, None), method).run(
+            request.SerializeToString(), session.session, timeout)
+    except _core.Error as e:
+        raise _error(e, info=False) from None
+    return _RESPONSES[method].FromString(response)
 
 
 # Registered regions by client, to find the region (and offset) an array lives in.
@@ -336,7 +409,7 @@ class SharedMemoryRegion(_Region):
     caller has (duplicated; the caller keeps its own).
 
     Either way the server gets the descriptor itself, through the client's
-    local session (dgmm.local_socket), never a name to open.
+    local session (LocalSession), never a name to open.
 
     Attributes: byte_size, fd (this region's descriptor; closed by close()),
     key and path (the POSIX object's, None for a memfd), sealed (the memory
@@ -458,7 +531,7 @@ class SharedMemoryRegion(_Region):
 
     def _register_request(self, name, session, timeout):
         offset, size = self._range
-        ticket = session.pass_fd(self.fd, timeout=timeout)
+        ticket = session.pass_fd(self.fd)
         return pb.RegisterRegionRequest(
             name=name, local_fd=pb.LocalFdRegion(ticket=ticket.ticket, offset=offset,
                                                  byte_size=size))
@@ -841,7 +914,7 @@ class RegionMethods:
         return sum(1 for region in regions if region.unregister(timeout))
 
     def local_session(self, timeout=None):
-        """This client's dgmm.local_socket.LocalSession on the server's local
+        """This client's dgmm.regions.LocalSession on the server's local
         socket (opened now if it is not open yet): the session region calls
         carry, and this process's uid, gid and pid as the server saw them."""
         return _session(self, timeout)

@@ -50,6 +50,7 @@
 #include "absl/time/time.h"
 #include "dgmm/client.h"
 #include "dgmm/grpc_status.h"
+#include "dgmm/regions.h"
 
 namespace py = pybind11;
 
@@ -125,6 +126,12 @@ class HeldBuffer {
 };
 
 int64_t ToMs(double seconds) { return static_cast<int64_t>(seconds * 1000.0 + 0.5); }
+
+// A call's deadline from `timeout` (seconds, or None: none).
+absl::Time DeadlineIn(const py::object& timeout) {
+  return timeout.is_none() ? absl::InfiniteFuture()
+                           : absl::Now() + absl::Milliseconds(ToMs(timeout.cast<double>()));
+}
 
 // The Python exception for a failed job or call: _core.Error(code, message,
 // attempts, pushback_ms, stripes, mode).
@@ -469,49 +476,80 @@ class Job {
   std::shared_ptr<JobState> state_ = std::make_shared<JobState>();
 };
 
-// One MultiplyRegion call of the package's region jobs (dgmm/arrays.py: A
-// and out in regions this process registered), on a C++ client's channel:
-// the serialized request in, the serialized JobStats out, made on the
-// calling thread without the GIL. cancel() (any thread) and, on the main
-// thread, Ctrl-C cancel it, as for Job.run(). grpcio's future path, which
-// this replaces, started a thread per call: about half a millisecond of a
-// 10 ms job on pinned memory.
+// One region RPC of the package (dgmm/regions.py and dgmm/arrays.py:
+// MultiplyRegion, RegisterRegion, UnregisterRegion, GetRegionStatus) on a
+// C++ client's channel: the serialized request in, the serialized response
+// out, made on the calling thread without the GIL, with the client's region
+// session in the metadata. cancel() (any thread) and, on the main thread,
+// Ctrl-C cancel it, as for Job.run(). grpcio's future path, which this
+// replaces, started a thread per call: about half a millisecond of a 10 ms
+// job on pinned memory.
 class RegionCall {
  public:
-  explicit RegionCall(std::shared_ptr<dgmm::Client> client)
-      : client_(std::move(client)) {}
+  RegionCall(std::shared_ptr<dgmm::Client> client, const std::string& method)
+      : client_(std::move(client)), method_(method) {
+    if (method_ != "MultiplyRegion" && method_ != "RegisterRegion" &&
+        method_ != "UnregisterRegion" && method_ != "GetRegionStatus") {
+      throw py::value_error("dgmm: not a region RPC: " + method_);
+    }
+  }
   RegionCall(const RegionCall&) = delete;
   RegionCall& operator=(const RegionCall&) = delete;
 
-  // `metadata`: (key, value) pairs added to the call's own (the session's);
-  // `timeout`: seconds or None.
-  py::bytes Run(const py::bytes& request_bytes,
-                const std::vector<std::pair<std::string, std::string>>& metadata,
+  // `session`: the dgmm-session value the call carries; `timeout`: seconds
+  // or None.
+  py::bytes Run(const py::bytes& request_bytes, const std::string& session,
                 const py::object& timeout) {
     if (started_) throw py::value_error("dgmm: the region call was made already");
     started_ = true;
-    dgmm::v1::MultiplyRegionRequest request;
-    if (!request.ParseFromString(std::string(request_bytes))) {
-      throw py::value_error("dgmm: not a serialized MultiplyRegionRequest");
+    if (method_ == "MultiplyRegion") {
+      return Call<dgmm::v1::MultiplyRegionRequest, dgmm::v1::MultiplyRegionResponse>(
+          request_bytes, session, timeout, &dgmm::v1::Dgmm::Stub::MultiplyRegion);
     }
-    const absl::Time deadline =
-        timeout.is_none() ? absl::InfiniteFuture()
-                          : absl::Now() + absl::Milliseconds(ToMs(timeout.cast<double>()));
+    if (method_ == "RegisterRegion") {
+      return Call<dgmm::v1::RegisterRegionRequest, dgmm::v1::RegisterRegionResponse>(
+          request_bytes, session, timeout, &dgmm::v1::Dgmm::Stub::RegisterRegion);
+    }
+    if (method_ == "UnregisterRegion") {
+      return Call<dgmm::v1::UnregisterRegionRequest, dgmm::v1::UnregisterRegionResponse>(
+          request_bytes, session, timeout, &dgmm::v1::Dgmm::Stub::UnregisterRegion);
+    }
+    return Call<dgmm::v1::GetRegionStatusRequest, dgmm::v1::GetRegionStatusResponse>(
+        request_bytes, session, timeout, &dgmm::v1::Dgmm::Stub::GetRegionStatus);
+  }
+  void Cancel() { token_.Cancel(); }
+
+ private:
+  template <typename Request, typename Response>
+  py::bytes Call(const py::bytes& request_bytes, const std::string& session,
+                 const py::object& timeout,
+                 grpc::Status (dgmm::v1::Dgmm::Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                           Response*)) {
+    Request request;
+    if (!request.ParseFromString(std::string(request_bytes))) {
+      throw py::value_error("dgmm: not a serialized " + method_ + " request");
+    }
+    const absl::Time deadline = DeadlineIn(timeout);
     const bool main = PyThread_get_thread_ident() == sigint::main_thread;
     absl::Status failure;
     std::optional<int64_t> pushback;
-    dgmm::v1::MultiplyRegionResponse response;
+    Response response;
     {
       py::gil_scoped_release release;
       grpc::ClientContext context;
       failure = client_->PrepareCall(&context, deadline);
+      // Not for MultiplyRegion, which is not made on a channel that has
+      // just failed (a job's region call follows its registration): a
+      // control call may be the first on a new client's channel, or follow
+      // a server restart, and would fail at once without trying.
+      if (failure.ok() && method_ != "MultiplyRegion") failure = client_->AwaitChannel(deadline);
       if (failure.ok()) {
-        for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
+        if (!session.empty()) context.AddMetadata("dgmm-session", session);
         const bool chained = main && sigint::Begin(&token_);
         // A cancel() from now on TryCancels the context (before the call
         // starts too: gRPC cancels it as it starts).
         if (token_.Add(&context)) context.TryCancel();
-        const grpc::Status status = client_->stub()->MultiplyRegion(&context, request, &response);
+        const grpc::Status status = (client_->stub()->*rpc)(&context, request, &response);
         token_.Remove(&context);
         if (chained) sigint::End();
         if (!status.ok()) {
@@ -522,15 +560,22 @@ class RegionCall {
     }
     if (main && PyErr_CheckSignals() != 0) throw py::error_already_set();
     if (!failure.ok()) Raise(failure, 1, pushback);
-    return Serialize(response.stats());
+    return Serialize(response);
   }
-  void Cancel() { token_.Cancel(); }
 
- private:
   std::shared_ptr<dgmm::Client> client_;
+  const std::string method_;
   JobToken token_;
   bool started_ = false;
 };
+
+// The client's session on the server's local socket (dgmm::LocalSession,
+// the C++ client's own, shared with its same-host jobs): its hello, its
+// path, and the requests that pass memory, each without the GIL.
+dgmm::v1::LocalTicket Ticket(absl::StatusOr<dgmm::v1::LocalTicket> ticket) {
+  if (!ticket.ok()) Raise(ticket.status());
+  return std::move(*ticket);
+}
 
 absl::Duration Seconds(const py::object& value, absl::Duration none) {
   if (value.is_none()) return none;
@@ -620,16 +665,21 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<dgmm::Client, std::shared_ptr<dgmm::Client>>(m, "Client")
       .def(py::init(&MakeClient), py::arg("target"), py::arg("options"))
-      .def("server_info",
-           [](dgmm::Client& c) {
-             absl::StatusOr<dgmm::v1::GetServerInfoResponse> info;
-             {
-               py::gil_scoped_release release;
-               info = c.GetServerInfo();
-             }
-             if (!info.ok()) Raise(info.status());
-             return Serialize(*info);
-           })
+      // server_info(timeout) and health(service, timeout): timeout in
+      // seconds or None.
+      .def(
+          "server_info",
+          [](dgmm::Client& c, const py::object& timeout) {
+            const absl::Time deadline = DeadlineIn(timeout);
+            absl::StatusOr<dgmm::v1::GetServerInfoResponse> info;
+            {
+              py::gil_scoped_release release;
+              info = c.GetServerInfo(deadline);
+            }
+            if (!info.ok()) Raise(info.status());
+            return Serialize(*info);
+          },
+          py::arg("timeout") = py::none())
       // MultiplyBatch: jobs as (a, d, out, rows, cols, dtype, col_major, side,
       // backend[, diagonal_dtype, right]) tuples (right: SIDE_BOTH's right
       // diagonal or None), run in one call without the GIL; one (code,
@@ -689,21 +739,69 @@ PYBIND11_MODULE(_core, m) {
              }
              return outcomes;
            })
-      .def("health", [](dgmm::Client& c, const std::string& service) {
-        absl::StatusOr<dgmm::HealthState> state;
-        {
-          py::gil_scoped_release release;
-          state = c.Health(service);
-        }
-        if (!state.ok()) Raise(state.status());
-        return static_cast<int>(*state);
-      });
+      // The region session (opened on first use, again after the server
+      // closed it): GetServerInfo, then the socket it names or the client's
+      // local_socket option, checked to be the same server's.
+      .def("region_session",
+           [](dgmm::Client& c) {
+             absl::StatusOr<std::shared_ptr<dgmm::LocalSession>> session;
+             {
+               py::gil_scoped_release release;
+               session = c.RegionSession();
+             }
+             if (!session.ok()) Raise(session.status());
+             return *session;
+           })
+      .def(
+          "health",
+          [](dgmm::Client& c, const std::string& service, const py::object& timeout) {
+            const absl::Time deadline = DeadlineIn(timeout);
+            absl::StatusOr<dgmm::HealthState> state;
+            {
+              py::gil_scoped_release release;
+              state = c.Health(service, deadline);
+            }
+            if (!state.ok()) Raise(state.status());
+            return static_cast<int>(*state);
+          },
+          py::arg("service") = "", py::arg("timeout") = py::none());
 
   py::class_<RegionCall>(m, "RegionCall")
-      .def(py::init<std::shared_ptr<dgmm::Client>>(), py::arg("client"))
-      .def("run", &RegionCall::Run, py::arg("request"), py::arg("metadata"),
+      .def(py::init<std::shared_ptr<dgmm::Client>, const std::string&>(), py::arg("client"),
+           py::arg("method"))
+      .def("run", &RegionCall::Run, py::arg("request"), py::arg("session"),
            py::arg("timeout") = py::none())
       .def("cancel", &RegionCall::Cancel);
+
+  py::class_<dgmm::LocalSession, std::shared_ptr<dgmm::LocalSession>>(m, "LocalSession")
+      .def_property_readonly("hello",
+                             [](const dgmm::LocalSession& s) { return Serialize(s.hello()); })
+      .def_property_readonly("path", &dgmm::LocalSession::path)
+      .def("alive", &dgmm::LocalSession::open)
+      .def("close", &dgmm::LocalSession::Close)
+      .def(
+          "pass_fd",
+          [](dgmm::LocalSession& s, int fd, int kind, int device, int64_t allocation_bytes) {
+            absl::StatusOr<dgmm::v1::LocalTicket> ticket;
+            {
+              py::gil_scoped_release release;
+              ticket = s.PassFd(fd, static_cast<dgmm::v1::LocalFdKind>(kind), device,
+                                allocation_bytes);
+            }
+            return Serialize(Ticket(std::move(ticket)));
+          },
+          py::arg("fd"), py::arg("kind"), py::arg("device"), py::arg("allocation_bytes"))
+      .def(
+          "open_shm",
+          [](dgmm::LocalSession& s, const std::string& key) {
+            absl::StatusOr<dgmm::v1::LocalTicket> ticket;
+            {
+              py::gil_scoped_release release;
+              ticket = s.OpenShm(key);
+            }
+            return Serialize(Ticket(std::move(ticket)));
+          },
+          py::arg("key"));
 
   py::class_<Job>(m, "Job")
       .def(py::init([](std::shared_ptr<dgmm::Client> client, py::object a, py::object d,

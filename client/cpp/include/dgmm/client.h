@@ -294,6 +294,26 @@ class CancelToken {
   void Cancel();
   bool cancelled() const;
 
+  // While a Watch lives, Cancel() calls `on_cancel` (at once, from the
+  // constructor, when the token was cancelled before); the watch it
+  // replaced comes back when it ends. For code that runs a job's calls
+  // (each call's context TryCancels); `token` may be null.
+  class Watch {
+   public:
+    Watch(CancelToken* token, std::function<void()> on_cancel);
+    ~Watch();
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+
+   private:
+    CancelToken* token_;
+    std::function<void()> previous_;
+  };
+
+  // Sleeps `wait`, or less when the token (may be null) is cancelled
+  // meanwhile; false when it was.
+  static bool SleepUnlessCancelled(absl::Duration wait, const CancelToken* token);
+
  private:
   friend class Client;
   mutable std::mutex mu_;
@@ -488,14 +508,18 @@ class Client {
                                             CancelToken* cancel = nullptr);
 
   // The server's version, devices, budgets, queue and limits (of the one
-  // server the call reached). Not retried.
-  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+  // server the call reached). Not retried. `deadline`: the call's, when
+  // sooner than ClientOptions.deadline from now.
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo(
+      absl::Time deadline = absl::InfiniteFuture());
 
   // Standard grpc.health.v1 Check of `service` ("" is the whole server):
   // SERVING, NOT_SERVING, ... An RPC failure is an error: UNAVAILABLE when
   // nothing listens, NOT_FOUND for a service the server does not know. Not
-  // retried, so that a probe sees the server as it is.
-  absl::StatusOr<HealthState> Health(const std::string& service = "");
+  // retried, so that a probe sees the server as it is. `deadline` as for
+  // GetServerInfo.
+  absl::StatusOr<HealthState> Health(const std::string& service = "",
+                                     absl::Time deadline = absl::InfiniteFuture());
 
   const ClientOptions& options() const { return options_; }
 
@@ -610,10 +634,12 @@ class Client {
   // `probe`: the connection the job would use over the socket, where the
   // server is asked whether it takes regions (so that a server that does not
   // costs no extra connection).
+  // `cancel` (may be null) ends it as CANCELLED, its region calls included.
   std::optional<absl::StatusOr<JobResult>> SameHostJob(const Job& job, void* out,
                                                        size_t matrix_bytes,
                                                        const ProgressCallback& progress,
-                                                       Lane* probe, std::string* why);
+                                                       Lane* probe, CancelToken* cancel,
+                                                       std::string* why);
   // GetServerInfo over `lane`'s connection.
   absl::StatusOr<v1::GetServerInfoResponse> InfoOn(Lane* lane);
   // RegionSession() with the server's info already at hand.

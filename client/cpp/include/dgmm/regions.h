@@ -43,6 +43,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -78,8 +79,15 @@ class LocalSession {
   // The metadata value of `dgmm-session`, and the rest of the hello (the
   // uid and pid the server saw).
   const v1::LocalHelloReply& hello() const { return hello_; }
-  // False once the server has closed the connection.
+  // False once the server has closed the connection, or this end has
+  // (Close(), or a request that failed half-way and left the stream out of
+  // step).
   bool open() const;
+  // Ends the session now (the server drops its regions); the object stays
+  // valid and open() is false from then on.
+  void Close();
+  // The socket's path as this process reached it.
+  const std::string& path() const { return path_; }
   // Whether jobs of this session may name this process's memory.
   bool process_memory() const { return hello_.process_memory(); }
 
@@ -92,10 +100,11 @@ class LocalSession {
   absl::StatusOr<v1::LocalTicket> OpenShm(const std::string& key);
 
  private:
-  explicit LocalSession(int fd) : fd_(fd) {}
+  LocalSession(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   absl::StatusOr<v1::LocalResponse> Call(const v1::LocalRequest& request, int pass_fd);
 
   const int fd_;
+  const std::string path_;
   v1::LocalHelloReply hello_;
   // Random bytes the server reads back (LocalHello.cookie) to prove that
   // this process is still the one at the pid it saw; in place while the
@@ -176,6 +185,8 @@ struct RegionJob {
   // The job's own deadline (Job::deadline); the earlier of it and
   // ClientOptions.deadline applies.
   absl::Time deadline = absl::InfiniteFuture();
+  // Cancels the call (and any wait between its attempts); may be null.
+  CancelToken* cancel = nullptr;
 };
 
 // A place in this process's own memory, for a session granted process
