@@ -252,7 +252,7 @@ absl::Status ToJob(const InferRequestView& request, const grpc::ByteBuffer& mess
 inference::ModelMetadataResponse Metadata() {
   inference::ModelMetadataResponse m;
   m.set_name(kModelName);
-  m.add_versions(kModelVersion);
+  m.add_versions(std::string(kModelVersion));
   m.set_platform("dgmm");
   for (const auto& [name, rank] : {std::pair{"A", 2}, std::pair{"d", 1}}) {
     auto* t = m.add_inputs();

@@ -44,10 +44,10 @@ absl::Status Malformed(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed ModelInferRequest: ", what));
 }
 
-// The stream's length-delimited value: its length, if it fits what is left.
+// The stream's length-delimited value: its length, if it fits what is left
+// under the innermost limit (PeekInferRequest pushes the message's).
 bool ReadLength(CodedInputStream* in, int* length) {
-  return in->ReadVarintSizeAsInt(length) && *length <= in->BytesUntilTotalBytesLimit() &&
-         (in->BytesUntilLimit() < 0 || *length <= in->BytesUntilLimit());
+  return in->ReadVarintSizeAsInt(length) && *length <= in->BytesUntilLimit();
 }
 
 bool ReadString(CodedInputStream* in, std::string* out) {
@@ -208,7 +208,9 @@ absl::StatusOr<InferRequestView> PeekInferRequest(const grpc::ByteBuffer& messag
   grpc::ByteBuffer buffer(message);
   grpc::ProtoBufferReader reader(&buffer);
   CodedInputStream in(&reader);
-  in.SetTotalBytesLimit(static_cast<int>(std::min<size_t>(buffer.Length(), INT32_MAX)));
+  if (buffer.Length() > INT32_MAX) return Malformed("over 2 GiB");
+  // Every length is checked against what is left under a limit.
+  in.PushLimit(static_cast<int>(buffer.Length()));
   InferRequestView view;
   while (const uint32_t tag = in.ReadTag()) {
     const int field = WireFormatLite::GetTagFieldNumber(tag);
@@ -257,7 +259,6 @@ absl::Status CopySpans(const grpc::ByteBuffer& message, const std::vector<Span>&
   grpc::ByteBuffer buffer(message);
   grpc::ProtoBufferReader reader(&buffer);
   CodedInputStream in(&reader);
-  in.SetTotalBytesLimit(static_cast<int>(std::min<size_t>(buffer.Length(), INT32_MAX)));
   size_t at = 0;
   for (const Span& s : spans) {
     if (s.offset < at || !in.Skip(static_cast<int>(s.offset - at)) ||
