@@ -83,6 +83,8 @@ def main():
         for name, call in (("ModelInfer", via_oip), ("Multiply", via_multiply)):
             if not np.array_equal(call(), reference):
                 sys.exit("%s returned a wrong result" % name)
+        with open("/proc/loadavg") as f:
+            load_before = f.read().split()[:3]
         times = {"ModelInfer": [], "Multiply": []}
         pair = (("ModelInfer", via_oip), ("Multiply", via_multiply))
         for rep in range(args.reps):
@@ -90,6 +92,8 @@ def main():
                 start = time.perf_counter()
                 call()
                 times[name].append((time.perf_counter() - start) * 1e3)
+        with open("/proc/loadavg") as f:
+            load_after = f.read().split()[:3]
         channel.close()
     finally:
         server.stop()
@@ -105,6 +109,11 @@ def main():
     for name, ts in times.items():
         med[name] = statistics.median(ts)
         print("  %-10s ms: %s  median %.1f" % (name, " ".join("%.1f" % t for t in ts), med[name]))
+    turns = [o / m for o, m in zip(times["ModelInfer"], times["Multiply"])]
+    print("  per turn ModelInfer / Multiply: %s  median %.3f"
+          % (" ".join("%.2f" % r for r in turns), statistics.median(turns)))
+    print("  load average (1, 5, 15 min) before %s, after %s (the client and the server "
+          "themselves load the machine's two cores)" % (" ".join(load_before), " ".join(load_after)))
     ratio = med["ModelInfer"] / med["Multiply"]
     print("  ModelInfer / Multiply = %.3f (target <= %.1f): %s"
           % (ratio, TARGET, "MET" if ratio <= TARGET else "MISSED"))
