@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->service_->set_trusted_proxies(options.trusted_proxies);
   s->service_->set_multiply_small(options.multiply_small);
   s->generic_ = std::make_unique<DgmmGenericService>(s->service_.get());
+  s->oip_ = std::make_unique<OipService>(s->service_.get(), s->generic_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -107,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
   builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->oip_.get());
   builder.RegisterCallbackGenericService(s->generic_.get());
   if (options.enable_bench_echo) {
     s->echo_ = std::make_unique<EchoService>(s->engine_.get(), auth);
@@ -225,6 +227,7 @@ void Server::SetServing(bool serving) {
   GrpcOpScope op;  // may write to health Watch calls (inline_reactions.h)
   health_->SetServingStatus(serving);
   health_->SetServingStatus("dgmm.v1.Dgmm", serving);
+  health_->SetServingStatus("inference.GRPCInferenceService", serving);
 }
 
 bool Server::Drain(absl::Duration timeout) {

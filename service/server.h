@@ -1,5 +1,6 @@
-// Assembles the running server: the gRPC server with dgmm's service, the
-// standard health service and reflection, and the optional metrics endpoint.
+// Assembles the running server: the gRPC server with dgmm's service and the
+// Open Inference Protocol over the same jobs, the standard health service
+// and reflection, and the optional metrics endpoint.
 #ifndef DGMM_SERVICE_SERVER_H_
 #define DGMM_SERVICE_SERVER_H_
 
@@ -14,6 +15,7 @@
 #include "service/engine/engine.h"
 #include "service/job/watchdog.h"
 #include "service/rpc/dgmm_service.h"
+#include "service/rpc/oip_service.h"
 #include "service/metrics.h"
 
 namespace dgmm {
@@ -118,6 +120,8 @@ class Server {
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<DgmmService> service_;
   std::unique_ptr<DgmmGenericService> generic_;
+  // The Open Inference Protocol over the same jobs (service/rpc/oip_service.h).
+  std::unique_ptr<OipService> oip_;
   std::unique_ptr<EchoService> echo_;  // null unless enable_bench_echo
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<MetricsServer> metrics_;

@@ -72,9 +72,9 @@ absl::Status Intake::Served(const JobDraft& d, IntakenJob*) const {
   if (d.kind == JobKind::kUnary && d.message_bytes > limits.max_unary_message_bytes) {
     return WithOutcome(
         absl::ResourceExhaustedError(absl::StrCat(
-            "Multiply request of ", d.message_bytes,
+            d.method, " request of ", d.message_bytes,
             " bytes exceeds this server's max unary message of ", limits.max_unary_message_bytes,
-            " bytes (--max_unary_message_bytes); send it with MultiplyStream")),
+            " bytes (--max_unary_message_bytes); ", d.too_large_advice)),
         Outcome::kMessageTooLarge);
   }
   if (d.kind == JobKind::kRegion && (regions_ == nullptr || !regions_->enabled())) {

@@ -50,6 +50,10 @@ struct JobDraft {
   // whether it came with MultiplySmall (its own message limit).
   int64_t message_bytes = 0;
   bool small = false;
+  // kUnary: the RPC's name in a refusal, and what a request over
+  // --max_unary_message_bytes is told to do instead.
+  const char* method = "Multiply";
+  const char* too_large_advice = "send it with MultiplyStream";
   int64_t matrix_bytes = 0;
   // kRegion: the request and the caller's key in the registry, and the
   // caller's own memory when its session was granted it (process_memory.h).

@@ -57,11 +57,20 @@ class UnaryIo : public GatedCallIo {
   virtual void Reply(HostBuffer result, size_t bytes, const JobStats& stats) = 0;
 };
 
+// How a unary job's RPC is named in its errors: Multiply's by default; the
+// Open Inference Protocol's ModelInfer runs the same job under its own name.
+struct UnaryJobNames {
+  const char* method = "Multiply";
+  // What a request over --max_unary_message_bytes is told to do instead.
+  const char* too_large_advice = "send it with MultiplyStream";
+};
+
 class UnaryJob final : public GatedCall {
  public:
   UnaryJob(std::shared_ptr<JobSession> session, const Intake* intake, ReceiveGate* gate,
-           StreamTimeouts timeouts, UnaryIo* io)
-      : GatedCall(std::move(session), intake, gate, timeouts, io, "Multiply") {}
+           StreamTimeouts timeouts, UnaryIo* io, UnaryJobNames names = {})
+      : GatedCall(std::move(session), intake, gate, timeouts, io, names.method),
+        names_(names) {}
 
   // Begin (GatedCall) waits at the gate, then asks io for the request.
   // MultiplySmall: the request is here already; io's StartRead is not used.
@@ -76,6 +85,7 @@ class UnaryJob final : public GatedCall {
   void SendReply(GatedCallIo* io) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJob() override;
 
+  const UnaryJobNames names_;
   bool small_ = false;  // BeginRead: a MultiplySmall call
   // Owned by the job's worker from admission on.
   std::unique_ptr<UnaryRequest> request_;

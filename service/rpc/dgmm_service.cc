@@ -107,6 +107,9 @@ grpc::ServerUnaryReactor* DgmmService::GetServerInfo(grpc::CallbackServerContext
 StreamReactorBase* DgmmGenericService::CreateReactor(grpc::GenericCallbackServerContext* context) {
   if (context->method() == kMultiplyMethod) return service_->NewMultiply(context);
   if (context->method() == kMultiplyBatchMethod) return service_->NewMultiplyBatch(context);
+  for (const auto& [method, make] : routes_) {
+    if (context->method() == method) return make(context);
+  }
   return new RefusedStream(
       context, &unknown_,
       absl::UnimplementedError(absl::StrCat("unknown method ", context->method())));

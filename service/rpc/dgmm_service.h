@@ -12,7 +12,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dgmm/v1/dgmm.grpc.pb.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -88,6 +92,12 @@ class DgmmService final
   // Calls of this service that gRPC is not yet done with.
   int64_t calls_in_progress() const { return policy_.calls.load(); }
 
+  // What another surface over the same jobs shares (OipService): the token
+  // check and the count of calls Drain waits for, the intake, the receive
+  // gate and the watchdog.
+  CallPolicy* policy() { return &policy_; }
+  const JobServices& services() const { return services_; }
+
  private:
   bool multiply_small_ = true;
   CallPolicy policy_;
@@ -104,9 +114,17 @@ class DgmmGenericService final : public grpc::CallbackGenericService {
   explicit DgmmGenericService(DgmmService* service) : service_(service) {}
   StreamReactorBase* CreateReactor(grpc::GenericCallbackServerContext* context) override;
 
+  // Another method served here (a full name, "/package.Service/Method"), by
+  // `make`. Call before serving.
+  using MakeReactor = std::function<StreamReactorBase*(grpc::CallbackServerContext*)>;
+  void Route(std::string method, MakeReactor make) {
+    routes_.emplace_back(std::move(method), std::move(make));
+  }
+
  private:
   DgmmService* service_;
   CallPolicy unknown_;
+  std::vector<std::pair<std::string, MakeReactor>> routes_;
 };
 
 }  // namespace dgmm

@@ -15,6 +15,8 @@
 //   MultiplyRegion      region_reactors.cc   RegionJob
 //   Register/Unregister/GetRegionStatus      region_reactors.cc  RegionRegistry
 //   GetServerInfo, refusals                  dgmm_service.cc     UnaryReply
+//   OIP ModelInfer      oip_service.cc       UnaryJob (as Multiply, oip_model.h)
+//   OIP control calls, Triton's ModelConfig  oip_service.cc      UnaryReply, OneMessageReply
 #ifndef DGMM_SERVICE_RPC_REACTORS_H_
 #define DGMM_SERVICE_RPC_REACTORS_H_
 
@@ -130,11 +132,14 @@ class RefusedStream final : public StreamReactorBase {
 template <typename Job, typename Io, typename Request>
 class GatedReactor : public StreamReactorBase, public Io {
  public:
+  // `extra`: what the job takes beyond the services (UnaryJob: its names).
+  template <typename... Extra>
   GatedReactor(grpc::CallbackServerContext* context, CallPolicy* policy,
-               const JobServices& services)
+               const JobServices& services, Extra... extra)
       : call_(context, policy),
         job_(std::make_shared<Job>(std::make_shared<JobSession>(services.engine, call_.info()),
-                                   services.intake, services.gate, services.timeouts, this)) {}
+                                   services.intake, services.gate, services.timeouts, this,
+                                   extra...)) {}
   // Authenticates the call, then lets the job wait at the gate.
   void Start(const JobServices& services) {
     if (!call_.auth().ok()) {
@@ -148,9 +153,10 @@ class GatedReactor : public StreamReactorBase, public Io {
  protected:
 
   void OnReadDone(bool ok) override {
-    job_->OnRequest(ok ? std::make_unique<Request>(&request_) : nullptr,
-                    call_.grpc()->IsCancelled());
+    job_->OnRequest(ok ? TakeRequest() : nullptr, call_.grpc()->IsCancelled());
   }
+  // The job's request over the message just read (request_, taken over).
+  virtual std::unique_ptr<Request> TakeRequest() { return std::make_unique<Request>(&request_); }
   void OnCancel() override { job_->OnCancel(); }
   void OnDone() override {
     job_->Detach();
