@@ -5,7 +5,8 @@
 #
 #   scripts/install-deps.sh [build|compile|runtime|container]   (default: build)
 #
-# build: compilers, libraries and test tools; compile: only what building
+# build: compilers, libraries and test tools (prometheus brings promtool, for
+# the metrics tests: tests/monitoring); compile: only what building
 # dgmm-server and dgmm-cli needs (the image's build stage: no test tools);
 # runtime: only the shared libraries dgmm-server and dgmm-cli link (the
 # image's runtime stage);
@@ -16,12 +17,12 @@
 set -euo pipefail
 mode=${1:-build}
 
-runtime_pkgs=(libgrpc++1.51 libprotobuf32 libcivetweb1)
+runtime_pkgs=(libgrpc++1.51 libprotobuf32 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0)
 container_pkgs=(podman runc netavark aardvark-dns iptables debootstrap podman-compose)
 compile_pkgs=(
   build-essential cmake pkg-config ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  grpc-proto libcivetweb-dev
+  grpc-proto prometheus-cpp-dev
 )
 build_pkgs=(
   "${compile_pkgs[@]}" git ccache
@@ -30,6 +31,7 @@ build_pkgs=(
   python3 python3-grpcio python3-numpy python3-protobuf python3-yaml
   python3-dev pybind11-dev python3-venv python3-setuptools python3-wheel
   iperf3 nginx-light openssl curl
+  prometheus
 )
 case "$mode" in
   build) want=("${build_pkgs[@]}") ;;
@@ -43,10 +45,10 @@ esac
 # suffixes on runtime libraries, and plain `nginx` where Debian 12 has the
 # nginx-light flavour. Map them; Debian's lists above stay as they are.
 # clang-14 and libclang-rt-14-dev (libFuzzer, for scripts/fuzz.sh) have the
-# same names in both.
+# same names in both, and so do prometheus-cpp's libraries (no t64 rename).
 if grep -q 'ID=ubuntu' /etc/os-release 2>/dev/null; then
   case "$mode" in
-    runtime) want=(libgrpc++1.51t64 libprotobuf32t64 libcivetweb1) ;;
+    runtime) want=(libgrpc++1.51t64 libprotobuf32t64 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0) ;;
     build) want=("${want[@]/#nginx-light/nginx}") ;;
   esac
 fi

@@ -1,5 +1,6 @@
-// Prometheus text exposition of the engine's counters, served over HTTP by
-// civetweb when --metrics_listen is set.
+// Prometheus metrics of the engine, through prometheus-cpp: a collector that
+// reads the engine's snapshot and counters when scraped, serialized by
+// prometheus-cpp and served by its exposer when --metrics_listen is set.
 #ifndef DGMM_SERVICE_METRICS_H_
 #define DGMM_SERVICE_METRICS_H_
 
@@ -9,11 +10,20 @@
 #include "absl/status/statusor.h"
 #include "service/engine/engine.h"
 
+namespace prometheus {
+class Exposer;
+class Registry;
+}  // namespace prometheus
+
 namespace dgmm {
 
-// The exposition text (format 0.0.4): per-device budget, reserved bytes,
-// queued/running jobs, completed and rejected totals by reason, parts of
-// striped jobs by outcome, and job latency histograms by mode.
+class EngineCollector;
+
+// The exposition text (format 0.0.4) of what MetricsServer serves at
+// /metrics: per-device budget, reserved bytes, queued/running jobs,
+// completed and rejected totals by reason, failures by status code, the
+// stage histograms (queue, compute, transfer), parts of striped jobs by
+// outcome, job latency histograms by mode, and the build's version.
 std::string RenderMetrics(const Engine& engine);
 
 class MetricsServer {
@@ -27,8 +37,9 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
-  void* context_ = nullptr;  // struct mg_context*
-  const Engine* engine_ = nullptr;
+  std::shared_ptr<EngineCollector> collector_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };
 
