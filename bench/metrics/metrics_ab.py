@@ -14,7 +14,9 @@ no scrapes). One warm-up turn is run and not counted.
 Prints every turn's rates, the median time of a GET /metrics of each, the medians, B / A, the run-to-run noise (the
 spread of A's own turns: the median of |rate / median - 1|, and their
 stdev / mean) and MET when B / A >= 1 - noise (B is no slower than A's own
-turns differ), else MISSED; and the load average before and after.
+turns differ), else MISSED; the server's CPU time per job (user + system,
+all threads, from /proc: a figure the other processes of a busy machine
+disturb less than the rate); and the load average before and after.
 
     /usr/bin/python3 bench/metrics/metrics_ab.py --a build-base/service/dgmm-server \\
         --b build/service/dgmm-server --client build/bench/small_job_bench --turns 10 --seconds 5
@@ -45,7 +47,15 @@ def scrape_loop(port, interval, stop, counts, times):
             counts[1] += 1
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of process `pid`, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_turn(client, server, seconds, scrape_s, times=None):
+    """(jobs/s, scrapes, server CPU us per job) of one run of the client."""
     stop = threading.Event()
     counts = [0, 0]
     scraper = None
@@ -53,6 +63,7 @@ def run_turn(client, server, seconds, scrape_s, times=None):
         scraper = threading.Thread(target=scrape_loop, args=(server.metrics_port, scrape_s, stop, counts,
                                                              times if times is not None else []))
         scraper.start()
+    cpu0 = cpu_seconds(server.process.pid)
     try:
         p = subprocess.run([client, f"--server={server.address}", f"--loop_1x1_seconds={seconds}"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds + 60)
@@ -60,12 +71,13 @@ def run_turn(client, server, seconds, scrape_s, times=None):
         stop.set()
         if scraper:
             scraper.join()
-    m = re.search(r"([0-9.]+)/s", p.stdout)
+    cpu = cpu_seconds(server.process.pid) - cpu0
+    m = re.search(r"(\d+) in [0-9.]+ s, ([0-9.]+)/s", p.stdout)
     if p.returncode != 0 or not m:
         raise RuntimeError(f"small_job_bench failed ({p.returncode}): {p.stdout}")
     if counts[1]:
         raise RuntimeError(f"{counts[1]} scrapes of /metrics failed")
-    return float(m.group(1)), counts[0]
+    return float(m.group(2)), counts[0], cpu / int(m.group(1)) * 1e6
 
 
 def loadavg():
@@ -107,17 +119,20 @@ def main():
         for key in ("A", "B"):  # warm-up, not counted
             run_turn(args.client, servers[key], min(args.seconds, 2), args.scrape_s)
         rates = {"A": [], "B": []}
+        cpu_us = {"A": [], "B": []}
         scrape_times = {"A": [], "B": []}
-        print("| turn | first | A jobs/s | B jobs/s | B / A | scrapes A, B |")
-        print("|---|---|---|---|---|---|")
+        print("| turn | first | A jobs/s | B jobs/s | B / A | server CPU us/job A | B | scrapes A, B |")
+        print("|---|---|---|---|---|---|---|---|")
         for turn in range(args.turns):
             order = ("A", "B") if turn % 2 == 0 else ("B", "A")
             got = {}
             for key in order:
                 got[key] = run_turn(args.client, servers[key], args.seconds, args.scrape_s, scrape_times[key])
                 rates[key].append(got[key][0])
+                cpu_us[key].append(got[key][2])
             print(f"| {turn + 1} | {order[0]} | {got['A'][0]:.0f} | {got['B'][0]:.0f} | "
-                  f"{got['B'][0] / got['A'][0]:.3f} | {got['A'][1]}, {got['B'][1]} |", flush=True)
+                  f"{got['B'][0] / got['A'][0]:.3f} | {got['A'][2]:.1f} | {got['B'][2]:.1f} | "
+                  f"{got['A'][1]}, {got['B'][1]} |", flush=True)
         med_a, med_b = statistics.median(rates["A"]), statistics.median(rates["B"])
         ratio = med_b / med_a
         noise_a = statistics.median(abs(r / med_a - 1) for r in rates["A"])
@@ -130,6 +145,11 @@ def main():
               f"{statistics.median(turn_ratios):.3f})")
         print(f"run-to-run noise: A's turns median |rate/median - 1| = {noise_a:.3f} "
               f"(stdev/mean {cv_a:.3f}); B's {noise_b:.3f} (stdev/mean {cv_b:.3f})")
+        cpu_a, cpu_b = statistics.median(cpu_us["A"]), statistics.median(cpu_us["B"])
+        print(f"server CPU per job (user + system, all threads, scrapes included), median: "
+              f"A {cpu_a:.1f} us, B {cpu_b:.1f} us; B / A = {cpu_b / cpu_a:.3f} "
+              f"(A's turns {min(cpu_us['A']):.1f}-{max(cpu_us['A']):.1f}, "
+              f"B's {min(cpu_us['B']):.1f}-{max(cpu_us['B']):.1f})")
         met = ratio >= 1 - noise_a
         print(f"target: B / A >= 1 - A's noise = {1 - noise_a:.3f}: {'MET' if met else 'MISSED'}")
         if scrape_times["A"] and scrape_times["B"]:
