@@ -33,8 +33,8 @@ struct JobTrace {
 // (service/engine/job_log.h).
 struct JobCall {
   const char* method = "";  // "Multiply", "MultiplyStream", ... (a static string)
-  std::string client;       // the fair share's client: a peer address, token@address
-  std::optional<JobTrace> trace;  // nullopt: the call carried none
+  std::string client{};     // the fair share's client: a peer address, token@address
+  std::optional<JobTrace> trace{};  // nullopt: the call carried none
 };
 
 struct JobStats {

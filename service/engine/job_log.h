@@ -29,7 +29,7 @@ struct JobLogEntry {
   const std::optional<JobGroup>* group = nullptr;  // null or nullopt: not a part
   int64_t lines = 0;                       // the job's lines, for a part's range
   const JobStats* stats = nullptr;         // null: refused before admission
-  absl::Status status;
+  absl::Status status{};
 };
 
 // The entry's line, without the newline, in `format`.

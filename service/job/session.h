@@ -48,7 +48,7 @@ struct CallInfo {
   absl::Time deadline = absl::InfiniteFuture();
   // The trace context the call carried (traceparent or grpc-trace-bin) and
   // the span the server gave the call; nullopt: none.
-  std::optional<JobTrace> trace;
+  std::optional<JobTrace> trace{};
 };
 
 // How a job whose call was cancelled ends: DEADLINE_EXCEEDED when its
