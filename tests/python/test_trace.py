@@ -35,6 +35,7 @@ if __name__ == "__main__":
         print("SKIP: %s lacks a client dependency (%s)" % (sys.executable, missing))
         sys.exit(77)
 
+import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
@@ -158,14 +159,16 @@ class TraceTest(unittest.TestCase):
         a, d = operands(2, 2, 3)
         for bad in ("00-" + TRACE.upper() + "-" + PARENT + "-01", "ff-%s-%s-01" % (TRACE, PARENT),
                     "00-%s-0000000000000000-01" % TRACE, "nonsense"):
-            with self.assertRaises(dgmm.InvalidArgumentError):
+            with self.assertRaises(dgmm.DgmmError) as raised:
                 self.client.multiply(a, d, traceparent=bad)
-        with self.assertRaises(dgmm.InvalidArgumentError):
+            self.assertEqual(raised.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("traceparent", raised.exception.details)
+        with self.assertRaises(dgmm.DgmmError) as raised:
             self.client.multiply(a, d, tracestate="a=1")
+        self.assertEqual(raised.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
 
     def test_json_lines_of_failed_and_untraced_jobs(self):
         # Untraced: a plain grpcio call, with no traceparent at all.
-        import grpc
         from dgmm import pb
         header = pb.JobHeader(rows=1, cols=2, dtype=pb.DTYPE_FLOAT32, side=pb.SIDE_RIGHT,
                               diagonal=np.ones(2, np.float32).tobytes())

@@ -862,8 +862,8 @@ class Client:
         context") sent with every call of the job (every part, stripe and
         retry: the same value); None: the client makes a new traceparent
         for the job (info.traceparent). An invalid traceparent, or a
-        tracestate without one, raises dgmm.InvalidArgumentError before any
-        call. (A job on dgmm arrays in this client's regions, see
+        tracestate without one, raises a DgmmError with code
+        INVALID_ARGUMENT before any call. (A job on dgmm arrays in this client's regions, see
         dgmm.arrays, carries none yet.)
 
         Raises ValueError for arrays dgmm cannot take, DgmmError when the
