@@ -19,6 +19,7 @@ void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Stat
   draft.region = &request;
   draft.owner = owner;
   draft.process_memory = std::move(process_memory);
+  draft.call = session_->Call("MultiplyRegion");
   if (absl::Status s = intake_->Check(draft, &job_); !s.ok()) {
     ReleaseRegions();
     Finish(s);
