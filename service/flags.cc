@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "service/core/log.h"
 #include "service/engine/server_backend.h"
 #include "service/job/stream_job.h"
 #include "util/flag_names.h"
@@ -204,6 +205,15 @@ ABSL_FLAG(int, region_idle_timeout_s, 600,
           "A region no job has used for this many seconds is unregistered by the server; 0 = "
           "never. A region is also unregistered when the local-socket connection it was "
           "registered through closes (its client exited).");
+ABSL_FLAG(std::string, log_format, "text",
+          "How the server's log lines on stderr are written: 'text' (a timestamp, 'dgmm:', the "
+          "message) or 'json' (one JSON object per line, for a log shipper: time, level, msg; "
+          "a job's line also has its id, RPC, client, trace ids, status, device, bytes and "
+          "stage times; docs/operations.md \"Logs\"). gRPC's own messages stay text.");
+ABSL_FLAG(bool, log_jobs, true,
+          "One log line per job that ends or is refused once its header is valid, naming its RPC, "
+          "client and W3C trace context (traceparent). false: only the parts of striped jobs "
+          "are logged. A line costs a write to stderr, which MultiplyBatch pays per job.");
 
 
 namespace dgmm {
@@ -258,6 +268,11 @@ absl::Status CheckFlagRanges() {
   for (const absl::Status& s : checks) {
     if (!s.ok()) return s;
   }
+  if (const std::string format = absl::GetFlag(FLAGS_log_format);
+      format != "text" && format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_format=", format, " is not 'text' or 'json'"));
+  }
   if (const std::string pin = absl::GetFlag(FLAGS_region_pin);
       pin != "reuse" && pin != "register") {
     return absl::InvalidArgumentError(
@@ -293,6 +308,7 @@ EngineOptions EngineFlags() {
   eo.client_limits.max_queued = absl::GetFlag(FLAGS_max_queued_per_client);
   eo.client_limits.max_share_percent = absl::GetFlag(FLAGS_max_client_share_percent);
   eo.auto_cpu_max_bytes = absl::GetFlag(FLAGS_auto_cpu_max_bytes).bytes;
+  eo.log_jobs = absl::GetFlag(FLAGS_log_jobs);
   return eo;
 }
 
@@ -362,6 +378,7 @@ absl::StatusOr<ServerConfig> ReadFlags(int argc, char** argv) {
   auto from_env = ApplyFlagsFromEnv("DGMM_", args);
   if (!from_env.ok()) return from_env.status();
   if (absl::Status ranges = CheckFlagRanges(); !ranges.ok()) return ranges;
+  SetLogFormat(absl::GetFlag(FLAGS_log_format) == "json" ? LogFormat::kJson : LogFormat::kText);
 
   ServerConfig config;
   config.engine = EngineFlags();

@@ -32,14 +32,16 @@ declare -A QUESTION=(
   [gpu-tests]=gpu_tests
   [same-host]=same_host
   [cli-exit]=cli_exit
+  [timeline]=same_host_timeline
 )
 declare -A DESCRIBE=(
   [user-path]="user_path_bench.py --n 10000 20000 --reps 3: dgmm's Python and C++ clients and dgmm-cli with .npy files (first job and warm) next to NumPy, CuPy and the PCIe floor"
   [gpu-tests]="ctest -L gpu --output-on-failure: every GPU test"
   [cli-exit]="dgmm-cli processes against a started dgmm-server, each timed as a whole against its job's own wall time: a process must end within 1 s of its job"
+  [timeline]="same_host_timeline.py --reps 5: first and warm same-host jobs from NumPy arrays (N = 1000 to 20000) next to NumPy and CuPy pinned, with the server's trace of where each warm job's time went, and a CUDA IPC region job against its kernel"
   [same-host]="same_host_after_unary.sh BUILD 46000 (the same-host sequence after unary jobs, then --random=46000 --check), and ipc_bench --kind vmm --n 4000 --reps 5 against a started dgmm-server"
 )
-SUITES="user-path gpu-tests same-host cli-exit"
+SUITES="user-path gpu-tests same-host cli-exit timeline"
 
 die() { echo "gpu/run.sh: $*" >&2; exit 2; }
 say() { echo "gpu/run.sh: $*" >&2; }
@@ -197,6 +199,13 @@ suite_user_path() {
   echo "python3 ${bench#"$DGMM_SRC"/} --build build --commit $DGMM_COMMIT --n 10000 20000 --reps 3" > "$R/command"
   timeout "$(limit 420)" python3 "$bench" --build "$DGMM_BUILD" --commit "$DGMM_COMMIT" --n 10000 20000 \
     --reps 3 --out "$R/report.md"
+}
+
+suite_timeline() {
+  local bench
+  bench=$(program "$DGMM_SRC/bench" same_host_timeline.py) || return 1
+  echo "python3 ${bench#"$DGMM_SRC"/} --build build --reps 5" > "$R/command"
+  timeout "$(limit 420)" python3 "$bench" --build "$DGMM_BUILD" --reps 5 --out "$R/report.md"
 }
 
 suite_gpu_tests() {

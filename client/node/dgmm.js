@@ -314,12 +314,15 @@ const MODES = { undefined: 0, null: 0, false: 1, true: 2 };
 // options.returnStats to { result, stats }, with options.returnInfo to
 // { result, stats, info }, info = { mode ('shm', 'unary' or 'stream'),
 // stripes, attempts, resumed, groupId, stats (per part), socketReason,
-// processMemory, sameHost (phases, s) }. Rejects with a DgmmError.
+// processMemory, sameHost (phases, s), traceparent }. Rejects with a DgmmError.
 // Options: layout ('row' | 'col'), dtype, diagonalDtype, resultDtype,
 // backend, timeoutMs (the whole job, every part and attempt), stream
 // (true/false forces MultiplyStream/Multiply), stripes, chunkBytes,
 // maxUnaryMessageBytes, sameHost, out, progress(linesDone, totalLines),
-// signal (an AbortSignal: the job ends with CANCELLED).
+// signal (an AbortSignal: the job ends with CANCELLED), traceparent and
+// tracestate (W3C trace context sent with every call of the job, every part
+// and retry; none: the client makes a new traceparent for the job, in
+// info.traceparent; docs/protocol.md "Trace context").
 function multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
   let job;
   let core;
@@ -336,8 +339,10 @@ function multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
   job.args[11] = out;
   const wantInfo = Boolean(options.returnStats || options.returnInfo);
   let timeout;
+  let trace;
   try {
     timeout = timeoutOf(options);
+    trace = traceOf(options);
   } catch (e) {
     if (cancel) cancel.done();
     return Promise.reject(e);
@@ -355,19 +360,22 @@ function multiply(client, a, rows, cols, diag, side = 'right', options = {}) {
           if (options.returnInfo) done.info = info;
           resolve(done);
         }
-      });
+      }, ...trace);
   });
 }
 
 // Many small jobs in one MultiplyBatch call. items: [{ a, rows, cols, diag,
 // side, options: { layout, dtype, diagonalDtype, resultDtype, backend, out } }].
 // Resolves to one entry per item: { result, stats } or { error: DgmmError };
-// rejects (DgmmError) when the call itself fails. options: signal.
+// rejects (DgmmError) when the call itself fails. options: signal,
+// traceparent and tracestate (as multiply's, for the one call).
 function multiplyBatch(client, items, options = {}) {
   let jobs;
   let core;
   let cancel;
+  let trace;
   try {
+    trace = traceOf(options);
     jobs = items.map((item) => {
       const o = item.options || {};
       const job = describeJob(item.a, item.rows, item.cols, item.diag, item.side || 'right', o);
@@ -384,7 +392,7 @@ function multiplyBatch(client, items, options = {}) {
       if (cancel) cancel.done();
       if (err) return reject(errorOf(err));
       resolve(done.jobs.map((r, i) => (r.error ? { error: errorOf(r.error) } : { result: jobs[i].args[11], stats: r.stats })));
-    });
+    }, ...trace);
   });
 }
 
@@ -396,6 +404,17 @@ function call(fn, ...args) {
       reject(errorOf(e));
     }
   });
+}
+
+// The traceparent and tracestate options: strings, or none (null).
+function traceOf(options) {
+  const out = [];
+  for (const key of ['traceparent', 'tracestate']) {
+    const v = options[key] ?? null;
+    if (v !== null && typeof v !== 'string') throw new TypeError(`dgmm: ${key} must be a string`);
+    out.push(v);
+  }
+  return out;
 }
 
 // A call's timeoutMs option: a number >= 0, or none (-1).

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "proto/trace_context.h"
 #include "service/core/problem.h"
 
 namespace dgmm {
@@ -20,6 +21,22 @@ struct JobGroup {
   int parts = 0;
 };
 
+// The trace context a job's call carried (docs/protocol.md, "Trace
+// context"): the caller's trace id, span (the server's parent) and flags,
+// and the span the server gave the call.
+struct JobTrace {
+  TraceContext parent;
+  SpanId span_id{};
+};
+
+// Who asked for a job and through which RPC, for its log line and stats
+// (service/engine/job_log.h).
+struct JobCall {
+  const char* method = "";  // "Multiply", "MultiplyStream", ... (a static string)
+  std::string client{};     // the fair share's client: a peer address, token@address
+  std::optional<JobTrace> trace{};  // nullopt: the call carried none
+};
+
 struct JobStats {
   std::optional<BackendKind> backend;  // nullopt: no backend ran it (the Echo bench)
   std::string device;                  // "cpu (16 threads)", "cuda:0 NVIDIA H200", "echo"
@@ -30,6 +47,7 @@ struct JobStats {
   int64_t bytes_in = 0, bytes_out = 0;  // payload received and sent
   uint64_t job_id = 0;
   std::optional<JobGroup> group;
+  std::optional<JobTrace> trace;  // the call's (JobCall::trace)
 };
 
 }  // namespace dgmm

@@ -50,6 +50,8 @@ struct JobRequest {
   int gpu = -1;
   // JobHeader.group when set (one part of a striped job), validated.
   std::optional<JobGroup> group;
+  // The call that asked for the job (set by the intake, not the header).
+  JobCall call;
 };
 
 // The wire's name for a backend (JobStats.backend, GetServerInfo).

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "service/core/footprint.h"
+#include "service/engine/job_log.h"
 #include "util/flag_names.h"
 
 namespace dgmm {
@@ -145,16 +146,17 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   if (draining_) {
     const absl::Status draining =
         absl::UnavailableError("server is draining; retry on another replica");
-    metrics_->Refused(0, draining, job);
+    Refused(0, draining, job);
     return draining;
   }
   auto route = RouteJob(job, mode);
   if (!route.ok()) {
-    metrics_->Refused(0, route.status(), job);
+    Refused(0, route.status(), job);
     return route.status();
   }
   const Problem problem = job.problem;
   const std::optional<JobGroup> group = job.group;
+  const JobCall call = job.call;
   // Start's caller may run the job itself when admission admits it within
   // Submit below: the admission callback, run by Submit on this thread,
   // leaves the reservation here instead of posting the job. `here` is this
@@ -185,7 +187,7 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
   thread_local const Here* submitting = nullptr;
   // The diagonals widened to C's compute type, once, for the device.
   std::string prepared = PrepareDiagonals(job.problem, job.diagonal, job.right_diagonal);
-  auto on_admit = [this, r = *route, problem, mode, arrived, diag = prepared, group, done,
+  auto on_admit = [this, r = *route, problem, mode, arrived, diag = prepared, group, call, done,
                    here](absl::StatusOr<Reservation> res) mutable {
     if (here != nullptr && submitting == here.get() && res.ok()) {
       here->reservation = std::move(*res);
@@ -193,9 +195,9 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
     }
     // Never run the job on the thread that freed the room (or inside Start).
     auto held = std::make_shared<absl::StatusOr<Reservation>>(std::move(res));
-    Post([this, r, problem, mode, arrived, diag = std::move(diag), group, done,
+    Post([this, r, problem, mode, arrived, diag = std::move(diag), group, call, done,
           held]() mutable {
-      (*done)(Activate(r, problem, mode, arrived, diag, group, std::move(*held)));
+      (*done)(Activate(r, problem, mode, arrived, diag, group, call, std::move(*held)));
     });
   };
   GroupRef group_ref;
@@ -205,12 +207,13 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
       admission_->Submit(route->need, deadline, std::move(on_admit), client, group_ref);
   submitting = nullptr;
   if (!ticket.ok()) {
-    metrics_->Refused(route->pool, ticket.status(), job);
+    Refused(route->pool, ticket.status(), job);
     return ticket;
   }
   if (here != nullptr && here->reservation.has_value()) {
     absl::StatusOr<std::unique_ptr<ActiveJob>> active =
-        Activate(*route, problem, mode, arrived, prepared, group, std::move(*here->reservation));
+        Activate(*route, problem, mode, arrived, prepared, group, call,
+                 std::move(*here->reservation));
     if (active.ok()) {
       (*active)->gpu_here_ = std::exchange(gpu_place.count, nullptr);
       *admitted_here = std::move(*active);
@@ -225,11 +228,13 @@ absl::StatusOr<Admission::Ticket> Engine::Start(const JobRequest& job, JobMode m
 
 absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Activate(
     const Route& r, const Problem& problem, JobMode mode, absl::Time arrived,
-    const std::string& diag, const std::optional<JobGroup>& group,
+    const std::string& diag, const std::optional<JobGroup>& group, const JobCall& call,
     absl::StatusOr<Reservation> res) {
   if (!res.ok()) {
     metrics_->Refused(r.pool, res.status(), group.has_value() ? &*group : nullptr,
                       problem.lines());
+    LogJob({.call = &call, .group = &group, .lines = problem.lines(), .status = res.status()},
+           options_.log_jobs);
     return res.status();
   }
   std::unique_ptr<ActiveJob> active(new ActiveJob());
@@ -247,6 +252,8 @@ absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Activate(
                                 : absl::StrCat("cuda:", r.device->index(), " ", r.device->name());
   active->stats_.device_index = r.device->index();
   active->stats_.group = group;
+  active->stats_.trace = call.trace;
+  active->call_ = call;
   active->lines_ = problem.lines();
   auto context = r.device->Begin(problem, r.backend,
                                  reinterpret_cast<const std::byte*>(diag.data()), mode,
@@ -264,7 +271,7 @@ absl::StatusOr<Admission::Ticket> Engine::StartBatch(
     BatchCallback done_fn, const ClientId& client, std::unique_ptr<AdmittedBatch>* admitted_here) {
   // Each job is counted once when the batch is refused.
   auto refuse_all = [&](int pool, const absl::Status& s) {
-    for (const JobRequest* job : jobs) metrics_->Refused(pool, s, *job);
+    for (const JobRequest* job : jobs) Refused(pool, s, *job);
     return s;
   };
   if (draining_) {
@@ -306,7 +313,7 @@ absl::StatusOr<Admission::Ticket> Engine::StartBatch(
     matrix_bytes += job->problem.matrix_bytes();
     b.jobs_.push_back({*route, job->problem,
                        PrepareDiagonals(job->problem, job->diagonal, job->right_diagonal),
-                       job->group});
+                       job->group, job->call});
   }
   need.host_bytes += largest_block_bytes;
   if (need.host_bytes > admission_->capacity(0) ||
@@ -348,6 +355,9 @@ absl::StatusOr<Admission::Ticket> Engine::StartBatch(
         for (const AdmittedBatch::Job& j : (*batch)->jobs_) {
           metrics_->Refused(j.route.pool, held->status(), j.group.has_value() ? &*j.group : nullptr,
                             j.problem.lines());
+          LogJob({.call = &j.call, .group = &j.group, .lines = j.problem.lines(),
+                  .status = held->status()},
+                 options_.log_jobs);
         }
         (*done)(held->status());
         return;
@@ -372,7 +382,7 @@ absl::StatusOr<std::unique_ptr<ActiveJob>> AdmittedBatch::Activate(size_t i) {
   const Job& j = jobs_[i];
   // The batch's reservation covers the job: it reserves nothing of its own.
   return engine_->Activate(j.route, j.problem, JobMode::kWhole, arrived_, j.diagonal, j.group,
-                           Reservation());
+                           j.call, Reservation());
 }
 
 bool Engine::RunsHere(const Route& r, const Problem& p, JobMode mode) const {
@@ -393,11 +403,20 @@ bool Engine::RunsHereOnGpu(const Route& r, const Problem& p, JobMode mode) const
 
 void Engine::JobEnded(ActiveJob* job, const absl::Status& status) {
   metrics_->Ended(job->pool_, job->mode_, job->stats_, job->lines_, status);
+  LogJob({.call = &job->call_, .group = &job->stats_.group, .lines = job->lines_,
+          .stats = &job->stats_, .status = status},
+         options_.log_jobs);
   // A device error may have taken the device out of service.
   if (status.code() == absl::StatusCode::kInternal ||
       status.code() == absl::StatusCode::kUnavailable) {
     NotifyServing();
   }
+}
+
+void Engine::Refused(int pool, const absl::Status& s, const JobRequest& job) {
+  metrics_->Refused(pool, s, job);
+  LogJob({.call = &job.call, .group = &job.group, .lines = job.problem.lines(), .status = s},
+         options_.log_jobs);
 }
 
 bool Engine::serving() const {

@@ -49,6 +49,10 @@ struct EngineOptions {
   // cost per job is more than such a job. 0: never.
   // (Limits.auto_cpu_max_bytes.)
   int64_t auto_cpu_max_bytes = 0;
+  // A log line for every job that ends or is refused once its header is
+  // valid (service/engine/job_log.h; --log_jobs); off: only the parts of
+  // striped jobs.
+  bool log_jobs = false;
 };
 
 class Engine;
@@ -81,6 +85,7 @@ class ActiveJob {
   absl::Time admitted_;
   Reservation reservation_;
   int64_t lines_ = 0;  // the job's lines (rows or columns), for its group's log line
+  JobCall call_;       // who asked, for its log line
   std::unique_ptr<JobContext> context_;
   StageTimes times_;
   JobStats stats_;
@@ -181,6 +186,9 @@ class Engine {
 
   // The counters of jobs' ends and refusals (one place: job_metrics.h).
   JobMetrics& metrics() { return *metrics_; }
+  // A job refused before Start (the intake, a protocol error) once its
+  // header was valid: counted (metrics().Refused) and logged (job_log.h).
+  void Refused(int pool, const absl::Status& s, const JobRequest& job);
   const JobMetrics& metrics() const { return *metrics_; }
 
   // One device as GetServerInfo and the metrics report it (the reply itself
@@ -247,6 +255,7 @@ class Engine {
                                                       JobMode mode, absl::Time arrived,
                                                       const std::string& diag,
                                                       const std::optional<JobGroup>& group,
+                                                      const JobCall& call,
                                                       absl::StatusOr<Reservation> res);
   void JobEnded(ActiveJob* job, const absl::Status& status);
   void NotifyServing();
@@ -283,6 +292,7 @@ class AdmittedBatch {
     Problem problem;
     std::string diagonal;
     std::optional<JobGroup> group;
+    JobCall call;
   };
   Engine* engine_ = nullptr;
   absl::Time arrived_;

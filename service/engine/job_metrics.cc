@@ -78,13 +78,7 @@ void JobMetrics::GroupPartEnded(const JobGroup& group, int64_t lines, uint64_t j
     std::lock_guard lock(mu_);
     group_parts_[outcome]++;
   }
-  // One line per part, so that an operator (and the fault test) can follow a
-  // logical job's line ranges over the replicas.
-  LogInfo("job ", job_id, " group ", group.id, " lines [", group.first_line, ",",
-          group.first_line + lines, ") of ", group.total_lines, " (", group.parts,
-          " parts): ", outcome,
-          s.ok() ? std::string()
-                 : absl::StrCat(" (", absl::StatusCodeToString(s.code()), ": ", s.message(), ")"));
+  // The part's log line is the engine's (job_log.h).
 }
 
 LatencyHistogram JobMetrics::Latency(JobMode mode) const {

@@ -48,9 +48,11 @@ void BatchJob::OnRequest(std::unique_ptr<BatchRequest> request, bool call_cancel
   intaken_.resize(jobs_.size());
   std::vector<const JobRequest*> valid_jobs;
   int64_t results_bytes = 0;
+  const JobCall call = session_->Call("MultiplyBatch");
   for (size_t i = 0; i < jobs_.size(); ++i) {
     const BatchRequest::Job& job = jobs_[i];
     JobDraft draft;
+    draft.call = call;
     draft.kind = JobKind::kUnary;
     draft.message_bytes = job.message_bytes;
     draft.decoded = job.decoded;

@@ -47,7 +47,7 @@ absl::Status Intake::Check(const JobDraft& draft, IntakenJob* out) const {
     absl::Status s = (this->*step)(draft, out);
     if (!s.ok()) {
       if (header_valid) {
-        engine_->metrics().Refused(0, s, out->job);
+        engine_->Refused(0, s, out->job);
       } else {
         engine_->metrics().Refused(0, s);
       }
@@ -106,6 +106,7 @@ absl::Status Intake::Header(const JobDraft& d, IntakenJob* out) const {
     }
   }
   out->job = *job;
+  out->job.call = d.call;
   out->mode = d.kind == JobKind::kStream ? JobMode::kStreamed : JobMode::kWhole;
   return absl::OkStatus();
 }

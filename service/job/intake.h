@@ -60,6 +60,9 @@ struct JobDraft {
   const v1::MultiplyRegionRequest* region = nullptr;
   std::string owner;
   std::shared_ptr<const ProcessMemory> process_memory;
+  // Who asked and through which RPC (JobSession::Call): the job's
+  // JobRequest::call once its header is valid.
+  JobCall call;
 };
 
 // What passed: the job to Start, its mode and, for a region job, its spans.

@@ -19,6 +19,7 @@ void RegionJob::Begin(const v1::MultiplyRegionRequest& request, const absl::Stat
   draft.region = &request;
   draft.owner = owner;
   draft.process_memory = std::move(process_memory);
+  draft.call = session_->Call("MultiplyRegion");
   if (absl::Status s = intake_->Check(draft, &job_); !s.ok()) {
     ReleaseRegions();
     Finish(s);
@@ -64,6 +65,7 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
           {{reinterpret_cast<uint64_t>(job_.in), job_.job.problem.matrix_bytes(), 'r'},
            {reinterpret_cast<uint64_t>(job_.out), job_.job.problem.out_matrix_bytes(), 'w'}});
     }
+    if (TraceJobs()) trace_.checked = absl::Now();
     if (s.ok()) {
       s = stage->ProcessTile(Tile{.in = job_.in, .out = job_.out, .first_line = 0,
                                   .lines = job_.job.problem.lines(),
@@ -81,6 +83,7 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
     }
     const Tile tile{.in = job_.in, .out = job_.out, .first_line = 0,
                     .lines = job_.job.problem.lines()};
+    if (TraceJobs()) trace_.checked = absl::Now();
     s = session_->cancelled() ? session_->cancelled_status() : stage->ProcessTile(tile, cancel);
     if (s.ok()) s = matrix_use->CheckIntact();
     if (s.ok() && result_use.has_value()) s = (*result_use)->CheckIntact();
@@ -99,9 +102,11 @@ void RegionJob::Run(absl::StatusOr<std::shared_ptr<ComputeStage>> admitted) {
     };
     LogInfo(absl::StrFormat(
         "trace: region job of %d bytes: arrival to Begin %.3f ms, intake %.3f ms, admission "
-        "to Run %.3f ms, Run to the tile's end %.3f ms, End %.3f ms, stage released %.3f ms",
+        "to Run %.3f ms, Run to the tile (memory checks) %.3f ms, the tile %.3f ms, End %.3f ms, "
+        "stage released %.3f ms",
         bytes, ms(arrived, trace_.begin), ms(trace_.begin, trace_.begun),
-        ms(trace_.begun, trace_.run), ms(trace_.run, trace_.tile), ms(trace_.tile, trace_.ended),
+        ms(trace_.begun, trace_.run), ms(trace_.run, trace_.checked),
+        ms(trace_.checked, trace_.tile), ms(trace_.tile, trace_.ended),
         ms(trace_.ended, trace_.released)));
   }
   Finish(s, stats);

@@ -70,7 +70,7 @@ class RegionJob final : public std::enable_shared_from_this<RegionJob> {
   // With DGMM_TRACE_JOBS=1: when Begin started and ended, Run started, the
   // tile was done, the job ended and its stage (and reservation) went.
   struct Trace {
-    absl::Time begin, begun, run, tile, ended, released;
+    absl::Time begin, begun, run, checked, tile, ended, released;
   } trace_;
   std::mutex mu_;
   RegionIo* io_ ABSL_GUARDED_BY(mu_);  // null once finished or detached

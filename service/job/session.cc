@@ -80,7 +80,7 @@ void JobSession::Cancel() {
 
 void JobSession::Refuse(const absl::Status& s, const JobRequest* job) {
   if (job != nullptr) {
-    engine_->metrics().Refused(0, s, *job);
+    engine_->Refused(0, s, *job);
   } else {
     engine_->metrics().Refused(0, s);
   }

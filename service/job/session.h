@@ -46,6 +46,9 @@ struct CallInfo {
   ClientId id() const { return {connection_key(), client}; }
   absl::Time arrived;
   absl::Time deadline = absl::InfiniteFuture();
+  // The trace context the call carried (traceparent or grpc-trace-bin) and
+  // the span the server gave the call; nullopt: none.
+  std::optional<JobTrace> trace{};
 };
 
 // How a job whose call was cancelled ends: DEADLINE_EXCEEDED when its
@@ -96,6 +99,9 @@ class JobSession : public std::enable_shared_from_this<JobSession> {
   void Refuse(const absl::Status& s, const JobRequest* job = nullptr);
 
   const CallInfo& call() const { return call_; }
+  // The call as its jobs name it (JobRequest::call): `method`, a static
+  // string, names the RPC.
+  JobCall Call(const char* method) const { return {method, call_.client, call_.trace}; }
   Engine& engine() { return *engine_; }
 
  private:

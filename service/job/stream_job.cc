@@ -12,8 +12,10 @@ class ComputeStages final : public StreamStages {
   ComputeStages(std::shared_ptr<JobSession> session, const Intake* intake)
       : session_(std::move(session)), intake_(intake) {}
 
-  absl::StatusOr<std::optional<Started>> Begin(const JobDraft& draft, Problem* problem,
+  absl::StatusOr<std::optional<Started>> Begin(const JobDraft& header_draft, Problem* problem,
                                                Done done) override {
+    JobDraft draft = header_draft;
+    draft.call = session_->Call("MultiplyStream");
     IntakenJob intaken;
     if (absl::Status s = intake_->Check(draft, &intaken); !s.ok()) return s;
     *problem = intaken.job.problem;

@@ -25,6 +25,7 @@ void UnaryJob::OnRequest(std::unique_ptr<UnaryRequest> request, bool call_cancel
   draft.small = small_;
   draft.method = names_.method;
   draft.too_large_advice = names_.too_large_advice;
+  draft.call = session_->Call(small_ ? "MultiplySmall" : names_.method);
   draft.decoded = request->Peek(&draft.header, &draft.matrix_bytes);
   IntakenJob intaken;
   if (absl::Status s = intake_->Check(draft, &intaken); !s.ok()) return End(s);

@@ -1,5 +1,7 @@
 #include "service/regions/process_memory.h"
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -7,9 +9,12 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +46,93 @@ int Transfer(pid_t pid, bool read, std::byte* local, uint64_t remote, int64_t by
     bytes -= n;
   }
   return 0;
+}
+
+// One mapping of the client's address space: [lo, hi), readable, writable.
+struct Mapping {
+  uint64_t lo, hi;
+  bool r, w;
+};
+
+// PROCMAP_QUERY (Linux 6.11, include/uapi/linux/fs.h): one mapping of the
+// process whose /proc/<pid>/maps `fd` is, by address, without the text.
+struct ProcmapQuery {
+  uint64_t size;
+  uint64_t query_flags;
+  uint64_t query_addr;
+  uint64_t vma_start;
+  uint64_t vma_end;
+  uint64_t vma_flags;
+  uint64_t vma_page_size;
+  uint64_t vma_offset;
+  uint64_t inode;
+  uint32_t dev_major;
+  uint32_t dev_minor;
+  uint32_t vma_name_size;
+  uint32_t build_id_size;
+  uint64_t vma_name_addr;
+  uint64_t build_id_addr;
+};
+static_assert(sizeof(ProcmapQuery) == 104);
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
+constexpr uint64_t kVmaReadable = 0x01;
+constexpr uint64_t kVmaWritable = 0x02;
+constexpr uint64_t kCoveringOrNextVma = 0x10;
+
+// The mappings that cover the ranges, from the first of each range's
+// address until a gap or its end; nullopt where the kernel has no
+// PROCMAP_QUERY (the caller reads the text instead).
+std::optional<std::vector<Mapping>> QueryMappings(
+    int fd, std::initializer_list<ProcessMemory::MappedRange> ranges) {
+  static std::atomic<bool> unsupported{false};
+  if (unsupported.load(std::memory_order_relaxed)) return std::nullopt;
+  std::vector<Mapping> mappings;
+  for (const ProcessMemory::MappedRange& range : ranges) {
+    if (range.bytes <= 0) continue;
+    const uint64_t end = range.at + static_cast<uint64_t>(range.bytes);
+    for (uint64_t at = range.at; at < end;) {
+      ProcmapQuery q{};
+      q.size = sizeof q;
+      q.query_flags = kCoveringOrNextVma;
+      q.query_addr = at;
+      if (ioctl(fd, kProcmapQuery, &q) != 0) {
+        if (errno == ENOENT) break;  // nothing mapped at or after `at`: a gap
+        if (errno == ENOTTY || errno == EINVAL || errno == EOPNOTSUPP) {
+          unsupported.store(true, std::memory_order_relaxed);
+        }
+        return std::nullopt;
+      }
+      mappings.push_back({q.vma_start, q.vma_end, (q.vma_flags & kVmaReadable) != 0,
+                          (q.vma_flags & kVmaWritable) != 0});
+      if (q.vma_start > at || q.vma_end <= at) break;  // a gap at `at`
+      at = q.vma_end;
+    }
+  }
+  std::sort(mappings.begin(), mappings.end(),
+            [](const Mapping& a, const Mapping& b) { return a.lo < b.lo; });
+  mappings.erase(std::unique(mappings.begin(), mappings.end(),
+                             [](const Mapping& a, const Mapping& b) { return a.lo == b.lo; }),
+                 mappings.end());
+  return mappings;
+}
+
+// Every mapping of the maps text, in address order.
+std::vector<Mapping> ReadMappings(FILE* maps) {
+  std::vector<Mapping> mappings;
+  char line[512];
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
+    uint64_t lo = 0, hi = 0;
+    char perms[5] = {};
+    const bool whole = std::strchr(line, '\n') != nullptr;
+    if (std::sscanf(line, "%" SCNx64 "-%" SCNx64 " %4s", &lo, &hi, perms) == 3) {
+      mappings.push_back({lo, hi, perms[0] == 'r', perms[1] == 'w'});
+    }
+    // A line longer than the buffer (a long path): skip its rest.
+    while (!whole && std::fgets(line, sizeof line, maps) != nullptr &&
+           std::strchr(line, '\n') == nullptr) {
+    }
+  }
+  return mappings;
 }
 
 }  // namespace
@@ -106,36 +198,37 @@ absl::Status ProcessMemory::Check() const {
       "; the session must keep it in place while it lasts"));
 }
 
-absl::Status ProcessMemory::CheckMapped(std::initializer_list<MappedRange> ranges) const {
+absl::Status ProcessMemory::CheckMapped(std::initializer_list<MappedRange> ranges,
+                                        MapsSource source) const {
   const std::string path = absl::StrCat("/proc/", pid_, "/maps");
-  FILE* maps = std::fopen(path.c_str(), "re");
-  if (maps == nullptr) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     if (!PidfdAlive(pidfd_)) {
       return absl::CancelledError(absl::StrCat("the client process ", pid_, " has exited"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("process memory: cannot read ", path, ": ", std::strerror(errno)));
   }
-  // One read of the mappings (in address order) for every range.
-  struct Mapping {
-    uint64_t lo, hi;
-    bool r, w;
-  };
+  // The mappings over the ranges, in address order: asked of the kernel one
+  // mapping at a time (PROCMAP_QUERY), else read from the maps text, whose
+  // making costs the kernel about half a millisecond for a process of a few
+  // hundred mappings.
+  std::optional<std::vector<Mapping>> queried =
+      source == MapsSource::kText ? std::nullopt : QueryMappings(fd, ranges);
   std::vector<Mapping> mappings;
-  char line[512];
-  while (std::fgets(line, sizeof line, maps) != nullptr) {
-    uint64_t lo = 0, hi = 0;
-    char perms[5] = {};
-    const bool whole = std::strchr(line, '\n') != nullptr;
-    if (std::sscanf(line, "%" SCNx64 "-%" SCNx64 " %4s", &lo, &hi, perms) == 3) {
-      mappings.push_back({lo, hi, perms[0] == 'r', perms[1] == 'w'});
+  if (queried.has_value()) {
+    mappings = *std::move(queried);
+    close(fd);
+  } else {
+    FILE* maps = fdopen(fd, "re");
+    if (maps == nullptr) {
+      close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat("process memory: cannot read ", path, ": ", std::strerror(errno)));
     }
-    // A line longer than the buffer (a long path): skip its rest.
-    while (!whole && std::fgets(line, sizeof line, maps) != nullptr &&
-           std::strchr(line, '\n') == nullptr) {
-    }
+    mappings = ReadMappings(maps);
+    std::fclose(maps);
   }
-  std::fclose(maps);
   for (const MappedRange& range : ranges) {
     if (range.bytes <= 0) continue;
     const uint64_t end = range.at + static_cast<uint64_t>(range.bytes);

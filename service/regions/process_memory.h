@@ -60,17 +60,24 @@ class ProcessMemory final : public TileMemory {
 
   // Before a job touches anything: OK when each [at, at + bytes) lies in
   // mappings of the process that allow its `access` ('r' to read, 'w' to
-  // write), from one read of its /proc/<pid>/maps; else INVALID_ARGUMENT
-  // naming the first byte that does not, so that a job fails before it
-  // writes any of its result rather than after part of it.
+  // write), asked of the kernel one mapping at a time (PROCMAP_QUERY on
+  // /proc/<pid>/maps), or from one read of that file where the kernel lacks
+  // it; else INVALID_ARGUMENT naming the first byte that does not, so that a
+  // job fails before it writes any of its result rather than after part of
+  // it.
   struct MappedRange {
     uint64_t at = 0;
     int64_t bytes = 0;
     char access = 'r';
   };
-  absl::Status CheckMapped(std::initializer_list<MappedRange> ranges) const;
-  absl::Status CheckMapped(uint64_t at, int64_t bytes, char access) const {
-    return CheckMapped({MappedRange{at, bytes, access}});
+  // kText: from the maps text even where the kernel has PROCMAP_QUERY (the
+  // test of the fallback).
+  enum class MapsSource { kAuto, kText };
+  absl::Status CheckMapped(std::initializer_list<MappedRange> ranges,
+                           MapsSource source = MapsSource::kAuto) const;
+  absl::Status CheckMapped(uint64_t at, int64_t bytes, char access,
+                           MapsSource source = MapsSource::kAuto) const {
+    return CheckMapped({MappedRange{at, bytes, access}}, source);
   }
 
   // TileMemory. A range the process cannot read (or write) is

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "proto/trace_context.h"
 #include "service/rpc/status_map.h"
 
 namespace dgmm {
@@ -19,7 +20,35 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
   return absl::FromChrono(d);
 }
 
+absl::string_view View(grpc::string_ref s) { return absl::string_view(s.data(), s.size()); }
+
 }  // namespace
+
+std::optional<TraceContext> CallTraceContext(const CallMetadata& metadata,
+                                             std::string* tracestate) {
+  tracestate->clear();
+  // One traceparent (two or more are invalid, as a malformed one is) ...
+  if (metadata.count(kTraceparentKey) == 1) {
+    std::optional<TraceContext> parent =
+        ParseTraceparent(View(metadata.find(kTraceparentKey)->second));
+    if (parent.has_value()) {
+      // ... with its tracestate, several headers of it joined by commas,
+      // kept only as a whole of at most kMaxTracestateBytes.
+      auto [first, last] = metadata.equal_range(kTracestateKey);
+      for (auto it = first; it != last; ++it) {
+        if (!tracestate->empty()) tracestate->push_back(',');
+        tracestate->append(it->second.data(), it->second.size());
+      }
+      if (!UsableTracestate(*tracestate)) tracestate->clear();
+      return parent;
+    }
+  }
+  // ... else gRPC's binary header.
+  if (auto bin = metadata.find(kGrpcTraceBinKey); bin != metadata.end()) {
+    return ParseGrpcTraceBin(View(bin->second));
+  }
+  return std::nullopt;
+}
 
 void ClientKeys(absl::string_view peer, int token_index,
                 const std::vector<std::string>& trusted_proxies,
@@ -73,6 +102,16 @@ CallContext::CallContext(grpc::CallbackServerContext* context, CallPolicy* polic
     forwarded = absl::string_view(it->second.data(), it->second.size());
   }
   ClientKeys(context->peer(), token, policy_->trusted_proxies, forwarded, &info_);
+  std::string tracestate;
+  if (std::optional<TraceContext> parent = CallTraceContext(metadata, &tracestate);
+      parent.has_value()) {
+    // The server's span for this call, in the trailers whatever the outcome.
+    info_.trace = JobTrace{*parent, NewSpanId()};
+    TraceContext own = *parent;
+    own.span_id = info_.trace->span_id;
+    context->AddTrailingMetadata(kTraceparentKey, own.Traceparent());
+    if (!tracestate.empty()) context->AddTrailingMetadata(kTracestateKey, tracestate);
+  }
 }
 
 grpc::Status CallContext::Status(const absl::Status& s) const { return ToGrpcStatus(s, context_); }

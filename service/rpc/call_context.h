@@ -1,6 +1,7 @@
 // What every dgmm RPC does first, written once (as Arrow Flight's server
 // middleware does it): check the bearer token, name the client for the fair
-// share, read the deadline, and count the call while gRPC holds it (Drain
+// share, read the deadline and the trace context (answered in the trailers
+// with the server's own span), and count the call while gRPC holds it (Drain
 // waits for the count to reach zero). Each reactor holds one CallContext for
 // its whole life.
 #ifndef DGMM_SERVICE_RPC_CALL_CONTEXT_H_
@@ -8,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/trace_context.h"
 #include "service/job/session.h"
 #include "service/rpc/auth.h"
 
@@ -37,6 +40,15 @@ struct CallPolicy {
 // the first address of `x-forwarded-for` (`forwarded_for`) is both. `peer`
 // is gRPC's: "ipv4:1.2.3.4:5", "ipv6:[::1]:5", "unix:...". Fills client,
 // connection and token of `info`.
+// The W3C trace context of a call's metadata (docs/protocol.md, "Trace
+// context"): one valid `traceparent`, with `tracestate` (its headers joined
+// by commas; left empty when over kMaxTracestateBytes or not printable),
+// else a valid `grpc-trace-bin`, else nullopt (a malformed or repeated
+// traceparent counts as none).
+using CallMetadata = std::multimap<grpc::string_ref, grpc::string_ref>;
+std::optional<TraceContext> CallTraceContext(const CallMetadata& metadata,
+                                             std::string* tracestate);
+
 void ClientKeys(absl::string_view peer, int token_index,
                 const std::vector<std::string>& trusted_proxies,
                 std::optional<absl::string_view> forwarded_for, CallInfo* info);

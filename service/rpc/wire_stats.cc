@@ -24,6 +24,11 @@ v1::JobStats ToWire(const JobStats& stats) {
     g->set_total_lines(stats.group->total_lines);
     g->set_parts(stats.group->parts);
   }
+  if (stats.trace.has_value()) {
+    w.set_trace_id(stats.trace->parent.trace_id_hex());
+    w.set_parent_span_id(stats.trace->parent.span_id_hex());
+    w.set_span_id(ToHex(stats.trace->span_id));
+  }
   return w;
 }
 

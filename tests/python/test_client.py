@@ -596,6 +596,29 @@ def answers_health(address):
         return False
 
 
+class OneCoreTest(unittest.TestCase):
+    """The package is a binding of the C++ client: every call goes through
+    _core, so it opens no grpcio channel and speaks no socket protocol."""
+
+    def test_the_package_opens_no_channel_or_socket_of_its_own(self):
+        package = os.path.dirname(dgmm.__file__)
+        for name in sorted(os.listdir(package)):
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(package, name)) as f:
+                text = f.read()
+            for marker in ("insecure_channel(", "secure_channel(", "import socket",
+                           "intercept_channel(", "add_metadata"):
+                self.assertNotIn(marker, text, "%s uses %s" % (name, marker))
+
+    def test_channel_options_the_core_does_not_take_are_refused(self):
+        with self.assertRaises(ValueError):
+            dgmm.Client(SERVER.address, options=[("grpc.max_receive_message_length", 1)])
+        with dgmm.Client(SERVER.address,
+                         options=[("grpc.lb_policy_name", "round_robin")]) as client:
+            self.assertEqual(client.health(), "SERVING")
+
+
 class ExampleAndDocTest(unittest.TestCase):
     def test_quickstart_example_runs(self):
         run = subprocess.run([sys.executable, EXAMPLE, SERVER.address],

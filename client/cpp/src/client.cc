@@ -31,6 +31,7 @@
 #include "src/job_lines.h"
 #include "src/retry.h"
 #include "src/stream_call.h"
+#include "src/trace_headers.h"
 #include "proto/wire.h"
 
 namespace dgmm {
@@ -770,10 +771,16 @@ std::string RandomGroupId() {
 
 }  // namespace
 
-absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_bytes,
+absl::StatusOr<JobResult> Client::RunJob(const Job& caller_job, void* out, size_t out_bytes,
                                          const ProgressCallback& progress,
                                          std::optional<TransferMode> mode, CancelToken* cancel) {
   if (!options_status_.ok()) return options_status_;
+  // The job as its calls carry it: with the caller's traceparent or a new one.
+  Job job = caller_job;
+  if (absl::Status ok = internal::ResolveTrace(&job.traceparent, job.tracestate, "Job");
+      !ok.ok()) {
+    return ok;
+  }
   absl::StatusOr<size_t> bytes = CheckBuffers(job, out, out_bytes);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<JobPlan> plan = Plan(job, mode);
@@ -786,7 +793,10 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
     }
     std::optional<absl::StatusOr<JobResult>> done = SameHostJob(
         job, out, *bytes, progress, GetLane(0, plan->stripes > 1), cancel, &socket_reason);
-    if (done.has_value()) return *std::move(done);
+    if (done.has_value()) {
+      if (done->ok()) (*done)->traceparent = job.traceparent;
+      return *std::move(done);
+    }
   }
   JobRun run;
   // The token fails the run (cancelling its calls and ending its waits)
@@ -851,6 +861,7 @@ absl::StatusOr<JobResult> Client::RunJob(const Job& job, void* out, size_t out_b
   result.received_bytes = run.received_bytes.load();
   result.resumed = run.resumed.load();
   result.socket_reason = std::move(socket_reason);
+  result.traceparent = job.traceparent;
   result.stats = run.stats[0];
   if (k > 1) {
     int64_t h2d = 0, compute = 0, d2h = 0, queue = 0, total = 0;
@@ -977,6 +988,7 @@ Client::Attempt Client::UnaryAttempt(Lane* lane, JobRun* run, const v1::JobHeade
       // connection lost since then must end it now, not hold it until the
       // deadline (calls sent into a server's drain used to wait their 60 s).
       PrepareContext(&context, run->deadline);
+      internal::AddTraceMetadata(&context, run->job->traceparent, run->job->tracestate);
       run->Register(&context);
       grpc::Status s =
           UnaryCallOnThisThread(lane->stub.get(), &context, method, request, &response);
@@ -1036,6 +1048,7 @@ Client::Attempt Client::StreamAttempt(Lane* lane, JobRun* run, const v1::JobHead
     // connection lost since then must end it now, not hold it until the
     // deadline (calls sent into a server's drain used to wait their 60 s).
     PrepareContext(&context, run->deadline);
+    internal::AddTraceMetadata(&context, run->job->traceparent, run->job->tracestate);
     StreamCall call(header, static_cast<const char*>(job.matrix.data), static_cast<char*>(out),
                     plan, progress, &loans);
     run->Register(&context);
@@ -1099,9 +1112,17 @@ absl::StatusOr<HealthState> Client::Health(const std::string& service, absl::Tim
 }
 
 absl::StatusOr<BatchResult> Client::MultiplyBatch(const std::vector<BatchItem>& items,
-                                                  CancelToken* cancel) {
+                                                  CancelToken* cancel,
+                                                  const std::string& caller_traceparent,
+                                                  const std::string& tracestate) {
   if (!options_status_.ok()) return options_status_;
+  std::string traceparent = caller_traceparent;
+  if (absl::Status ok = internal::ResolveTrace(&traceparent, tracestate, "MultiplyBatch");
+      !ok.ok()) {
+    return ok;
+  }
   BatchResult result;
+  result.traceparent = traceparent;
   result.jobs.assign(items.size(), absl::InternalError("not run"));
   // The items the client can send (the server judges the rest of each job).
   std::vector<size_t> sent;
@@ -1166,6 +1187,7 @@ absl::StatusOr<BatchResult> Client::MultiplyBatch(const std::vector<BatchItem>& 
     {
       grpc::ClientContext context;
       PrepareContext(&context, run.deadline);
+      internal::AddTraceMetadata(&context, traceparent, tracestate);
       grpc::ByteBuffer request = wire::EncodeMultiplyBatchRequest(jobs, &loans);
       grpc::ByteBuffer response;
       grpc::Status status;

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "dgmm/grpc_status.h"
 #include "src/retry.h"
+#include "src/trace_headers.h"
 
 namespace dgmm {
 namespace {
@@ -437,6 +438,8 @@ RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result
   rj.diagonal_dtype = job.diagonal_dtype;
   rj.result_dtype = job.result_dtype;
   rj.deadline = job.deadline;
+  rj.traceparent = job.traceparent;
+  rj.tracestate = job.tracestate;
   return rj;
 }
 
@@ -465,11 +468,17 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
     *request.mutable_right_diagonal() = *job.right_diagonal_ref;
   }
 
+  std::string traceparent = job.traceparent;
+  if (absl::Status ok = internal::ResolveTrace(&traceparent, job.tracestate, "RegionJob");
+      !ok.ok()) {
+    return ok;
+  }
   const RetryPolicy& policy = client.options().retry;
   const absl::Time deadline = std::min(DeadlineFromNow(client), job.deadline);
   for (int made = 1;; ++made) {
     grpc::ClientContext context;
     if (absl::Status ok = PrepareRegionCall(client, &context, deadline); !ok.ok()) return ok;
+    internal::AddTraceMetadata(&context, traceparent, job.tracestate);
     v1::MultiplyRegionResponse response;
     grpc::Status status;
     {
@@ -482,6 +491,7 @@ absl::StatusOr<JobResult> MultiplyRegion(Client& client, const RegionJob& job) {
       result.stats = std::move(*response.mutable_stats());
       result.mode = TransferMode::kUnary;
       result.attempts = made;
+      result.traceparent = traceparent;
       return result;
     }
     absl::Status failure = FromGrpcStatus(status);

@@ -586,6 +586,7 @@ napi_value JobInfo(napi_env env, const dgmm::JobResult& r) {
   Set(env, phases, "job", Num(env, r.same_host.job));
   Set(env, phases, "copyOut", Num(env, r.same_host.copy_out));
   Set(env, info, "sameHost", phases);
+  Set(env, info, "traceparent", Str(env, r.traceparent));
   return info;
 }
 
@@ -673,10 +674,10 @@ napi_value Cancel(napi_env env, napi_callback_info info) {
 
 // multiply(client, a, dtype, rows, cols, layout, side, backend, d, dDtype,
 //          right, resultDtype, out, mode, timeoutMs, progress, cancel,
-//          wantInfo, callback)
+//          wantInfo, callback[, traceparent, tracestate])
 // mode: 0 the policy's choice, 1 unary, 2 stream. timeoutMs < 0: none.
 napi_value Multiply(napi_env env, napi_callback_info info) {
-  napi_value argv[19];
+  napi_value argv[21];
   if (!Args(env, info, argv)) return nullptr;
   auto call = std::make_unique<MultiplyCall>();
   call->client = ClientOf(env, argv[0]);
@@ -706,17 +707,23 @@ napi_value Multiply(napi_env env, napi_callback_info info) {
   bool want = false;
   napi_get_value_bool(env, argv[17], &want);
   call->want_info = want;
+  if (!IsNullish(env, argv[19])) call->args.job.traceparent = GetString(env, argv[19]);
+  if (!IsNullish(env, argv[20])) call->args.job.tracestate = GetString(env, argv[20]);
   return Start(env, std::move(call), argv[18]);
 }
 
-// multiplyBatch(client, items, callback); items: arrays of ReadJob's 12 values.
+// multiplyBatch(client, items, cancel, callback[, traceparent, tracestate]);
+// items: arrays of ReadJob's 12 values.
 class BatchCall : public Call {
  public:
   std::shared_ptr<dgmm::Client> client;
   std::vector<dgmm::BatchItem> items;
   std::shared_ptr<dgmm::CancelToken> cancel;
+  std::string traceparent, tracestate;
 
-  void Run() override { result_ = client->MultiplyBatch(items, cancel.get()); }
+  void Run() override {
+    result_ = client->MultiplyBatch(items, cancel.get(), traceparent, tracestate);
+  }
 
   std::pair<napi_value, napi_value> Complete(napi_env env) override {
     if (!result_.ok()) return {ErrorValue(env, result_.status()), Undefined(env)};
@@ -735,6 +742,7 @@ class BatchCall : public Call {
     napi_value done = Object(env);
     Set(env, done, "jobs", list);
     Set(env, done, "attempts", Num(env, result_->attempts));
+    Set(env, done, "traceparent", Str(env, result_->traceparent));
     return {Null(env), done};
   }
 
@@ -743,7 +751,7 @@ class BatchCall : public Call {
 };
 
 napi_value MultiplyBatch(napi_env env, napi_callback_info info) {
-  napi_value argv[4];
+  napi_value argv[6];
   if (!Args(env, info, argv)) return nullptr;
   auto call = std::make_unique<BatchCall>();
   call->client = ClientOf(env, argv[0]);
@@ -767,6 +775,8 @@ napi_value MultiplyBatch(napi_env env, napi_callback_info info) {
     NAPI_OK(napi_get_value_external(env, argv[2], &data));
     call->cancel = static_cast<CancelBox*>(data)->token;
   }
+  if (!IsNullish(env, argv[4])) call->traceparent = GetString(env, argv[4]);
+  if (!IsNullish(env, argv[5])) call->tracestate = GetString(env, argv[5]);
   return Start(env, std::move(call), argv[3]);
 }
 

@@ -30,11 +30,12 @@ class Client:
 
     async def multiply(self, a, d, side="right", backend="auto", timeout=None, *,
                        stream=None, stripes=None, out=None, return_stats=False,
-                       return_info=False, progress=None):
+                       return_info=False, progress=None, traceparent=None, tracestate=None):
         """As dgmm.Client.multiply; `progress` is called from the client's
         threads, not the event loop's (use loop.call_soon_threadsafe in it)."""
         pending = self.sync._start(a, d, side, backend, timeout, stream, stripes, out,
-                                   return_stats, return_info, progress)
+                                   return_stats, return_info, progress, traceparent,
+                                   tracestate)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -58,10 +59,12 @@ class Client:
             raise
         return pending.finish(wait=False)
 
-    async def multiply_batch(self, jobs, timeout=None, *, return_stats=False):
+    async def multiply_batch(self, jobs, timeout=None, *, return_stats=False, traceparent=None,
+                             tracestate=None):
         """As dgmm.Client.multiply_batch, on a thread of its own."""
         return await asyncio.to_thread(self.sync.multiply_batch, jobs, timeout,
-                                       return_stats=return_stats)
+                                       return_stats=return_stats, traceparent=traceparent,
+                                       tracestate=tracestate)
 
     async def server_info(self, timeout=None):
         return await asyncio.to_thread(self.sync.server_info, timeout)

@@ -570,8 +570,8 @@ class _RegionJob:
         if cancelled:
             core_job.cancel()  # It ends as it starts.
         try:
-            mode, stripes, attempts, resumed, _received, stats, core_reason, _phases, _pm = (
-                core_job.run())
+            (mode, stripes, attempts, resumed, _received, stats, core_reason, _phases, _pm,
+             _traceparent) = core_job.run()
         except _core.Error as e:
             _code, _message, failed_attempts, _pushback, plan_stripes, plan_mode = e.args
             raise _error(e, MultiplyInfo(plan_mode, plan_stripes, failed_attempts, 0, "",

@@ -326,11 +326,17 @@ class MultiplyInfo:
         this process's own arrays (mode "shm" with no staging region and no
         copies: Client(process_memory=True), the default, on a server that
         granted it).
+      traceparent: the W3C traceparent every call of the job carried (the
+        one multiply() was given, or the one the client made for the job;
+        "" for a job that failed); each part's stats name its trace_id,
+        parent_span_id and the server's span_id (docs/protocol.md, "Trace
+        context").
     """
 
     def __init__(self, mode, stripes, attempts, resumed, group_id, stats, socket_reason="",
-                 same_host=None, process_memory=False):
+                 same_host=None, process_memory=False, traceparent=""):
         self.mode = mode
+        self.traceparent = traceparent
         self.process_memory = process_memory
         self.socket_reason = socket_reason
         self.same_host = same_host or {"setup": 0.0, "copy_in": 0.0, "job": 0.0,
@@ -587,7 +593,7 @@ class _Pending:
         it), else result() of a job start()ed before."""
         try:
             (mode, stripes, attempts, resumed, _received, stats, socket_reason, phases,
-             process_memory) = self.handle.run() if wait else self.handle.result()
+             process_memory, traceparent) = self.handle.run() if wait else self.handle.result()
         except _core.Error as e:
             _code, _message, failed_attempts, _pushback, plan_stripes, plan_mode = e.args
             info = MultiplyInfo(plan_mode, plan_stripes, failed_attempts, 0, "",
@@ -610,7 +616,7 @@ class _Pending:
                                        socket_reason,
                                        dict(zip(("setup", "copy_in", "job", "copy_out"),
                                                 phases)),
-                                       process_memory))
+                                       process_memory, traceparent))
         return tuple(result)
 
 
@@ -801,7 +807,7 @@ class Client:
 
     def multiply(self, a, d, side="right", backend="auto", timeout=None, *,
                  stream=None, stripes=None, out=None, return_stats=False, return_info=False,
-                 progress=None):
+                 progress=None, traceparent=None, tracestate=None):
         """Returns C = A·diag(d) (side="right"), diag(d)·A (side="left") or,
         with side="both" and d a pair (l, r), diag(l)·A·diag(r) in one pass.
 
@@ -852,16 +858,23 @@ class Client:
         Failed parts are retried, and streamed parts resumed, as the client's
         RetryPolicy says. Ctrl-C (KeyboardInterrupt) cancels the job's calls
         and is raised once they have stopped.
+        traceparent, tracestate: W3C trace context (docs/protocol.md, "Trace
+        context") sent with every call of the job (every part, stripe and
+        retry: the same value); None: the client makes a new traceparent
+        for the job (info.traceparent). An invalid traceparent, or a
+        tracestate without one, raises a DgmmError with code
+        INVALID_ARGUMENT before any call. (A job on dgmm arrays in this client's regions, see
+        dgmm.arrays, carries none yet.)
 
         Raises ValueError for arrays dgmm cannot take, DgmmError when the
         job fails (see .code and .details; .info is the MultiplyInfo of the
         failed job, None when the client refused it before any call).
         """
         return self._start(a, d, side, backend, timeout, stream, stripes, out, return_stats,
-                           return_info, progress).finish(wait=True)
+                           return_info, progress, traceparent, tracestate).finish(wait=True)
 
     def _start(self, a, d, side, backend, timeout, stream, stripes, out, return_stats,
-               return_info, progress):
+               return_info, progress, traceparent=None, tracestate=None):
         """Checks the arrays and makes the job (not started yet): a _Pending."""
         if stream is None and self._same_host and isinstance(a, np.ndarray):
             # A (and out) in regions registered with this client: a
@@ -889,12 +902,14 @@ class Client:
         mode = -1 if stream is None else (1 if stream else 0)
         args, kwargs = job.core_args(c)
         try:
-            handle = _core.Job(core, *args, mode, progress, **kwargs)
+            handle = _core.Job(core, *args, mode, progress, traceparent=traceparent or "",
+                               tracestate=tracestate or "", **kwargs)
         except _core.Error as e:
             raise _error(e) from None
         return _Pending(handle, c, kind, like, device_out, return_stats, return_info)
 
-    def multiply_batch(self, jobs, timeout=None, *, return_stats=False):
+    def multiply_batch(self, jobs, timeout=None, *, return_stats=False, traceparent=None,
+                       tracestate=None):
         """Runs many small independent jobs in one MultiplyBatch call: the
         RPC's cost is paid once for all of them (docs/protocol.md,
         "MultiplyBatch").
@@ -915,6 +930,8 @@ class Client:
         client's RetryPolicy says (jobs are pure). The batch must fit one
         message (GetServerInfo().limits.max_unary_message_bytes); send large
         jobs with multiply().
+        traceparent, tracestate: as multiply()'s, for the one call (every
+        job's stats name its trace id); None: a new traceparent.
         """
         prepared = []
         for item in jobs:
@@ -930,7 +947,8 @@ class Client:
         try:
             outcomes = core.multiply_batch([
                 args + (kwargs["diagonal_dtype"], kwargs["right"])
-                for args, kwargs in (job.core_args(c) for job, c in prepared)])
+                for args, kwargs in (job.core_args(c) for job, c in prepared)],
+                traceparent=traceparent or "", tracestate=tracestate or "")
         except _core.Error as e:
             raise _error(e, info=False) from None
         results = []

@@ -334,6 +334,11 @@ class Job {
   }
 
   void Cancel() { token_->Cancel(); }
+  // The W3C trace context of the job's calls (dgmm::Job's; "": a new one).
+  void SetTrace(std::string traceparent, std::string tracestate) {
+    job_.traceparent = std::move(traceparent);
+    job_.tracestate = std::move(tracestate);
+  }
   bool Done() {
     std::lock_guard lock(state_->mu);
     return state_->done;
@@ -379,7 +384,7 @@ class Job {
   }
   // The outcome: (mode, stripes, attempts, resumed, received_bytes,
   // [part stats bytes], socket_reason, (setup, copy_in, job, copy_out),
-  // process_memory); raises _core.Error, or what `progress` raised.
+  // process_memory, traceparent); raises _core.Error, or what `progress` raised.
   py::object Result() {
     Wait(-1);
     if (progress_error_.has_value()) {
@@ -399,7 +404,7 @@ class Job {
                           result->attempts, result->resumed, result->received_bytes, stats,
                           result->socket_reason,
                           py::make_tuple(p.setup, p.copy_in, p.job, p.copy_out),
-                          result->process_memory);
+                          result->process_memory, result->traceparent);
   }
 
  private:
@@ -686,7 +691,8 @@ PYBIND11_MODULE(_core, m) {
       // message, stats bytes or None) per job, in order; the call's own
       // error is raised. Not cancellable by Ctrl-C (one call, no job token).
       .def("multiply_batch",
-           [](dgmm::Client& c, const py::list& jobs) {
+           [](dgmm::Client& c, const py::list& jobs, const std::string& traceparent,
+              const std::string& tracestate) {
              std::vector<std::unique_ptr<HeldBuffer>> held;
              std::vector<dgmm::BatchItem> items;
              held.reserve(4 * jobs.size());
@@ -725,7 +731,7 @@ PYBIND11_MODULE(_core, m) {
              absl::StatusOr<dgmm::BatchResult> result;
              {
                py::gil_scoped_release release;
-               result = c.MultiplyBatch(items);
+               result = c.MultiplyBatch(items, nullptr, traceparent, tracestate);
              }
              if (!result.ok()) Raise(result.status(), dgmm::AttemptsOf(result.status()));
              py::list outcomes;
@@ -738,7 +744,8 @@ PYBIND11_MODULE(_core, m) {
                }
              }
              return outcomes;
-           })
+           },
+           py::arg("jobs"), py::arg("traceparent") = "", py::arg("tracestate") = "")
       // The region session (opened on first use, again after the server
       // closed it): GetServerInfo, then the socket it names or the client's
       // local_socket option, checked to be the same server's.
@@ -807,15 +814,18 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](std::shared_ptr<dgmm::Client> client, py::object a, py::object d,
                        py::object out, int64_t rows, int64_t cols, int dtype, bool col_major,
                        int side, int backend, int mode, py::object progress, int diagonal_dtype,
-                       py::object right) {
-             return std::make_unique<Job>(std::move(client), a, d, out, rows, cols, dtype,
-                                          col_major, side, backend, mode, std::move(progress),
-                                          diagonal_dtype, right);
+                       py::object right, std::string traceparent, std::string tracestate) {
+             auto job = std::make_unique<Job>(std::move(client), a, d, out, rows, cols, dtype,
+                                              col_major, side, backend, mode, std::move(progress),
+                                              diagonal_dtype, right);
+             job->SetTrace(std::move(traceparent), std::move(tracestate));
+             return job;
            }),
            py::arg("client"), py::arg("a"), py::arg("d"), py::arg("out"), py::arg("rows"),
            py::arg("cols"), py::arg("dtype"), py::arg("col_major"), py::arg("side"),
            py::arg("backend"), py::arg("mode"), py::arg("progress"), py::arg("diagonal_dtype") = 0,
-           py::arg("right") = py::none())
+           py::arg("right") = py::none(), py::arg("traceparent") = "",
+           py::arg("tracestate") = "")
       .def("run", &Job::Run)
       .def("start", &Job::Start)
       .def("result", &Job::Result)

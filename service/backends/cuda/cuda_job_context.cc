@@ -46,11 +46,13 @@ CudaJobContext::~CudaJobContext() {
       const auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
       LogInfo(absl::StrFormat(
           "trace: job of %d bytes: set-up %.3f ms, until the pipeline %.3f ms, pipeline %.3f ms "
-          "(%d pieces), until tear-down %.3f ms, tear-down %.3f ms",
+          "(%d pieces; its thread: copy in %.3f ms, GPU wait %.3f ms, copy-out wait %.3f ms; "
+          "copies out %.3f ms), until tear-down %.3f ms, tear-down %.3f ms",
           job->p_.matrix_bytes(), ms(job->initialized_ - job->created_),
           ms(job->processed_ - job->initialized_ - (job->pipeline_end_ - job->pipeline_start_)),
-          ms(job->pipeline_end_ - job->pipeline_start_), job->pieces_, ms(begin - job->processed_),
-          ms(absl::Now() - begin)));
+          ms(job->pipeline_end_ - job->pipeline_start_), job->pieces_, ms(job->copying_in_),
+          ms(job->waiting_gpu_), ms(job->waiting_copy_out_), ms(job->copying_out_),
+          ms(begin - job->processed_), ms(absl::Now() - begin)));
     }
   } trace{this, begin};
   if (!device_->Enter().ok()) return;
@@ -195,6 +197,7 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piec
     absl::Status copied = device_->StagingCopy(lane.staging, src, piece.bytes, tile.memory,
                                                /*into_staging=*/true);
     if (times != nullptr) times->h2d += absl::Now() - t0;
+    copying_in_ += absl::Now() - t0;
     if (!copied.ok()) return copied;
     src = lane.staging;
   }
@@ -234,9 +237,11 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piec
 absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile, bool pinned_out,
                                     StageTimes* times) {
   lane.busy = false;
+  const absl::Time wait_start = absl::Now();
   if (auto st = device_->Check(cudaEventSynchronize(lane.done), "pipeline wait"); !st.ok()) {
     return st;
   }
+  waiting_gpu_ += absl::Now() - wait_start;
   if (times != nullptr) {
     times->h2d += EventGap(lane.start, lane.uploaded);
     times->compute += EventGap(lane.uploaded, lane.computed);
@@ -267,7 +272,10 @@ absl::Status CudaJobContext::Finish(Lane& lane, const Tile& tile, bool pinned_ou
 
 absl::Status CudaJobContext::AwaitCopyOut(Lane& lane, StageTimes* times) {
   if (!lane.copy_out.valid()) return absl::OkStatus();
+  const absl::Time wait_start = absl::Now();
   Lane::CopyOut done = lane.copy_out.get();
+  waiting_copy_out_ += absl::Now() - wait_start;
+  copying_out_ += done.took;
   if (times != nullptr) times->d2h += done.took;
   return done.status;
 }

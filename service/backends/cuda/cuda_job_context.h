@@ -100,6 +100,11 @@ class CudaJobContext final : public JobContext {
   absl::Time created_ = absl::Now();
   absl::Time initialized_, processed_, pipeline_start_, pipeline_end_;
   int64_t pieces_ = 0;
+  // Where the pipeline's own thread spent its time: copying pieces into
+  // staging, waiting for the GPU (a lane's last event), waiting for a
+  // lane's copy out of staging; and the copies out themselves (their
+  // threads', summed).
+  absl::Duration copying_in_, waiting_gpu_, waiting_copy_out_, copying_out_;
 };
 
 }  // namespace dgmm::cuda

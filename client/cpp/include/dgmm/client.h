@@ -272,6 +272,17 @@ struct Job {
   // This job's own deadline over all its parts and attempts; the earlier of
   // it and ClientOptions.deadline applies. InfiniteFuture: the client's only.
   absl::Time deadline = absl::InfiniteFuture();
+  // W3C trace context (docs/protocol.md, "Trace context"): this traceparent
+  // (and tracestate, when not empty) goes in the metadata of every call of
+  // the job -- every part, stripe, retry and region call carries the same
+  // value, so the same trace id and the caller's span as their parent; the
+  // server gives each call a span of its own (JobStats.span_id). Empty: the
+  // client makes a new one per job (a random trace id and span id, flags
+  // 00), which JobResult::traceparent returns. INVALID_ARGUMENT before any
+  // call for a traceparent that is not valid (uppercase hex, all-zero ids,
+  // version ff, ...), or a tracestate without one.
+  std::string traceparent;
+  std::string tracestate;
 };
 
 // C's dtype for `job`: `result_dtype` when stated, else
@@ -344,6 +355,9 @@ struct JobResult {
   int stripes = 1;
   // Stats of each part's successful (last) attempt, in line order.
   std::vector<v1::JobStats> part_stats;
+  // The traceparent every call of the job carried: Job::traceparent, or the
+  // one the client made for the job.
+  std::string traceparent;
   // Result bytes that arrived over every attempt of every part, counted as
   // each unary reply and each result block came. Equal to the result's size
   // (ResultBytes) when no line was received twice (a resumed part asks only
@@ -434,6 +448,9 @@ struct BatchResult {
   // again, its jobs being pure); 0 when there was nothing to send (no
   // items, or none the client could send).
   int attempts = 1;
+  // The traceparent the batch's calls carried (MultiplyBatch's, or one
+  // made for the batch).
+  std::string traceparent;
 };
 
 class LocalSession;  // dgmm/regions.h
@@ -503,9 +520,13 @@ class Client {
   // the batch must stay under the server's max_unary_message_bytes
   // (GetServerInfo.limits, with max_batch_jobs); nothing is striped,
   // streamed or sent through regions. On a job's error the contents of its
-  // `out` are unspecified.
+  // `out` are unspecified. `traceparent` and `tracestate` go with every
+  // attempt of the call, as Job's do (the items' own are not used: the
+  // batch is one call); an empty traceparent: a new one for the batch.
   absl::StatusOr<BatchResult> MultiplyBatch(const std::vector<BatchItem>& items,
-                                            CancelToken* cancel = nullptr);
+                                            CancelToken* cancel = nullptr,
+                                            const std::string& traceparent = "",
+                                            const std::string& tracestate = "");
 
   // The server's version, devices, budgets, queue and limits (of the one
   // server the call reached). Not retried. `deadline`: the call's, when

@@ -187,6 +187,9 @@ struct RegionJob {
   absl::Time deadline = absl::InfiniteFuture();
   // Cancels the call (and any wait between its attempts); may be null.
   CancelToken* cancel = nullptr;
+  // W3C trace context for the call (Job's): empty, a new traceparent.
+  std::string traceparent;
+  std::string tracestate;
 };
 
 // A place in this process's own memory, for a session granted process
