@@ -421,7 +421,8 @@ v1::RegionRef MakeRegionRef(const std::string& name, int64_t offset) {
   return ref;
 }
 
-RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result) {
+RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result,
+                      CancelToken* cancel) {
   RegionJob rj;
   rj.rows = job.matrix.rows;
   rj.cols = job.matrix.cols;
@@ -440,6 +441,7 @@ RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result
   rj.deadline = job.deadline;
   rj.traceparent = job.traceparent;
   rj.tracestate = job.tracestate;
+  rj.cancel = cancel;
   return rj;
 }
 

@@ -233,9 +233,7 @@ absl::StatusOr<JobResult> RunInBlocks(Client& client, const Job& job, SharedMemo
     const v1::RegionRef at = region.Ref(static_cast<int64_t>(offset(k)));
     const v1::RegionRef to = region.Ref(static_cast<int64_t>(result_at + out_offset(k)));
     const auto start = std::chrono::steady_clock::now();
-    RegionJob region_job = RegionJobOf(part, at, to);
-    region_job.cancel = cancel;
-    absl::StatusOr<JobResult> done = MultiplyRegion(client, region_job);
+    absl::StatusOr<JobResult> done = MultiplyRegion(client, RegionJobOf(part, at, to, cancel));
     phases->job += SecondsSince(start);
     if (!done.ok()) {
       whole = done.status();
@@ -364,9 +362,7 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
   if (std::optional<v1::RegionRef> in = OwnRegionRef(job.matrix.data, matrix_bytes)) {
     if (std::optional<v1::RegionRef> at = OwnRegionRef(out, out_bytes)) {
       const auto start = std::chrono::steady_clock::now();
-      RegionJob region_job = RegionJobOf(job, *in, *at);
-      region_job.cancel = cancel;
-      absl::StatusOr<JobResult> done = MultiplyRegion(*this, region_job);
+      absl::StatusOr<JobResult> done = MultiplyRegion(*this, RegionJobOf(job, *in, *at, cancel));
       if (done.ok()) {
         done->same_host.job = SecondsSince(start);
         done->mode = TransferMode::kRegion;
@@ -411,10 +407,9 @@ std::optional<absl::StatusOr<JobResult>> Client::SameHostJob(const Job& job, voi
   if (options_.process_memory && session != nullptr && session->process_memory()) {
     const double setup = SecondsSince(setup_start);
     const auto start = std::chrono::steady_clock::now();
-    RegionJob region_job =
-        RegionJobOf(job, ProcessMemoryRef(job.matrix.data), ProcessMemoryRef(out));
-    region_job.cancel = cancel;
-    absl::StatusOr<JobResult> done = MultiplyRegion(*this, region_job);
+    absl::StatusOr<JobResult> done = MultiplyRegion(
+        *this,
+        RegionJobOf(job, ProcessMemoryRef(job.matrix.data), ProcessMemoryRef(out), cancel));
     if (done.ok()) {
       done->same_host.setup = setup;
       done->same_host.job = SecondsSince(start);

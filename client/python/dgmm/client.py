@@ -766,8 +766,7 @@ class Client:
         self._cores = {(None, None): self._core}
 
     def _core_for(self, timeout, stripes):
-        key = (None if timeout is None else float(timeout),
-               None if stripes is None else _check_stripes(stripes))
+        key = (_timeout_seconds(timeout), None if stripes is None else _check_stripes(stripes))
         with self._lock:
             if self._closed:
                 raise DgmmError(grpc.StatusCode.CANCELLED, "dgmm: the client is closed")
@@ -775,9 +774,6 @@ class Client:
             if core is None:
                 options = dict(self._options)
                 if key[0] is not None:
-                    if not key[0] > 0:
-                        raise ValueError("dgmm: timeout must be positive seconds or None, "
-                                         "got %r" % (timeout,))
                     options["timeout"] = key[0]
                 if key[1] is not None:
                     options["stripes"] = key[1]

@@ -196,8 +196,9 @@ absl::Status CudaJobContext::Start(Lane& lane, int lane_index, const Piece& piec
     const absl::Time t0 = absl::Now();
     absl::Status copied = device_->StagingCopy(lane.staging, src, piece.bytes, tile.memory,
                                                /*into_staging=*/true);
-    if (times != nullptr) times->h2d += absl::Now() - t0;
-    copying_in_ += absl::Now() - t0;
+    const absl::Duration took = absl::Now() - t0;
+    if (times != nullptr) times->h2d += took;
+    copying_in_ += took;
     if (!copied.ok()) return copied;
     src = lane.staging;
   }

@@ -198,8 +198,10 @@ struct RegionJob {
 v1::RegionRef ProcessMemoryRef(const void* address);
 
 // The RegionJob of `job` (its shape, dtype, layout, side, backend and
-// inline diagonal) with the matrix read at `matrix` and C written at `result`.
-RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result);
+// inline diagonal) with the matrix read at `matrix` and C written at `result`;
+// `cancel` (may be null) ends its call.
+RegionJob RegionJobOf(const Job& job, v1::RegionRef matrix, v1::RegionRef result,
+                      CancelToken* cancel = nullptr);
 
 // Runs `job` (MultiplyRegion). The result's stats count the region bytes
 // read and written (bytes_in, bytes_out); its mode is kUnary (one unary
