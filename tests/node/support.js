@@ -137,6 +137,22 @@ async function startProxy(upstreamPort, { resets = 0, resetAfterBytes = 0, reset
   return proxy;
 }
 
+// Stops `server` with SIGSTOP and waits until every one of its threads is
+// stopped (the signal takes effect asynchronously).
+async function stopProcess(server) {
+  server.proc.kill('SIGSTOP');
+  const pid = server.proc.pid;
+  const deadline = Date.now() + 10000;
+  while (Date.now() < deadline) {
+    const states = fs.readdirSync(`/proc/${pid}/task`).map((tid) =>
+      fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8').split(')').pop().trim().split(' ')[0]);
+    if (states.every((s) => s === 'T')) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error(`process ${pid} did not stop`);
+}
+
 module.exports = {
+  stopProcess,
   REPO, CLIENT_DIR, installDependencies, startServer, stopServer, random, reference, assertClose, startProxy,
 };

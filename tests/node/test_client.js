@@ -12,7 +12,7 @@ const os = require('node:os');
 const path = require('node:path');
 
 const {
-  CLIENT_DIR, installDependencies, startServer, stopServer, random, reference, assertClose,
+  CLIENT_DIR, installDependencies, startServer, stopServer, stopProcess, random, reference, assertClose,
 } = require('./support');
 
 const EXAMPLE = path.join(CLIENT_DIR, 'examples', 'quickstart.js');
@@ -391,7 +391,7 @@ test('serverInfo and health take timeoutMs: a stopped server is DEADLINE_EXCEEDE
   const c = dgmm.createClient(frozen.address);
   try {
     assert.equal(await dgmm.health(c, '', { timeoutMs: 5000 }), 'SERVING');  // connected
-    frozen.proc.kill('SIGSTOP');
+    await stopProcess(frozen);
     for (const [what, call] of [['serverInfo', () => dgmm.serverInfo(c, { timeoutMs: 200 })],
       ['health', () => dgmm.health(c, '', { timeoutMs: 200 })]]) {
       const start = performance.now();

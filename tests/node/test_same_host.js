@@ -19,7 +19,7 @@ const fs = require('node:fs');
 const path = require('node:path');
 
 const {
-  CLIENT_DIR, installDependencies, startServer, stopServer, random, reference, assertClose,
+  CLIENT_DIR, installDependencies, startServer, stopServer, stopProcess, random, reference, assertClose,
 } = require('./support.js');
 
 installDependencies();
@@ -152,7 +152,7 @@ test('an AbortSignal ends a same-host job within 100 ms, its region call in flig
         const first = await checkedJob(c, Float32Array, 601, 600, 'right', 'row');
         assert.equal(first.mode, 'shm', first.socketReason);
         assert.equal(first.processMemory, processMemory);
-        held.proc.kill('SIGSTOP');
+        await stopProcess(held);
         const controller = new AbortController();
         const job = dgmm.multiply(c, randomArray(Float32Array, 601 * 600), 601, 600,
           randomArray(Float32Array, 600), 'right', { signal: controller.signal });

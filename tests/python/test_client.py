@@ -250,6 +250,21 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
 
 
+def wait_stopped(pid, seconds=10):
+    """Waits until every thread of `pid` is stopped (SIGSTOP takes effect
+    asynchronously: a thread running on another CPU stops a moment later)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(state == "T" for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("process %d did not stop" % pid)
+
+
 class CallTimeoutTest(unittest.TestCase):
     def test_server_info_and_health_end_at_their_timeout_on_a_stopped_server(self):
         server = Server()
@@ -257,6 +272,7 @@ class CallTimeoutTest(unittest.TestCase):
         try:
             self.assertEqual(client.health(timeout=5), "SERVING")  # connected
             server.process.send_signal(signal.SIGSTOP)
+            wait_stopped(server.process.pid)
             for call in (lambda: client.server_info(timeout=0.2),
                          lambda: client.health(timeout=0.2)):
                 start = time.monotonic()

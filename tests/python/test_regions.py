@@ -450,8 +450,11 @@ class SessionTest(RegionTestCase):
         self.assertEqual([r.name for r in self.client.region_status().regions], ["closing"])
         other.close()
         self.assertFalse(shm.registered)
+        # The listing drops the region first; its bytes go back when the
+        # server lets go of its mapping, a moment later.
         self.assertTrue(wait_until(lambda: not self.client.region_status().regions, 5),
                         "the region of a closed Client is still registered after 5 s")
+        wait_until(lambda: self.client.region_status().registered_bytes == 0, 5)
         self.assertEqual(self.client.region_status().registered_bytes, 0)
         self.assertFalse(shm.unregister())  # Nothing left to unregister.
         # The memory is still this process's: it registers again with another Client.
